@@ -1,0 +1,209 @@
+"""Engine configuration: frozen dataclasses split by concern, validated at construction.
+
+Each component receives only its own part. Runtime facts (the number of KV blocks actually
+allocated, the EOS id, the model's context length) live in runtime objects, never here.
+YAML profiles in configs/ use the flat field names below; command-line flags override them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+_DTYPES = ("float32", "bfloat16", "float16")
+_PROPOSERS = ("none", "ngram", "recycle", "draft")
+_BACKENDS = ("auto", "reference", "flashinfer")
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+}
+
+
+def parse_size(text: str | int) -> int:
+    """'2GiB' -> 2147483648; plain integers are bytes."""
+    if isinstance(text, int):
+        return text
+    match = re.fullmatch(r"\s*([0-9.]+)\s*([A-Za-z]*)\s*", str(text))
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in _SIZE_UNITS:
+        raise ValueError(f"kv_cache_memory: cannot parse {text!r}; use e.g. '512MiB' or '2GiB'")
+    return int(float(match.group(1)) * _SIZE_UNITS[unit])
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model: str = DEFAULT_MODEL  # path to an HF dir or a .gguf file, or a built-in name
+    dtype: str = "float32"
+    max_model_len: int | None = None  # None: the model's own context length
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _check(self.dtype in _DTYPES, f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
+        _check(
+            self.max_model_len is None or self.max_model_len > 0,
+            f"max_model_len must be > 0, got {self.max_model_len}",
+        )
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int = 16
+    num_kv_blocks: int | None = None  # wins over kv_cache_memory when set
+    kv_cache_memory: str = "1GiB"
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        _check(
+            self.block_size in (8, 16, 32, 64, 128),
+            f"block_size must be a power of two in 8..128, got {self.block_size}",
+        )
+        _check(
+            self.num_kv_blocks is None or self.num_kv_blocks >= 2,
+            f"num_kv_blocks must be >= 2, got {self.num_kv_blocks}",
+        )
+        parse_size(self.kv_cache_memory)
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return parse_size(self.kv_cache_memory)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_batched_tokens: int = (
+        512  # token budget of one step (prefill chunks + decodes + drafts)
+    )
+    max_num_seqs: int = 64  # running requests at once
+
+    def __post_init__(self) -> None:
+        _check(
+            self.max_num_batched_tokens >= 1,
+            f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}",
+        )
+        _check(self.max_num_seqs >= 1, f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    proposer: str = "none"  # none | ngram | recycle | draft
+    draft_model: str | None = None
+    num_speculative_tokens: int = 4  # maximum k
+    spec_tree_nodes: int = 0  # 0: chains; > 0: trees of at most this many nodes
+    spec_policy: str | None = None  # off | fixed:K | goodput; None: goodput if a proposer is set
+    ngram_max: int = 4
+    ngram_min: int = 1
+
+    def __post_init__(self) -> None:
+        _check(
+            self.proposer in _PROPOSERS,
+            f"speculative_proposer must be one of {_PROPOSERS}, got {self.proposer!r}",
+        )
+        _check(
+            self.proposer != "draft" or bool(self.draft_model),
+            "speculative_proposer=draft needs --draft-model PATH",
+        )
+        _check(
+            0 <= self.num_speculative_tokens <= 64,
+            f"num_speculative_tokens must be in 0..64, got {self.num_speculative_tokens}",
+        )
+        _check(
+            0 <= self.spec_tree_nodes <= 256,
+            f"spec_tree_nodes must be in 0..256, got {self.spec_tree_nodes}",
+        )
+        _check(1 <= self.ngram_min <= self.ngram_max, "need 1 <= ngram_min <= ngram_max")
+
+    @property
+    def policy(self) -> str:
+        if self.spec_policy is not None:
+            return self.spec_policy
+        return "off" if self.proposer == "none" else "goodput"
+
+
+@dataclass(frozen=True)
+class DeviceConfig:
+    device: str = "cpu"  # cpu | cuda | cuda:N
+    threads: int | None = None  # torch intra-op threads; None: torch's default
+    attention_backend: str = "auto"
+
+    def __post_init__(self) -> None:
+        _check(
+            self.attention_backend in _BACKENDS,
+            f"attention_backend must be one of {_BACKENDS}, got {self.attention_backend!r}",
+        )
+        _check(
+            self.threads is None or self.threads >= 1, f"threads must be >= 1, got {self.threads}"
+        )
+
+
+_SECTIONS = {
+    "model": ModelConfig,
+    "cache": CacheConfig,
+    "scheduler": SchedulerConfig,
+    "spec": SpecConfig,
+    "device": DeviceConfig,
+}
+_ALIASES = {"speculative_proposer": "proposer"}
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    spec: SpecConfig = field(default_factory=SpecConfig)
+    device: DeviceConfig = field(default_factory=DeviceConfig)
+
+    @classmethod
+    def from_flat(cls, values: dict[str, Any]) -> EngineConfig:
+        """Build from flat field names ({'dtype': 'float32', 'block_size': 16, ...}).
+
+        Unknown keys are an error so that a typo in a YAML profile is not silently ignored.
+        Keys whose value is None are skipped (an unset flag keeps the default).
+        """
+        parts: dict[str, dict[str, Any]] = {name: {} for name in _SECTIONS}
+        owners = {
+            f.name: name for name, klass in _SECTIONS.items() for f in dataclasses.fields(klass)
+        }
+        for key, value in values.items():
+            key = _ALIASES.get(key.replace("-", "_"), key.replace("-", "_"))
+            if value is None:
+                continue
+            if key not in owners:
+                raise ValueError(f"unknown config key {key!r}; known keys: {sorted(owners)}")
+            parts[owners[key]][key] = value
+        return cls(**{name: _SECTIONS[name](**kw) for name, kw in parts.items()})
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> EngineConfig:
+        import yaml
+
+        data = yaml.safe_load(Path(path).read_text()) or {}
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: expected a mapping of config keys")
+        data.update({k: v for k, v in (overrides or {}).items() if v is not None})
+        return cls.from_flat(data)
+
+    def replace(self, **flat: Any) -> EngineConfig:
+        """A copy with some flat fields changed."""
+        current = {
+            f.name: getattr(getattr(self, s), f.name)
+            for s, k in _SECTIONS.items()
+            for f in dataclasses.fields(k)
+        }
+        current.update(flat)
+        return EngineConfig.from_flat(current)

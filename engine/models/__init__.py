@@ -1,0 +1,1 @@
+"""Model implementations and loaders (tensors start here)."""

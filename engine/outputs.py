@@ -1,0 +1,124 @@
+"""The data contracts between engine layers (DESIGN.md §3), defined in one place.
+
+Flow of one step:  SpecPlan -> Scheduler.schedule -> SchedulerOutput -> Proposer.propose ->
+Drafts -> ModelRunner.execute -> ModelOutput -> Scheduler.update -> RequestOutput (to callers).
+Everything here is host data; the only tensors are optional draft probabilities, which stay on
+the model's device and are consumed by the verifier.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from engine.request import Request
+    from engine.spec.tree import DraftTree
+
+# request_id -> number of draft tokens (chains) or tree node budget (trees) for this step.
+SpecPlan = dict[str, int]
+
+
+@dataclass(frozen=True)
+class ScheduledRequest:
+    """One request's share of a step.
+
+    The step computes K/V for all_token_ids[start : start + num_new_tokens - num_spec_slots]
+    followed by num_spec_slots draft tokens (filled in by the proposer). When the chunk reaches
+    the request's last known token (`needs_sample`), the runner samples or verifies.
+    """
+
+    request: Request
+    num_new_tokens: int  # prefill chunk, or 1 + reserved draft slots
+    num_spec_slots: int = 0  # draft tokens reserved for this step (<= plan[k]); 0 while prefilling
+    start: int = 0  # == request.num_computed_tokens when scheduled
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def needs_sample(self) -> bool:
+        return self.start + self.num_new_tokens - self.num_spec_slots >= self.request.num_tokens
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    scheduled: tuple[ScheduledRequest, ...]
+    preempted_ids: tuple[str, ...] = ()
+    # Copy-on-write block copies (src_block_id, dst_block_id) to run before the forward pass.
+    block_copies: tuple[tuple[int, int], ...] = ()
+    num_batched_tokens: int = 0
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+@dataclass(frozen=True)
+class Drafts:
+    """Per request: a chain of draft token ids, or a DraftTree. Missing id = no drafts."""
+
+    chains: dict[str, list[int]] = field(default_factory=dict)
+    trees: dict[str, DraftTree] = field(default_factory=dict)
+    # Draft-model proposers: per request the draft distributions q, one row per draft token
+    # (chains) or per tree node, after the request's sampling transforms. [num_drafts, vocab] f32.
+    probs: dict[str, torch.Tensor] = field(default_factory=dict)
+    proposer_time: float = 0.0  # seconds spent proposing (cost-model feature)
+
+    def num_drafts(self, request_id: str) -> int:
+        if request_id in self.trees:
+            return self.trees[request_id].num_nodes
+        return len(self.chains.get(request_id, ()))
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """Logprobs of one position: the chosen token's and the top-N alternatives'."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()  # (token_id, logprob), best first
+
+
+@dataclass(frozen=True)
+class RequestStepOutput:
+    request_id: str
+    token_ids: tuple[int, ...]  # accepted drafts + the bonus/correction token; empty mid-prefill
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    logprobs: tuple[TokenLogprobs, ...] = ()  # one per token_ids entry when asked
+    prompt_logprobs: tuple[TokenLogprobs | None, ...] = ()  # this chunk's prompt positions
+    error: str | None = None  # set when this request's processing failed (others continue)
+
+
+@dataclass(frozen=True)
+class ModelOutput:
+    outputs: dict[str, RequestStepOutput]
+    step_time: float = 0.0  # seconds, forward + sampling + verification (host-synced)
+
+
+@dataclass
+class RequestOutput:
+    """What the engine hands to callers after each step (and, complete, from LLM.generate)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    new_token_ids: list[int]  # since the previous RequestOutput of this request
+    output_token_ids: list[int]  # all so far
+    new_text: str = ""  # text delta; held back while it could start a stop string
+    text: str = ""  # all text so far (after stop-string truncation)
+    finished: bool = False
+    finish_reason: str | None = None  # stop | length | abort | error
+    stop_reason: str | int | None = None  # the stop string or stop token that ended it
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    num_cached_tokens: int = 0
+    logprobs: list[TokenLogprobs] | None = None  # new positions only
+    prompt_logprobs: list[TokenLogprobs | None] | None = None  # complete, first entry None
+    error: str | None = None
+    index: int = 0  # choice index for n > 1
+    group_id: str | None = None  # the user's request id for n > 1 (children share it)
+    metrics: dict[str, float] = field(default_factory=dict)  # arrival, first token, finish times

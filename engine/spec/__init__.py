@@ -1,0 +1,1 @@
+"""Speculative decoding: proposers, draft trees, lossless verification, goodput control."""

@@ -1,0 +1,1 @@
+"""Attention backends behind kernels.attention.AttentionBackend, and sampling ops."""

@@ -1,0 +1,1 @@
+"""OpenAI-compatible HTTP server on top of engine.AsyncEngine."""

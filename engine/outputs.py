@@ -122,3 +122,33 @@ class RequestOutput:
     index: int = 0  # choice index for n > 1
     group_id: str | None = None  # the user's request id for n > 1 (children share it)
     metrics: dict[str, float] = field(default_factory=dict)  # arrival, first token, finish times
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A snapshot of engine state and cumulative counters, taken after each step (for metrics)."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    num_free_blocks: int = 0
+    num_total_blocks: int = 0
+    num_steps_total: int = 0
+    prompt_tokens_total: int = 0  # prompt tokens computed (prefix-cache hits excluded)
+    generation_tokens_total: int = 0  # output tokens emitted
+    num_preemptions_total: int = 0
+    prefix_cache_queries_total: int = 0  # prompt tokens looked up in the prefix cache
+    prefix_cache_hits_total: int = 0  # of which found cached
+    spec_num_drafts_total: int = 0
+    spec_num_draft_tokens_total: int = 0
+    spec_num_accepted_tokens_total: int = 0
+    spec_accepted_per_position_total: tuple[int, ...] = ()
+    last_step_time: float = 0.0  # seconds, measured
+    last_predicted_step_time: float | None = None  # seconds, cost model's prediction
+    last_goodput: float = 0.0  # emitted tokens / step time of the last step
+    last_chosen_k: tuple[int, ...] = ()  # speculation lengths chosen in the last step
+
+    @property
+    def kv_cache_usage(self) -> float:
+        if self.num_total_blocks == 0:
+            return 0.0
+        return 1.0 - self.num_free_blocks / self.num_total_blocks

@@ -92,6 +92,8 @@ class RequestStepOutput:
     logprobs: tuple[TokenLogprobs, ...] = ()  # one per token_ids entry when asked
     prompt_logprobs: tuple[TokenLogprobs | None, ...] = ()  # this chunk's prompt positions
     error: str | None = None  # set when this request's processing failed (others continue)
+    # Token Recycling: per emitted token, the target's top-k ids at the row that produced it.
+    next_token_topk: tuple[tuple[int, ...], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,198 @@
+"""Reference attention backend: paged KV cache + masked SDPA in plain PyTorch (CPU and CUDA).
+
+The ground truth every faster backend is compared against. Contract: kernels/attention.py.
+
+Cache addressing. A layer's cache is [num_blocks, 2, block_size, num_kv_heads, head_dim]; viewed
+flat as rows [num_blocks * 2 * block_size, num_kv_heads, head_dim], slot s = b * block_size + o
+has its K at row b * 2 * block_size + o and its V block_size rows later. `plan` turns slots into
+rows once per step, so each layer does one index_copy_ per K/V write and one index_select per
+history gather.
+
+Batching. Requests decoding one token without a tree mask ("decode rows") run as one padded SDPA
+per layer with a key-padding mask; every other request (prefill chunk, verify chain, tree) runs
+its own SDPA with a causal-with-history or tree mask built in `plan`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from kernels.attention import AttentionMetadata, KVCacheSpec
+
+
+@dataclass(frozen=True)
+class _DecodePlan:
+    """All single-token requests of the step, attended as one padded batch."""
+
+    query_rows: torch.Tensor  # [num_decodes] int64, rows of q belonging to decode requests
+    kv_rows: torch.Tensor  # [2 * num_decodes * max_seq_len] int64, K rows then V rows
+    key_mask: torch.Tensor | None  # [num_decodes, 1, 1, max_seq_len] bool; None: no padding
+    max_seq_len: int
+    rows_are_all: bool  # query_rows == arange(num_tokens): output needs no scatter
+
+
+@dataclass(frozen=True)
+class _ChunkPlan:
+    """One request with several new tokens (prefill chunk, verify chain or tree)."""
+
+    start: int  # first query row
+    end: int  # one past the last query row
+    kv_rows: torch.Tensor  # [2 * seq_len] int64, K rows then V rows
+    mask: torch.Tensor | None  # [q_len, seq_len] bool; None: plain causal with q_len == seq_len
+
+
+class ReferenceBackend:
+    name = "reference"
+
+    def __init__(self) -> None:
+        self.kv_caches: list[torch.Tensor] = []
+        self.spec: KVCacheSpec | None = None
+        self.metadata: AttentionMetadata | None = None
+        self._write_rows: torch.Tensor | None = None  # [2 * num_tokens] K rows then V rows
+        self._decode: _DecodePlan | None = None
+        self._chunks: list[_ChunkPlan] = []
+
+    def allocate(self, spec: KVCacheSpec) -> None:
+        self.spec = spec
+        shape = (spec.num_blocks, 2, spec.block_size, spec.num_kv_heads, spec.head_dim)
+        self.kv_caches = [
+            torch.zeros(shape, dtype=spec.dtype, device=spec.device) for _ in range(spec.num_layers)
+        ]
+
+    # ----- per-step planning (host work shared by all layers) -----
+
+    def plan(self, metadata: AttentionMetadata) -> None:
+        assert self.spec is not None, "allocate() must run before plan()"
+        self.metadata = metadata
+        self._write_rows = self._k_and_v_rows(metadata.slot_mapping.to(torch.int64))
+        tree_masks = metadata.tree_masks or (None,) * metadata.num_requests
+        starts = [0]
+        for q_len in metadata.query_lens_host:
+            starts.append(starts[-1] + q_len)
+        decode_ids, chunk_ids = [], []
+        for i, (q_len, mask) in enumerate(zip(metadata.query_lens_host, tree_masks, strict=True)):
+            (decode_ids if q_len == 1 and mask is None else chunk_ids).append(i)
+        self._decode = self._plan_decodes(metadata, decode_ids, starts) if decode_ids else None
+        self._chunks = [self._plan_chunk(metadata, i, starts[i], tree_masks[i]) for i in chunk_ids]
+
+    def _k_and_v_rows(self, slots: torch.Tensor) -> torch.Tensor:
+        """Slots [n] -> flat cache rows [2n]: the K rows, then the V rows."""
+        block_size = self.spec.block_size
+        k_rows = slots + (slots // block_size) * block_size
+        return torch.cat([k_rows, k_rows + block_size])
+
+    def _history_slots(
+        self, metadata: AttentionMetadata, ids: list[int], length: int
+    ) -> torch.Tensor:
+        """Slots of the first `length` history tokens of requests `ids`: [len(ids), length]."""
+        block_size = self.spec.block_size
+        device = metadata.block_tables.device
+        positions = torch.arange(length, device=device)
+        tables = metadata.block_tables[ids].to(torch.int64)
+        blocks = tables[:, positions // block_size]
+        return blocks * block_size + positions % block_size
+
+    def _plan_decodes(
+        self, metadata: AttentionMetadata, ids: list[int], starts: list[int]
+    ) -> _DecodePlan:
+        device = metadata.block_tables.device
+        seq_lens = [metadata.seq_lens_host[i] for i in ids]
+        max_seq_len = max(seq_lens)
+        slots = self._history_slots(metadata, ids, max_seq_len)
+        key_mask = None
+        if min(seq_lens) != max_seq_len:
+            lens = torch.tensor(seq_lens, device=device)
+            key_mask = torch.arange(max_seq_len, device=device) < lens[:, None]
+            key_mask = key_mask[:, None, None, :]
+        return _DecodePlan(
+            query_rows=torch.tensor([starts[i] for i in ids], dtype=torch.int64, device=device),
+            kv_rows=self._k_and_v_rows(slots.reshape(-1)),
+            key_mask=key_mask,
+            max_seq_len=max_seq_len,
+            rows_are_all=len(ids) == metadata.num_requests,
+        )
+
+    def _plan_chunk(
+        self, metadata: AttentionMetadata, i: int, start: int, tree_mask: torch.Tensor | None
+    ) -> _ChunkPlan:
+        device = metadata.block_tables.device
+        q_len, seq_len = metadata.query_lens_host[i], metadata.seq_lens_host[i]
+        slots = self._history_slots(metadata, [i], seq_len)[0]
+        num_history = seq_len - q_len
+        mask = None
+        if tree_mask is not None:
+            visible = torch.ones(q_len, num_history, dtype=torch.bool, device=device)
+            mask = torch.cat([visible, tree_mask.to(device=device, dtype=torch.bool)], dim=1)
+        elif num_history > 0:
+            # Query j sits at position num_history + j and sees keys 0 .. num_history + j.
+            key_pos = torch.arange(seq_len, device=device)
+            query_pos = torch.arange(num_history, seq_len, device=device)
+            mask = key_pos[None, :] <= query_pos[:, None]
+        return _ChunkPlan(start, start + q_len, self._k_and_v_rows(slots), mask)
+
+    # ----- per-layer work -----
+
+    def forward(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+    ) -> torch.Tensor:
+        flat = self._flat_cache(layer)
+        flat.index_copy_(0, self._write_rows, torch.cat([k, v]).to(flat.dtype))
+        decode = self._decode
+        if decode is not None and decode.rows_are_all:
+            return self._attend_decodes(flat, q, decode, scale)
+        out = torch.empty_like(q)
+        if decode is not None:
+            out.index_copy_(0, decode.query_rows, self._attend_decodes(flat, q, decode, scale))
+        for chunk in self._chunks:
+            out[chunk.start : chunk.end] = self._attend_chunk(flat, q, chunk, scale)
+        return out
+
+    def _flat_cache(self, layer: int) -> torch.Tensor:
+        cache = self.kv_caches[layer]
+        return cache.view(-1, cache.shape[-2], cache.shape[-1])
+
+    def _attend_decodes(
+        self, flat: torch.Tensor, q: torch.Tensor, decode: _DecodePlan, scale: float
+    ) -> torch.Tensor:
+        num_decodes = decode.query_rows.shape[0]
+        kv = flat.index_select(0, decode.kv_rows).to(q.dtype)
+        # [2, R, S, Hkv, D] -> K, V as [R, Hkv, S, D]
+        kv = kv.view(2, num_decodes, decode.max_seq_len, *kv.shape[-2:]).transpose(2, 3)
+        query = q if decode.rows_are_all else q.index_select(0, decode.query_rows)
+        out = F.scaled_dot_product_attention(
+            query.unsqueeze(2),
+            kv[0],
+            kv[1],
+            attn_mask=decode.key_mask,
+            scale=scale,
+            enable_gqa=True,
+        )
+        return out.squeeze(2)
+
+    def _attend_chunk(
+        self, flat: torch.Tensor, q: torch.Tensor, chunk: _ChunkPlan, scale: float
+    ) -> torch.Tensor:
+        kv = flat.index_select(0, chunk.kv_rows).to(q.dtype)
+        kv = kv.view(2, -1, *kv.shape[-2:]).transpose(1, 2)  # [2, Hkv, S, D]
+        query = q[chunk.start : chunk.end].transpose(0, 1)  # [H, q_len, D]
+        out = F.scaled_dot_product_attention(
+            query.unsqueeze(0),
+            kv[0].unsqueeze(0),
+            kv[1].unsqueeze(0),
+            attn_mask=chunk.mask,
+            is_causal=chunk.mask is None,
+            scale=scale,
+            enable_gqa=True,
+        )
+        return out[0].transpose(0, 1)
+
+    def copy_slots(self, src_slots: torch.Tensor, dst_slots: torch.Tensor) -> None:
+        src_rows = self._k_and_v_rows(src_slots.to(torch.int64))
+        dst_rows = self._k_and_v_rows(dst_slots.to(torch.int64))
+        for layer in range(len(self.kv_caches)):
+            flat = self._flat_cache(layer)
+            # index_select copies first, so overlapping src/dst sets read the old values.
+            flat.index_copy_(0, dst_rows, flat.index_select(0, src_rows))

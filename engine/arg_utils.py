@@ -1,0 +1,55 @@
+"""Command-line flags for EngineConfig, shared by `goodspeed generate` and `goodspeed serve`.
+
+Flags default to None so that only what the user typed overrides a --config YAML profile.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from engine.config import EngineConfig
+
+# (flag, type, help); the config key is the flag name with dashes turned into underscores.
+_FLAGS: tuple[tuple[str, type, str], ...] = (
+    ("--model", str, "HF model dir, .gguf file, or built-in name (default: smollm2-135m-instruct)"),
+    ("--dtype", str, "float32 | bfloat16 | float16 (CPU default float32)"),
+    ("--max-model-len", int, "context length cap (default: the model's)"),
+    ("--seed", int, "engine seed"),
+    ("--block-size", int, "KV cache block size in tokens (default 16)"),
+    ("--num-kv-blocks", int, "KV cache blocks (wins over --kv-cache-memory)"),
+    ("--kv-cache-memory", str, "KV cache size, e.g. 512MiB or 2GiB (default 1GiB)"),
+    ("--max-num-batched-tokens", int, "token budget of one step (default 512)"),
+    ("--max-num-seqs", int, "running requests at once (default 64)"),
+    ("--speculative-proposer", str, "none | ngram | recycle | draft"),
+    ("--draft-model", str, "draft model path (with --speculative-proposer draft)"),
+    ("--num-speculative-tokens", int, "maximum draft tokens per step (default 4)"),
+    ("--spec-tree-nodes", int, "tree node budget (0 = chains)"),
+    ("--spec-policy", str, "off | fixed:K | goodput (default goodput when a proposer is set)"),
+    ("--device", str, "cpu | cuda | cuda:N"),
+    ("--threads", int, "torch intra-op threads"),
+    ("--attention-backend", str, "auto | reference | flashinfer"),
+)
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config", default=None, help="YAML profile whose keys are config fields (flags override)"
+    )
+    group = parser.add_argument_group("engine")
+    for flag, kind, text in _FLAGS:
+        group.add_argument(flag, type=kind, default=None, help=text)
+    group.add_argument(
+        "--no-prefix-caching", action="store_true", help="disable automatic prefix caching"
+    )
+
+
+def config_from_args(args: argparse.Namespace) -> EngineConfig:
+    overrides = {
+        flag[2:].replace("-", "_"): getattr(args, flag[2:].replace("-", "_"))
+        for flag, _, _ in _FLAGS
+    }
+    if getattr(args, "no_prefix_caching", False):
+        overrides["enable_prefix_caching"] = False
+    if args.config:
+        return EngineConfig.from_yaml(args.config, overrides)
+    return EngineConfig.from_flat(overrides)

@@ -1,0 +1,146 @@
+"""Pack one step's scheduled requests (and their drafts) into flat model inputs.
+
+Layout of request i's rows in the flattened batch (no padding anywhere):
+    [ real tokens: all_token_ids[start : start + num_real] | draft tokens (chain or tree nodes) ]
+Real tokens sit at positions start.., draft chain token j at the next positions, tree node n at
+(position of the last real token) + depth(n). Every token, drafts included, gets its own cache
+slot in order (start + row offset), so tree nodes occupy distinct slots; after verification the
+runner copies the accepted path down into the contiguous slots (DESIGN §4).
+
+Logit rows: a request that reaches its last known token needs logits for that token and for
+every draft (1 + num_drafts rows, in row order); prompt logprobs need every real row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.outputs import Drafts, ScheduledRequest, SchedulerOutput
+from engine.spec.tree import DraftTree
+from kernels.attention import AttentionMetadata
+
+
+@dataclass(frozen=True)
+class RequestRows:
+    """Where one request's rows landed in the batch and in the logits tensor."""
+
+    scheduled: ScheduledRequest
+    draft_token_ids: tuple[int, ...]  # chain tokens or tree node tokens, in row order
+    tree: DraftTree | None
+    first_slot_index: int  # token index (position in the request's slot space) of the first row
+    num_real: int
+    logit_rows: tuple[int, ...]  # indices into the logits tensor: [root, drafts...] when sampling
+    prompt_logit_rows: tuple[int, ...]  # indices into the logits tensor for prompt logprobs
+
+
+@dataclass(frozen=True)
+class ModelInput:
+    input_ids: torch.Tensor  # [num_tokens] int64
+    positions: torch.Tensor  # [num_tokens] int64
+    metadata: AttentionMetadata
+    logits_indices: torch.Tensor  # [num_logit_rows] int64, rows of the hidden states to project
+    requests: tuple[RequestRows, ...]
+
+
+def _slot(block_ids: list[int], index: int, block_size: int) -> int:
+    return block_ids[index // block_size] * block_size + index % block_size
+
+
+def _tree_mask(num_real: int, tree: DraftTree) -> torch.Tensor:
+    """[q_len, q_len] bool: real tokens causal; a node sees the real tokens, its ancestors and itself."""
+    q_len = num_real + tree.num_nodes
+    mask = torch.zeros(q_len, q_len, dtype=torch.bool)
+    mask[:num_real, :num_real] = torch.tril(torch.ones(num_real, num_real, dtype=torch.bool))
+    for node, parent in enumerate(tree.parent_ids):
+        row = num_real + node
+        mask[row, :num_real] = True
+        if parent is not None:
+            mask[row] |= mask[num_real + parent]
+        mask[row, row] = True
+    return mask
+
+
+def build_model_input(
+    scheduler_output: SchedulerOutput, drafts: Drafts, block_size: int, device: torch.device
+) -> ModelInput:
+    input_ids: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    cu_query: list[int] = [0]
+    seq_lens: list[int] = []
+    block_tables: list[list[int]] = []
+    tree_masks: list[torch.Tensor | None] = []
+    logits_indices: list[int] = []
+    rows: list[RequestRows] = []
+    for scheduled in scheduler_output.scheduled:
+        request = scheduled.request
+        start = scheduled.start
+        num_real = scheduled.num_new_tokens - scheduled.num_spec_slots
+        tree = drafts.trees.get(request.request_id) if scheduled.needs_sample else None
+        chain = (
+            ()
+            if tree is not None or not scheduled.needs_sample
+            else tuple(drafts.chains.get(request.request_id, ()))
+        )
+        draft_ids = tree.token_ids if tree is not None else chain
+        draft_ids = tuple(draft_ids[: scheduled.num_spec_slots])
+        if tree is not None and len(draft_ids) < tree.num_nodes:
+            raise ValueError(
+                f"request {request.request_id}: tree of {tree.num_nodes} nodes exceeds {scheduled.num_spec_slots} slots"
+            )
+        row0 = len(input_ids)
+        input_ids.extend(request.all_token_ids[start : start + num_real])
+        input_ids.extend(draft_ids)
+        positions.extend(range(start, start + num_real))
+        last_pos = start + num_real - 1
+        if tree is not None:
+            positions.extend(last_pos + depth for depth in tree.depths())
+        else:
+            positions.extend(range(last_pos + 1, last_pos + 1 + len(draft_ids)))
+        q_len = num_real + len(draft_ids)
+        slots.extend(_slot(request.block_ids, start + j, block_size) for j in range(q_len))
+        cu_query.append(cu_query[-1] + q_len)
+        seq_lens.append(start + q_len)
+        block_tables.append(request.block_ids)
+        tree_masks.append(_tree_mask(num_real, tree) if tree is not None else None)
+        prompt_rows: tuple[int, ...] = ()
+        if (
+            request.sampling_params.prompt_logprobs is not None
+            and start < request.num_prompt_tokens
+        ):
+            end = min(start + num_real, request.num_prompt_tokens)
+            prompt_rows = tuple(range(len(logits_indices), len(logits_indices) + end - start))
+            logits_indices.extend(range(row0, row0 + end - start))
+        sample_rows: tuple[int, ...] = ()
+        if scheduled.needs_sample:
+            first = row0 + num_real - 1
+            sample_rows = tuple(
+                range(len(logits_indices), len(logits_indices) + 1 + len(draft_ids))
+            )
+            logits_indices.extend(range(first, first + 1 + len(draft_ids)))
+        rows.append(
+            RequestRows(scheduled, draft_ids, tree, start, num_real, sample_rows, prompt_rows)
+        )
+    max_blocks = max((len(t) for t in block_tables), default=1) or 1
+    table = torch.zeros(len(block_tables), max_blocks, dtype=torch.int32)
+    for i, blocks in enumerate(block_tables):
+        if blocks:
+            table[i, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+    metadata = AttentionMetadata(
+        query_start_loc=torch.tensor(cu_query, dtype=torch.int32, device=device),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+        block_tables=table.to(device),
+        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+        query_lens_host=tuple(b - a for a, b in zip(cu_query, cu_query[1:])),
+        seq_lens_host=tuple(seq_lens),
+        tree_masks=tuple(m.to(device) if m is not None else None for m in tree_masks),
+    )
+    return ModelInput(
+        input_ids=torch.tensor(input_ids, dtype=torch.int64, device=device),
+        positions=torch.tensor(positions, dtype=torch.int64, device=device),
+        metadata=metadata,
+        logits_indices=torch.tensor(logits_indices, dtype=torch.int64, device=device),
+        requests=tuple(rows),
+    )

@@ -1,0 +1,223 @@
+"""LLMEngine: one step of continuous batching with optional speculation (DESIGN §1).
+
+    plan = policy.plan(...)            # k per request (empty when speculation is off)
+    sched = scheduler.schedule(plan)   # token budget, KV blocks, preemption
+    drafts = proposer.propose(sched)   # only for requests given slots
+    out = runner.execute(sched, drafts)
+    changed = scheduler.update(sched, out)
+    policy.observe(...)                # acceptance + step-time feedback
+Not thread-safe: AsyncEngine calls it from a single thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from pathlib import Path
+
+from engine.config import EngineConfig
+from engine.model_runner import ModelRunner
+from engine.models.tokenizer import Tokenizer
+from engine.output_processor import OutputProcessor
+from engine.outputs import (
+    Drafts,
+    EngineStats,
+    ModelOutput,
+    RequestOutput,
+    RequestStepOutput,
+    SchedulerOutput,
+)
+from engine.request import Request, RequestStatus
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler
+from engine.spec_driver import SpecDriver
+
+logger = logging.getLogger(__name__)
+
+
+class LLMEngine:
+    def __init__(
+        self, config: EngineConfig, runner: ModelRunner, tokenizer: Tokenizer | None
+    ) -> None:
+        self.config = config
+        self.runner = runner
+        self.tokenizer = tokenizer
+        self.model_name = _model_name(config.model.model)
+        self.vocab_size = runner.arch.vocab_size
+        self.max_model_len = min(
+            config.model.max_model_len or runner.arch.max_position_embeddings,
+            runner.arch.max_position_embeddings,
+        )
+        self.eos_token_ids = _eos_ids(runner.arch, tokenizer)
+        self.scheduler = Scheduler(config.scheduler, config.cache, runner.num_blocks)
+        self.outputs = OutputProcessor(tokenizer)
+        self.spec = SpecDriver(config.spec, runner, self.scheduler)
+        self._groups: dict[str, list[str]] = {}
+        self._num_steps = 0
+        self._generation_tokens = 0
+        self._last_step_time = 0.0
+
+    @classmethod
+    def from_config(cls, config: EngineConfig | None = None) -> LLMEngine:
+        config = config or EngineConfig()
+        runner = ModelRunner(config)
+        tokenizer = Tokenizer.from_path(runner.model_path)
+        return cls(config, runner, tokenizer)
+
+    # ---- requests ------------------------------------------------------------------------
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        arrival_time: float | None = None,
+    ) -> None:
+        self._validate(request_id, prompt_token_ids, params)
+        arrival = arrival_time if arrival_time is not None else time.monotonic()
+        child_ids = (
+            [request_id] if params.n == 1 else [f"{request_id}-{i}" for i in range(params.n)]
+        )
+        base_seed = params.seed if params.seed is not None else random.getrandbits(62)
+        for index, child_id in enumerate(child_ids):
+            request = Request(
+                request_id=child_id,
+                prompt_token_ids=list(prompt_token_ids),
+                sampling_params=params,
+                eos_token_id=self.eos_token_ids[0] if self.eos_token_ids else None,
+                max_total_tokens=self.max_model_len,
+                arrival_time=arrival,
+                parent_request_id=child_ids[0] if index > 0 else None,
+                seed=base_seed + index,
+            )
+            self.outputs.add(request, index=index, group_id=request_id if params.n > 1 else None)
+            self.scheduler.add_request(request)
+        if params.n > 1:
+            self._groups[request_id] = child_ids
+
+    def _validate(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+    ) -> None:
+        if request_id in self._groups or self.scheduler.get_request(request_id) is not None:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        if not prompt_token_ids:
+            raise ValueError("prompt must not be empty")
+        bad = [
+            t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size
+        ]
+        if bad:
+            raise ValueError(
+                f"prompt token ids must be integers in [0, {self.vocab_size}); got {bad[:5]}"
+            )
+        max_tokens = params.max_tokens or 0
+        if len(prompt_token_ids) + max_tokens > self.max_model_len:
+            raise ValueError(
+                f"max_tokens: prompt ({len(prompt_token_ids)} tokens) + max_tokens ({max_tokens}) "
+                f"must be <= the context length {self.max_model_len}"
+            )
+        if len(prompt_token_ids) >= self.max_model_len:
+            raise ValueError(
+                f"prompt ({len(prompt_token_ids)} tokens) must be shorter than the context length {self.max_model_len}"
+            )
+
+    def abort_request(self, request_id: str) -> None:
+        ids = self._groups.pop(request_id, [request_id])
+        for request in self.scheduler.abort_requests(ids):
+            self._finish(request.request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    # ---- the step ------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        plan = self.spec.plan()
+        sched = self.scheduler.schedule(plan)
+        now = time.monotonic()
+        for scheduled in sched.scheduled:
+            if scheduled.request.first_scheduled_time is None:
+                scheduled.request.first_scheduled_time = now
+        if sched.is_empty:
+            return self._collect(
+                self.scheduler.update(sched, ModelOutput(outputs={})), ModelOutput(outputs={})
+            )
+        drafts = self.spec.propose(sched)
+        model_output = self._execute(sched, drafts)
+        changed = self.scheduler.update(sched, model_output)
+        self.spec.observe(sched, drafts, model_output)
+        self._num_steps += 1
+        self._last_step_time = model_output.step_time + drafts.proposer_time
+        return self._collect(changed, model_output)
+
+    def _execute(self, sched: SchedulerOutput, drafts: Drafts) -> ModelOutput:
+        """Run the model; if the whole forward fails, fail this step's requests, not the engine."""
+        try:
+            return self.runner.execute(sched, drafts)
+        except Exception as exc:
+            logger.exception(
+                "model step failed; failing the %d requests in it", len(sched.scheduled)
+            )
+            message = f"{type(exc).__name__}: {exc}"
+            return ModelOutput(
+                outputs={
+                    s.request_id: RequestStepOutput(s.request_id, (), error=message)
+                    for s in sched.scheduled
+                }
+            )
+
+    def _collect(self, changed: list[Request], model_output: ModelOutput) -> list[RequestOutput]:
+        for step_output in model_output.outputs.values():
+            self.outputs.record_step(step_output)
+        results: list[RequestOutput] = []
+        for request in changed:
+            output, stop_string = self.outputs.make_output(request)
+            if stop_string is not None and not request.is_finished:
+                self.scheduler.finish_request(request.request_id, RequestStatus.FINISHED_STOPPED)
+            if output is None:
+                continue
+            self._generation_tokens += len(output.new_token_ids)
+            if output.finished:
+                self._finish(request.request_id)
+            results.append(output)
+        return results
+
+    def _finish(self, request_id: str) -> None:
+        self.runner.release(request_id)
+        self.spec.release(request_id)
+        self.outputs.drop(request_id)
+
+    # ---- introspection -------------------------------------------------------------------
+    def stats(self) -> EngineStats:
+        scheduler = self.scheduler
+        blocks = scheduler.block_manager
+        return EngineStats(
+            num_running=scheduler.num_running,
+            num_waiting=scheduler.num_waiting,
+            num_free_blocks=blocks.num_free_blocks,
+            num_total_blocks=blocks.num_total_blocks,
+            num_steps_total=self._num_steps,
+            prompt_tokens_total=scheduler.num_prompt_tokens_computed_total,
+            generation_tokens_total=self._generation_tokens,
+            num_preemptions_total=scheduler.num_preemptions_total,
+            prefix_cache_queries_total=blocks.prefix_cache_queries,
+            prefix_cache_hits_total=blocks.prefix_cache_hits,
+            last_step_time=self._last_step_time,
+            **self.spec.stats_fields(),
+        )
+
+
+def _model_name(model: str) -> str:
+    path = Path(model)
+    if path.suffix == ".gguf":
+        return path.stem
+    return path.name if path.name else model
+
+
+def _eos_ids(arch, tokenizer) -> tuple[int, ...]:
+    ids = list(getattr(arch, "eos_token_ids", ()) or ())
+    if (
+        tokenizer is not None
+        and tokenizer.eos_token_id is not None
+        and tokenizer.eos_token_id not in ids
+    ):
+        ids.append(tokenizer.eos_token_id)
+    return tuple(ids)

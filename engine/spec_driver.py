@@ -1,0 +1,135 @@
+"""SpecDriver: the engine's speculation steps (plan, propose, observe) around one proposer
+and one policy (DESIGN §1 steps 1, 3 and 6). With no proposer configured every call is a no-op
+and the plan is empty, so the scheduler never reserves draft slots.
+"""
+
+from __future__ import annotations
+
+import time
+
+from engine.config import SpecConfig
+from engine.outputs import Drafts, ModelOutput, SchedulerOutput, SpecPlan
+from engine.spec.cost_model import OnlineLinearCostModel, StepFeatures
+from engine.spec.policy import SpecCandidate, SpecResult, make_policy
+from engine.spec.proposer import ProposeRequest, make_proposer
+
+
+class SpecDriver:
+    def __init__(self, config: SpecConfig, runner, scheduler) -> None:
+        self.config = config
+        self.scheduler = scheduler
+        self.tree = config.spec_tree_nodes > 0
+        self.max_k = config.spec_tree_nodes if self.tree else config.num_speculative_tokens
+        self.enabled = config.proposer != "none" and config.policy != "off" and self.max_k > 0
+        self.cost_model = OnlineLinearCostModel()
+        self.proposer = make_proposer(config, runner) if config.proposer != "none" else None
+        self.policy = make_policy(
+            config.policy if self.enabled else "off", cost_model=self.cost_model, max_k=self.max_k
+        )
+        self._plan: SpecPlan = {}
+        self._base = StepFeatures()
+        self.num_drafts_total = 0
+        self.num_draft_tokens_total = 0
+        self.num_accepted_tokens_total = 0
+        self.accepted_per_position_total: list[int] = []
+        self.last_goodput = 0.0
+
+    # ---- 1. plan -------------------------------------------------------------------------
+    def plan(self) -> SpecPlan:
+        if not self.enabled:
+            return {}
+        candidates, shapes = [], []
+        for request in self.scheduler.running:
+            caught_up = request.num_computed_tokens == request.num_tokens - 1
+            shapes.append(
+                (
+                    request.num_tokens,
+                    1 if caught_up else request.num_tokens - request.num_computed_tokens,
+                    0,
+                )
+            )
+            max_k = min(self.max_k, request.num_remaining_output_tokens - 1)
+            if caught_up and max_k > 0:
+                candidates.append(SpecCandidate(request.request_id, request.num_tokens, max_k))
+        self._base = StepFeatures.from_requests(shapes)
+        self._plan = self.policy.plan(candidates, self._base) if candidates else {}
+        return self._plan
+
+    # ---- 3. propose ----------------------------------------------------------------------
+    def propose(self, sched: SchedulerOutput) -> Drafts:
+        if self.proposer is None:
+            return Drafts()
+        asks = [
+            ProposeRequest(s.request_id, s.request.all_token_ids, s.num_spec_slots, self.tree)
+            for s in sched.scheduled
+            if s.num_spec_slots > 0 and s.needs_sample
+        ]
+        if not asks:
+            return Drafts()
+        start = time.perf_counter()
+        drafts = self.proposer.propose(asks)
+        elapsed = time.perf_counter() - start
+        return Drafts(
+            chains=drafts.chains, trees=drafts.trees, probs=drafts.probs, proposer_time=elapsed
+        )
+
+    # ---- 6. observe ----------------------------------------------------------------------
+    def observe(self, sched: SchedulerOutput, drafts: Drafts, out: ModelOutput) -> None:
+        results = []
+        for scheduled in sched.scheduled:
+            step = out.outputs.get(scheduled.request_id)
+            if step is None or not step.token_ids:
+                continue
+            if self.proposer is not None:
+                self.proposer.observe(
+                    scheduled.request_id, step.token_ids, step.next_token_topk or None
+                )
+            if step.num_draft_tokens:
+                results.append(
+                    SpecResult(
+                        scheduled.request_id, step.num_draft_tokens, step.num_accepted_tokens
+                    )
+                )
+                self._count(step.num_draft_tokens, step.num_accepted_tokens)
+        features = StepFeatures.from_requests(
+            [
+                (
+                    s.start + s.num_new_tokens,
+                    s.num_new_tokens - s.num_spec_slots + drafts.num_drafts(s.request_id),
+                    drafts.num_drafts(s.request_id),
+                )
+                for s in sched.scheduled
+            ]
+        )
+        seconds = out.step_time + drafts.proposer_time
+        emitted = sum(len(o.token_ids) for o in out.outputs.values())
+        self.last_goodput = emitted / seconds if seconds > 0 else 0.0
+        if self.enabled:
+            self.policy.observe(results, features, seconds)
+        else:
+            self.cost_model.observe(features, seconds)
+
+    def _count(self, num_draft_tokens: int, num_accepted: int) -> None:
+        self.num_drafts_total += 1
+        self.num_draft_tokens_total += num_draft_tokens
+        self.num_accepted_tokens_total += num_accepted
+        while len(self.accepted_per_position_total) < num_accepted:
+            self.accepted_per_position_total.append(0)
+        for position in range(num_accepted):
+            self.accepted_per_position_total[position] += 1
+
+    def release(self, request_id: str) -> None:
+        if self.proposer is not None:
+            self.proposer.release(request_id)
+        self.policy.release(request_id)
+
+    def stats_fields(self) -> dict:
+        return dict(
+            spec_num_drafts_total=self.num_drafts_total,
+            spec_num_draft_tokens_total=self.num_draft_tokens_total,
+            spec_num_accepted_tokens_total=self.num_accepted_tokens_total,
+            spec_accepted_per_position_total=tuple(self.accepted_per_position_total),
+            last_predicted_step_time=getattr(self.policy, "last_predicted_step_time", None),
+            last_goodput=self.last_goodput,
+            last_chosen_k=tuple(self._plan.values()),
+        )

@@ -61,9 +61,10 @@ def _add_serve(subparsers) -> None:
     try:
         from server.cli import add_serve_arguments, run_serve
     except ImportError as exc:  # the server package is optional at import time
-        parser = subparsers.add_parser("serve", help=f"unavailable: {exc}")
+        reason = str(exc)
+        parser = subparsers.add_parser("serve", help=f"unavailable: {reason}")
         parser.set_defaults(
-            func=lambda _args: print(f"error: serve unavailable: {exc}", file=sys.stderr) or 2
+            func=lambda _args: print(f"error: serve unavailable: {reason}", file=sys.stderr) or 2
         )
         return
     parser = subparsers.add_parser("serve", help="run the OpenAI-compatible HTTP server")

@@ -1,0 +1,191 @@
+"""N-gram (prompt lookup) proposer: draft what followed an earlier occurrence of the suffix.
+
+For n from ngram_max down to ngram_min, the last n tokens of the request's prompt + verified
+output are looked up among earlier occurrences; the tokens that followed become the draft.
+Longer n wins (a longer match predicts better); within one n, the most recent occurrence with
+a full-length continuation wins, then the occurrences whose continuation is cut short by the
+end of the context, longest first.
+
+Each request keeps an incremental index (n-gram -> ascending end positions). It is synced from
+ProposeRequest.token_ids, adding only the tokens appended since the last step, so a step never
+rescans the context. Deterministic drafts: the verifier treats q as a point mass.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from engine.config import SpecConfig
+from engine.outputs import Drafts
+from engine.spec.proposer import ProposeRequest
+from engine.spec.tree import DraftTree
+
+MAX_TREE_CANDIDATES = 8  # distinct match positions merged into one tree
+
+
+class NgramIndex:
+    """One request's tokens and, for every n-gram (ngram_min <= n <= ngram_max), the end
+    positions of its occurrences: ends[key] ascending, where tokens[end - n : end] == key."""
+
+    def __init__(self, ngram_min: int, ngram_max: int) -> None:
+        self.ngram_min = ngram_min
+        self.ngram_max = ngram_max
+        self.token_ids: list[int] = []
+        self._ends: dict[tuple[int, ...], list[int]] = {}
+
+    def sync(self, token_ids: Sequence[int]) -> None:
+        """Index the tokens appended since the last sync (verified tokens only grow)."""
+        if len(token_ids) < len(self.token_ids):
+            self.token_ids, self._ends = [], {}
+        for token_id in token_ids[len(self.token_ids) :]:
+            self._append(int(token_id))
+
+    def _append(self, token_id: int) -> None:
+        tokens = self.token_ids
+        tokens.append(token_id)
+        end = len(tokens)
+        for n in range(self.ngram_min, min(self.ngram_max, end) + 1):
+            self._ends.setdefault(tuple(tokens[end - n :]), []).append(end)
+
+    def candidate_ends(self, num_drafts: int, limit: int) -> list[int]:
+        """Up to `limit` distinct earlier match ends, best first (see the module docstring)."""
+        num_tokens = len(self.token_ids)
+        chosen: list[int] = []
+        top_n = min(self.ngram_max, num_tokens)
+        for n in range(top_n, self.ngram_min - 1, -1):
+            ends = self._ends.get(tuple(self.token_ids[num_tokens - n :]), ())
+            for end in _order_ends(ends, num_tokens, num_drafts, limit):
+                if end not in chosen:
+                    chosen.append(end)
+            if len(chosen) >= limit:
+                break
+        return chosen[:limit]
+
+
+def _order_ends(ends: Sequence[int], num_tokens: int, num_drafts: int, limit: int) -> list[int]:
+    """Most recent full-length continuations first, then cut-short ones, longest first.
+
+    ends[-1] == num_tokens is the suffix itself, not an earlier occurrence, so it is skipped
+    (without copying the list). Walks backwards and stops after `limit` full ones; at most
+    num_drafts ends can be cut short (they lie in the last num_drafts positions).
+    """
+    full: list[int] = []
+    short: list[int] = []
+    for i in range(len(ends) - 2, -1, -1):
+        end = ends[i]
+        if end + num_drafts <= num_tokens:
+            full.append(end)
+            if len(full) >= limit:
+                break
+        else:
+            short.append(end)
+    short.reverse()
+    return full + short
+
+
+class NgramProposer:
+    """Prompt-lookup drafts, chains or trees, from per-request incremental n-gram indexes."""
+
+    name = "ngram"
+
+    def __init__(
+        self,
+        ngram_min: int = 1,
+        ngram_max: int = 4,
+        max_tree_candidates: int = MAX_TREE_CANDIDATES,
+    ) -> None:
+        if not 1 <= ngram_min <= ngram_max:
+            raise ValueError(f"need 1 <= ngram_min <= ngram_max, got {ngram_min}, {ngram_max}")
+        self.ngram_min = ngram_min
+        self.ngram_max = ngram_max
+        self.max_tree_candidates = max_tree_candidates
+        self._indexes: dict[str, NgramIndex] = {}
+
+    @classmethod
+    def from_config(cls, config: SpecConfig, **runtime: Any) -> NgramProposer:
+        return cls(ngram_min=config.ngram_min, ngram_max=config.ngram_max)
+
+    def propose(self, requests: Sequence[ProposeRequest]) -> Drafts:
+        start = time.perf_counter()
+        chains: dict[str, list[int]] = {}
+        trees: dict[str, DraftTree] = {}
+        for request in requests:
+            if request.num_drafts <= 0:
+                continue
+            index = self._index(request)
+            if request.tree:
+                tree = self._propose_tree(index, request.num_drafts)
+                if tree.num_nodes:
+                    trees[request.request_id] = tree
+            else:
+                chain = self._propose_chain(index, request.num_drafts)
+                if chain:
+                    chains[request.request_id] = chain
+        return Drafts(chains=chains, trees=trees, proposer_time=time.perf_counter() - start)
+
+    def observe(
+        self,
+        request_id: str,
+        token_ids: Sequence[int],
+        topk_ids: Sequence[Sequence[int]] | None,
+    ) -> None:
+        """Nothing to do: the index syncs from ProposeRequest.token_ids, which carries the
+        verified tokens (and the prompt, which observe never sees)."""
+
+    def release(self, request_id: str) -> None:
+        self._indexes.pop(request_id, None)
+
+    def _index(self, request: ProposeRequest) -> NgramIndex:
+        index = self._indexes.get(request.request_id)
+        if index is None:
+            index = NgramIndex(self.ngram_min, self.ngram_max)
+            self._indexes[request.request_id] = index
+        index.sync(request.token_ids)
+        return index
+
+    @staticmethod
+    def _propose_chain(index: NgramIndex, num_drafts: int) -> list[int]:
+        ends = index.candidate_ends(num_drafts, limit=1)
+        if not ends:
+            return []
+        return index.token_ids[ends[0] : ends[0] + num_drafts]
+
+    def _propose_tree(self, index: NgramIndex, num_nodes: int) -> DraftTree:
+        ends = index.candidate_ends(num_nodes, limit=self.max_tree_candidates)
+        continuations = [index.token_ids[end : end + num_nodes] for end in ends]
+        return merge_continuations(continuations, num_nodes)
+
+
+def merge_continuations(continuations: Sequence[Sequence[int]], num_nodes: int) -> DraftTree:
+    """A trie of the continuations (shared prefixes stored once) with at most num_nodes nodes.
+
+    Budget split, best candidate first: in a first pass candidate i may add up to
+    max(1, num_nodes >> (i + 1)) new nodes (half the budget for the best, a quarter for the
+    next, ...); a second pass spends what is left extending candidates in the same order.
+    Nodes are created parent-first, so creation order is topological.
+    """
+    token_ids: list[int] = []
+    parent_ids: list[int | None] = []
+    children: dict[tuple[int | None, int], int] = {}  # (parent node, token) -> node
+
+    def insert(continuation: Sequence[int], max_new_nodes: int) -> None:
+        parent: int | None = None
+        for token_id in continuation:
+            node = children.get((parent, token_id))
+            if node is None:
+                if max_new_nodes == 0 or len(token_ids) >= num_nodes:
+                    return
+                node = len(token_ids)
+                children[(parent, token_id)] = node
+                token_ids.append(token_id)
+                parent_ids.append(parent)
+                max_new_nodes -= 1
+            parent = node
+
+    for i, continuation in enumerate(continuations):
+        insert(continuation, max(1, num_nodes >> (i + 1)))
+    for continuation in continuations:
+        insert(continuation, num_nodes)
+    return DraftTree(token_ids=tuple(token_ids), parent_ids=tuple(parent_ids))

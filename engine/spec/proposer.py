@@ -1,0 +1,88 @@
+"""The Proposer protocol every speculative proposer implements, and the registry that builds one.
+
+Per step the engine calls `propose` once for the batch (drafts follow each request's last
+verified token, the root), `observe` after verification with the newly verified tokens, and
+`release` when a request finishes. Proposers keep per-request state keyed by request_id and
+must drop it in `release`. Proposer modules are imported lazily, so choosing `ngram` never
+imports the draft model's torch stack.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from engine.config import SpecConfig
+    from engine.outputs import Drafts
+
+
+@dataclass(frozen=True)
+class ProposeRequest:
+    """What a proposer needs to know about one request this step."""
+
+    request_id: str
+    token_ids: Sequence[int]  # prompt + verified output; the last one is the root of the drafts
+    num_drafts: int  # chain length budget, or tree node budget when tree=True
+    tree: bool = False
+
+
+@runtime_checkable
+class Proposer(Protocol):
+    name: str
+
+    def propose(self, requests: Sequence[ProposeRequest]) -> Drafts:
+        """Drafts per request: a chain of at most num_drafts tokens, or a DraftTree of at most
+        num_drafts nodes when tree=True. A request with nothing to propose is left out."""
+        ...
+
+    def observe(
+        self,
+        request_id: str,
+        token_ids: Sequence[int],
+        topk_ids: Sequence[Sequence[int]] | None,
+    ) -> None:
+        """Newly verified tokens of one request (accepted drafts + the bonus/correction token).
+
+        topk_ids[i], when given, is the target's top-k next-token ids from the same logits row
+        that produced token_ids[i] (RequestStepOutput.next_token_topk), so under greedy
+        decoding topk_ids[i][0] == token_ids[i]. The row's input token is token_ids[i - 1],
+        or the previous root for i == 0.
+        """
+        ...
+
+    def release(self, request_id: str) -> None:
+        """The request finished or was aborted: forget its state."""
+        ...
+
+
+# Proposer name -> "module:Class"; the class provides from_config(spec, **runtime).
+_REGISTRY: dict[str, str] = {
+    "ngram": "engine.spec.ngram:NgramProposer",
+    "recycle": "engine.spec.recycle:RecycleProposer",
+    "draft": "engine.spec.draft_model:DraftModelProposer",
+}
+
+
+def proposer_names() -> tuple[str, ...]:
+    return ("none", *_REGISTRY)
+
+
+def make_proposer(config: SpecConfig, **runtime: Any) -> Proposer | None:
+    """Build the proposer named by config.proposer, or None for 'none'.
+
+    `runtime` carries facts known only once the model is loaded (e.g. vocab_size for
+    Token Recycling, the target model for a draft proposer); each proposer takes what it needs.
+    """
+    if config.proposer == "none":
+        return None
+    target = _REGISTRY.get(config.proposer)
+    if target is None:
+        raise ValueError(
+            f"unknown speculative proposer {config.proposer!r}; known: {proposer_names()}"
+        )
+    module_name, class_name = target.split(":")
+    proposer_class = getattr(importlib.import_module(module_name), class_name)
+    return proposer_class.from_config(config, **runtime)

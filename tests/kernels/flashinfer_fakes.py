@@ -1,0 +1,223 @@
+"""Test helpers for the FlashInfer backend on CPU: random paged batches and a torch emulation of
+FlashInfer's two paged wrappers (plan/run), written from FlashInfer's documented semantics:
+
+- pages of request i: kv_indices[kv_indptr[i]:kv_indptr[i+1]]; its KV length is
+  (num_pages - 1) * page_size + kv_last_page_len[i]; cache [pages, 2, page_size, H_kv, D] (NHD);
+- causal=True aligns the mask bottom-right: query r of a q_len-row request sees KV 0..kv_len-q_len+r;
+- custom_mask: flattened bool, request i row-major [q_len_i, kv_len_i], requests back to back.
+
+The plan() signatures list only keyword names FlashInfer 0.6 accepts, so a misspelt keyword in
+the backend fails here with a TypeError.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import torch
+
+from kernels.attention import AttentionMetadata
+
+
+@dataclass
+class RequestCase:
+    history: int  # tokens already cached
+    q_len: int  # new tokens this step (real tokens + tree nodes)
+    parent_ids: tuple[int | None, ...] | None = None  # tree nodes after num_real real tokens
+    num_real: int = 1  # real tokens before the tree nodes (the root, or a chunk ending in it)
+
+    @property
+    def seq_len(self) -> int:
+        return self.history + self.q_len
+
+
+def random_cases(
+    rng: random.Random, num_requests: int, kinds: tuple[str, ...]
+) -> list[RequestCase]:
+    cases = []
+    for _ in range(num_requests):
+        kind = rng.choice(kinds)
+        if kind == "prefill":
+            cases.append(RequestCase(0, rng.randint(1, 23)))
+        elif kind == "chunk":
+            cases.append(RequestCase(rng.randint(1, 30), rng.randint(2, 11)))
+        elif kind == "decode":
+            cases.append(RequestCase(rng.randint(0, 40), 1))
+        else:  # tree: real tokens ending in the root + nodes with random earlier parents
+            num_real, num_nodes = rng.randint(1, 3), rng.randint(1, 7)
+            parents = tuple(
+                None if i == 0 else rng.choice([None, *range(i)]) for i in range(num_nodes)
+            )
+            cases.append(RequestCase(rng.randint(0, 30), num_real + num_nodes, parents, num_real))
+    return cases
+
+
+def tree_mask(num_real: int, parent_ids: tuple[int | None, ...]) -> torch.Tensor:
+    """[q_len, q_len]: real tokens causal; node n sees the real tokens, its ancestors and itself."""
+    q_len = num_real + len(parent_ids)
+    mask = torch.zeros(q_len, q_len, dtype=torch.bool)
+    for row in range(num_real):
+        mask[row, : row + 1] = True
+    for node in range(len(parent_ids)):
+        mask[num_real + node, :num_real] = True
+        ancestor = node
+        while ancestor is not None:
+            mask[num_real + node, num_real + ancestor] = True
+            ancestor = parent_ids[ancestor]
+    return mask
+
+
+def make_metadata(
+    rng: random.Random,
+    cases: list[RequestCase],
+    block_size: int,
+    num_blocks: int,
+    extra_cols: int = 2,
+) -> tuple[AttentionMetadata, list[list[int]]]:
+    """Metadata for `cases` with random, non-contiguous, disjoint blocks per request."""
+    need = [-(-c.seq_len // block_size) for c in cases]
+    pool = rng.sample(range(num_blocks), sum(need))
+    block_ids = [[pool.pop() for _ in range(n)] for n in need]
+    width = max(need, default=0) + extra_cols
+    tables = torch.zeros(len(cases), width, dtype=torch.int32)
+    slots, starts = [], [0]
+    for i, case in enumerate(cases):
+        tables[i, : need[i]] = torch.tensor(block_ids[i], dtype=torch.int32)
+        for pos in range(case.history, case.seq_len):
+            slots.append(block_ids[i][pos // block_size] * block_size + pos % block_size)
+        starts.append(starts[-1] + case.q_len)
+    masks = tuple(
+        tree_mask(c.num_real, c.parent_ids) if c.parent_ids is not None else None for c in cases
+    )
+    metadata = AttentionMetadata(
+        query_start_loc=torch.tensor(starts, dtype=torch.int32),
+        seq_lens=torch.tensor([c.seq_len for c in cases], dtype=torch.int32),
+        block_tables=tables,
+        slot_mapping=torch.tensor(slots, dtype=torch.int64),
+        query_lens_host=tuple(c.q_len for c in cases),
+        seq_lens_host=tuple(c.seq_len for c in cases),
+        tree_masks=masks if any(m is not None for m in masks) else (),
+    )
+    return metadata, block_ids
+
+
+def emulate_paged_attention(
+    q,
+    cache,
+    qo_indptr,
+    kv_indptr,
+    kv_indices,
+    last_page_len,
+    *,
+    page_size,
+    sm_scale,
+    causal,
+    custom_mask,
+):
+    """FlashInfer's paged attention semantics, one request at a time, in float64."""
+    out = torch.empty_like(q)
+    group = q.shape[1] // cache.shape[-2]
+    mask_offset = 0
+    for i in range(len(qo_indptr) - 1):
+        pages = kv_indices[kv_indptr[i] : kv_indptr[i + 1]].long()
+        kv_len = (len(pages) - 1) * page_size + int(last_page_len[i])
+        k = cache[pages, 0].reshape(-1, *cache.shape[-2:])[:kv_len].double()
+        v = cache[pages, 1].reshape(-1, *cache.shape[-2:])[:kv_len].double()
+        rows = slice(int(qo_indptr[i]), int(qo_indptr[i + 1]))
+        q_len = rows.stop - rows.start
+        if custom_mask is not None:
+            mask = custom_mask[mask_offset : mask_offset + q_len * kv_len].view(q_len, kv_len)
+            mask_offset += q_len * kv_len
+        elif causal:
+            mask = torch.arange(kv_len)[None, :] <= torch.arange(q_len)[:, None] + kv_len - q_len
+        else:
+            mask = torch.ones(q_len, kv_len, dtype=torch.bool)
+        k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+        scores = torch.einsum("qhd,khd->hqk", q[rows].double(), k) * sm_scale
+        probs = scores.masked_fill(~mask.cpu(), float("-inf")).softmax(-1)
+        out[rows] = torch.einsum("hqk,khd->qhd", probs, v).to(q.dtype)
+    return out
+
+
+class FakeDecodeWrapper:
+    def __init__(
+        self,
+        workspace,
+        kv_layout="NHD",
+        use_cuda_graph=False,
+        use_tensor_cores=False,
+        paged_kv_indptr_buffer=None,
+        paged_kv_indices_buffer=None,
+        paged_kv_last_page_len_buffer=None,
+        backend="auto",
+    ):
+        assert kv_layout == "NHD" and use_tensor_cores
+        self.use_cuda_graph = use_cuda_graph
+        self.num_plans = 0
+
+    def plan(
+        self,
+        indptr,
+        indices,
+        last_page_len,
+        num_qo_heads,
+        num_kv_heads,
+        head_dim,
+        page_size,
+        *,
+        pos_encoding_mode="NONE",
+        q_data_type="float16",
+        kv_data_type=None,
+        sm_scale=None,
+    ):
+        assert pos_encoding_mode == "NONE" and indptr.dtype == indices.dtype == torch.int32
+        self.num_plans += 1
+        batch = len(last_page_len)
+        self.args = (torch.arange(batch + 1), indptr, indices, last_page_len)
+        self.kwargs = dict(page_size=page_size, sm_scale=sm_scale, causal=True, custom_mask=None)
+
+    def run(self, q, paged_kv_cache):
+        return emulate_paged_attention(q, paged_kv_cache, *self.args, **self.kwargs)
+
+
+class FakePrefillWrapper:
+    def __init__(self, workspace, kv_layout="NHD", use_cuda_graph=False, backend="auto"):
+        assert kv_layout == "NHD"
+        self.num_plans = 0
+
+    def plan(
+        self,
+        qo_indptr,
+        paged_kv_indptr,
+        paged_kv_indices,
+        paged_kv_last_page_len,
+        num_qo_heads,
+        num_kv_heads,
+        head_dim_qk,
+        page_size,
+        *,
+        custom_mask=None,
+        causal=False,
+        pos_encoding_mode="NONE",
+        sm_scale=None,
+        q_data_type="float16",
+        kv_data_type=None,
+    ):
+        assert pos_encoding_mode == "NONE" and not (causal and custom_mask is not None)
+        self.num_plans += 1
+        self.args = (qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len)
+        self.kwargs = dict(
+            page_size=page_size, sm_scale=sm_scale, causal=causal, custom_mask=custom_mask
+        )
+
+    def run(self, q, paged_kv_cache):
+        return emulate_paged_attention(q, paged_kv_cache, *self.args, **self.kwargs)
+
+
+def fake_flashinfer_module() -> SimpleNamespace:
+    return SimpleNamespace(
+        BatchDecodeWithPagedKVCacheWrapper=FakeDecodeWrapper,
+        BatchPrefillWithPagedKVCacheWrapper=FakePrefillWrapper,
+    )

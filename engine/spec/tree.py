@@ -1,11 +1,18 @@
 """DraftTree: a speculation tree over the request's last verified token (the root).
 
 Nodes are in topological order: parent_ids[i] < i, and parent_ids[i] is None for children of
-the root. Node i sits at position prefix_len + depth(i), where the root is at prefix_len - 1.
+the root. With prefix_len verified tokens the root sits at position prefix_len - 1 and node i
+at prefix_len - 1 + depth(i) (children of the root have depth 1).
+
+Rows over a tree (target logits, attention mask, positions) are ordered [root, node 0, node 1,
+...]: row 0 is the root, row i + 1 is node i. Siblings keep their order: the sampled tree
+verifier tries a node's children in index order. This module stays pure Python (proposers
+import it); the torch attention mask is built in engine.spec.verify.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -31,3 +38,71 @@ class DraftTree:
         for parent in self.parent_ids:
             depths.append(1 if parent is None else depths[parent] + 1)
         return depths
+
+
+def ancestors(tree: DraftTree, node: int) -> list[int]:
+    """Node indices strictly above `node`, nearest first; the root (not a node) is excluded."""
+    result: list[int] = []
+    parent = tree.parent_ids[node]
+    while parent is not None:
+        result.append(parent)
+        parent = tree.parent_ids[parent]
+    return result
+
+
+def path_to(tree: DraftTree, node: int | None) -> list[int]:
+    """Node indices from the root's child down to `node` inclusive; [] for the root (None)."""
+    if node is None:
+        return []
+    return [*reversed(ancestors(tree, node)), node]
+
+
+def children(tree: DraftTree) -> tuple[list[int], list[list[int]]]:
+    """(children of the root, children of each node), each list in index (= trial) order."""
+    root_children: list[int] = []
+    node_children: list[list[int]] = [[] for _ in tree.parent_ids]
+    for node, parent in enumerate(tree.parent_ids):
+        (root_children if parent is None else node_children[parent]).append(node)
+    return root_children, node_children
+
+
+def tree_positions(tree: DraftTree, prefix_len: int) -> list[int]:
+    """Positions of the rows [root, node 0, ...] when prefix_len tokens are verified."""
+    return [prefix_len - 1] + [prefix_len - 1 + depth for depth in tree.depths()]
+
+
+def visible_rows(tree: DraftTree) -> list[list[int]]:
+    """For each row of [root, nodes...], the rows it attends to: the root, its ancestors, itself.
+
+    The tree attention mask is mask[i, j] = j in visible_rows(tree)[i] (history before the root
+    is always visible and not part of these rows).
+    """
+    rows: list[list[int]] = [[0]]
+    for node, parent in enumerate(tree.parent_ids):
+        rows.append(rows[0 if parent is None else parent + 1] + [node + 1])
+    return rows
+
+
+def tree_from_chains(chains: Sequence[Sequence[int]], max_nodes: int | None = None) -> DraftTree:
+    """A trie of the chains: common prefixes are stored once, so siblings never repeat a token.
+
+    Chains are inserted in the order given (best first), so earlier chains' tokens come first
+    among siblings and are tried first by the sampled verifier. With max_nodes, insertion stops
+    at the budget; a chain cut short keeps its prefix.
+    """
+    token_ids: list[int] = []
+    parent_ids: list[int | None] = []
+    child_of: dict[tuple[int | None, int], int] = {}  # (parent node, token) -> node
+    for chain in chains:
+        parent: int | None = None
+        for token_id in chain:
+            node = child_of.get((parent, token_id))
+            if node is None:
+                if max_nodes is not None and len(token_ids) >= max_nodes:
+                    break
+                node = len(token_ids)
+                child_of[(parent, token_id)] = node
+                token_ids.append(token_id)
+                parent_ids.append(parent)
+            parent = node
+    return DraftTree(token_ids=tuple(token_ids), parent_ids=tuple(parent_ids))

@@ -1,0 +1,154 @@
+"""Sampler: logits rows -> each request's next-token distribution -> tokens, plus logprobs.
+
+process() applies, in this order (vLLM / OpenAI semantics):
+    1. logit_bias (added to the logits)
+    2. min_tokens: the row's stop ids (EOS + stop_token_ids) get -inf while fewer than
+       min_tokens tokens precede this position
+    3. repetition_penalty over prompt + output tokens (HF/vLLM: positive logits divided,
+       negative multiplied); presence / frequency penalties over output tokens only
+    4. greedy rows (temperature 0): a one-hot point mass on the processed argmax (ties: the
+       lowest token id); other rows: softmax(logits / temperature), then top-k, top-p, min-p.
+The result is float32 probabilities, the `p` that speculative verification compares drafts
+against. A row's result depends only on its own logits and parameters (batch invariance); each
+row samples with its own torch.Generator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from engine.outputs import TokenLogprobs
+from engine.sampling_params import SamplingParams
+from kernels.sampling import filter_probs, sample_from_probs
+
+
+@dataclass(frozen=True)
+class SamplingRow:
+    """What the sampler needs to know about one logits row besides the logits."""
+
+    params: SamplingParams
+    output_token_ids: Sequence[int] = ()  # generated before this row's position (incl. drafts)
+    prompt_token_ids: Sequence[int] = ()  # repetition_penalty covers prompt + output
+    stop_ids_blocked: tuple[int, ...] = ()  # EOS + stop_token_ids, masked before min_tokens
+
+    @property
+    def blocks_stop_ids(self) -> bool:
+        return bool(self.stop_ids_blocked) and len(self.output_token_ids) < self.params.min_tokens
+
+    @property
+    def needs_logit_edits(self) -> bool:
+        """True when steps 1-3 change this row's logits (the slow, per-row path)."""
+        return bool(self.params.logit_bias) or self.params.needs_penalties or self.blocks_stop_ids
+
+
+class Sampler:
+    """Stateless; one instance per model runner."""
+
+    def process(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+        """logits [N, V] -> probabilities [N, V] f32 (one-hot for greedy rows)."""
+        if len(rows) != logits.shape[0]:
+            raise ValueError(f"got {logits.shape[0]} logits rows but {len(rows)} sampling rows")
+        logits = logits.float()
+        if any(row.needs_logit_edits for row in rows):
+            logits = logits.clone()
+            for i, row in enumerate(rows):
+                if row.needs_logit_edits:
+                    _edit_logits(logits[i], row)
+        greedy = [row.params.greedy for row in rows]
+        if all(greedy):  # the common fast path: one batched argmax, no per-row work
+            return _one_hot(logits.argmax(dim=-1), logits.shape[-1])
+        probs = torch.empty_like(logits)
+        greedy_index = [i for i, g in enumerate(greedy) if g]
+        random_index = [i for i, g in enumerate(greedy) if not g]
+        if greedy_index:
+            index = torch.tensor(greedy_index, device=logits.device)
+            probs[index] = _one_hot(logits[index].argmax(dim=-1), logits.shape[-1])
+        index = torch.tensor(random_index, device=logits.device)
+        probs[index] = _random_rows_probs(logits[index], [rows[i].params for i in random_index])
+        return probs
+
+    def sample(
+        self, probs: torch.Tensor, generators: Sequence[torch.Generator | None]
+    ) -> list[int]:
+        """One token per row of process()'s output; generators[i] None = the global RNG."""
+        if len(generators) != probs.shape[0]:
+            raise ValueError(f"got {probs.shape[0]} rows but {len(generators)} generators")
+        return sample_from_probs(probs, generators).tolist()
+
+    def logprobs(
+        self, logits: torch.Tensor, token_ids: Sequence[int], num_top: Sequence[int]
+    ) -> list[TokenLogprobs]:
+        """Logprobs from the raw model logits (before any sampling transform), as OpenAI reports.
+
+        logits [N, V]; row i scores token_ids[i] and lists its num_top[i] best tokens, best first.
+        """
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        index = torch.tensor(list(token_ids), device=logits.device)[:, None]
+        chosen = logprobs.gather(-1, index).squeeze(-1).tolist()
+        max_top = max(num_top, default=0)
+        top_values: list[list[float]] = [[] for _ in token_ids]
+        top_ids: list[list[int]] = [[] for _ in token_ids]
+        if max_top > 0:
+            top = logprobs.topk(min(max_top, logits.shape[-1]), dim=-1)
+            top_values, top_ids = top.values.tolist(), top.indices.tolist()
+        return [
+            TokenLogprobs(
+                token_id=int(token_id),
+                logprob=chosen[i],
+                top=tuple(zip(top_ids[i][: num_top[i]], top_values[i][: num_top[i]])),
+            )
+            for i, token_id in enumerate(token_ids)
+        ]
+
+
+def _one_hot(token_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    probs = torch.zeros(token_ids.shape[0], vocab_size, device=token_ids.device)
+    return probs.scatter_(-1, token_ids[:, None], 1.0)
+
+
+def _edit_logits(row_logits: torch.Tensor, row: SamplingRow) -> None:
+    """Steps 1-3 of the module docstring, in place on one row [V]."""
+    params, vocab_size, device = row.params, row_logits.shape[0], row_logits.device
+    if params.logit_bias:
+        # Ids beyond the model's vocabulary are ignored; the server validates them.
+        bias = [(t, b) for t, b in params.logit_bias.items() if 0 <= t < vocab_size]
+        if bias:
+            ids = torch.tensor([t for t, _ in bias], device=device)
+            row_logits[ids] += torch.tensor([b for _, b in bias], device=device)
+    if row.blocks_stop_ids:
+        ids = [t for t in row.stop_ids_blocked if 0 <= t < vocab_size]
+        row_logits[torch.tensor(ids, dtype=torch.long, device=device)] = float("-inf")
+    if params.repetition_penalty != 1:
+        seen = list(row.prompt_token_ids) + list(row.output_token_ids)
+        if seen:
+            ids = torch.tensor(seen, device=device).unique()
+            values = row_logits[ids]
+            penalty = params.repetition_penalty
+            row_logits[ids] = torch.where(values > 0, values / penalty, values * penalty)
+    if (params.presence_penalty or params.frequency_penalty) and row.output_token_ids:
+        ids, counts = torch.tensor(list(row.output_token_ids), device=device).unique(
+            return_counts=True
+        )
+        row_logits[ids] -= params.frequency_penalty * counts + params.presence_penalty
+
+
+def _random_rows_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """Temperature, softmax, then top-k / top-p / min-p (only when some row asks for one)."""
+    device = logits.device
+    temperature = torch.tensor([p.temperature for p in params], device=device)
+    probs = torch.softmax(logits / temperature[:, None], dim=-1)
+    filtered = [i for i, p in enumerate(params) if p.top_k > 0 or p.top_p < 1 or p.min_p > 0]
+    if not filtered:
+        return probs
+    index = torch.tensor(filtered, device=device)
+    chosen = [params[i] for i in filtered]
+    probs[index] = filter_probs(
+        probs[index],
+        top_k=torch.tensor([p.top_k for p in chosen], device=device),
+        top_p=torch.tensor([p.top_p for p in chosen], device=device),
+        min_p=torch.tensor([p.min_p for p in chosen], device=device),
+    )
+    return probs

@@ -1,0 +1,310 @@
+"""Step-time cost model: how many seconds one engine step takes, predicted from its shape.
+
+The goodput policy divides expected emitted tokens by this prediction (DESIGN §6, SmartSpec
+arXiv 2406.14066), so a prediction must be positive, cheap (hundreds per step) and follow drift.
+The model is linear in a few shape features, with one hinge term for batched tokens beyond a
+knee (below it the matmuls are memory-bound and a token costs almost nothing; above it they are
+compute-bound), fitted by exponentially weighted ridge least squares:
+
+    theta = argmin  sum_t lambda^(T-t) (x_t . theta - seconds_t)^2 + ridge |theta - prior|^2,
+    theta >= 0      (work never makes a step faster; keeps the policy's marginal costs sane)
+
+Unlike classic RLS with forgetting, the ridge term is not forgotten, so directions the workload
+stops exciting (e.g. draft steps while nobody speculates) drift back to the prior instead of
+winding up. A short start-up profile (`profile`) seeds the fit and becomes the prior.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import statistics
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+FEATURE_NAMES = (
+    "intercept",
+    "batched_tokens",
+    "tokens_over_knee",
+    "requests",
+    "kv_tokens",
+    "draft_tokens",
+    "draft_steps",
+    "spec_requests",
+)
+# Fixed feature scales keep the normal equations well conditioned; coefficients() undoes them.
+_SCALES = (1.0, 256.0, 256.0, 16.0, 16384.0, 64.0, 4.0, 16.0)
+_KNEES = (8, 16, 32, 64, 128, 256, 512)
+
+
+@dataclass(frozen=True)
+class StepFeatures:
+    """The shape of one step, as far as its cost is concerned."""
+
+    num_batched_tokens: int = 0  # prefill chunks + (1 + k) per decoding request
+    num_requests: int = 0
+    num_kv_tokens: int = 0  # key/value positions attention reads, summed over requests
+    num_draft_tokens: int = 0
+    num_draft_steps: int = 0  # draft-model forward passes; 0 for model-free proposers
+    num_spec_requests: int = 0  # requests verifying at least one draft token
+
+    @classmethod
+    def from_shapes(
+        cls, shapes: Iterable[tuple[int, int, int]], draft_model: bool = False
+    ) -> StepFeatures:
+        """Build from (context_len, num_new_tokens, k) per request.
+
+        context_len: tokens already in the KV cache; num_new_tokens: the prefill chunk or 1;
+        k: draft tokens. A draft model drafts chains in lock-step, so it runs max(k) passes.
+        """
+        shapes = list(shapes)
+        ks = [k for _, _, k in shapes]
+        return cls(
+            num_batched_tokens=sum(new + k for _, new, k in shapes),
+            num_requests=len(shapes),
+            num_kv_tokens=sum(context + new + k for context, new, k in shapes),
+            num_draft_tokens=sum(ks),
+            num_draft_steps=max(ks, default=0) if draft_model else 0,
+            num_spec_requests=sum(1 for k in ks if k > 0),
+        )
+
+    def with_drafts(
+        self, num_draft_tokens: int, num_spec_requests: int, num_draft_steps: int = 0
+    ) -> StepFeatures:
+        """These features plus drafts (each draft is one more batched and attended token)."""
+        return StepFeatures(
+            num_batched_tokens=self.num_batched_tokens + num_draft_tokens,
+            num_requests=self.num_requests,
+            num_kv_tokens=self.num_kv_tokens + num_draft_tokens,
+            num_draft_tokens=self.num_draft_tokens + num_draft_tokens,
+            num_draft_steps=max(self.num_draft_steps, num_draft_steps),
+            num_spec_requests=self.num_spec_requests + num_spec_requests,
+        )
+
+
+class StepCostModel(Protocol):
+    num_observations: int
+
+    def predict(self, features: StepFeatures) -> float: ...  # seconds, > 0
+
+    def observe(self, features: StepFeatures, measured_seconds: float) -> None: ...
+
+    @property
+    def fitted(self) -> bool: ...
+
+    def accuracy(self) -> float | None: ...  # recent median |predicted - measured| / measured
+
+
+class OnlineLinearCostModel:
+    """Linear step-time model refitted online; see the module docstring for the objective."""
+
+    def __init__(
+        self,
+        knee: int = 64,
+        forgetting: float = 0.99,
+        ridge: float = 1e-3,
+        min_seconds: float = 1e-6,
+        window: int = 64,
+    ) -> None:
+        if not 0.0 < forgetting <= 1.0:
+            raise ValueError(f"forgetting must be in (0, 1], got {forgetting}")
+        self.knee = knee
+        self.forgetting = forgetting
+        self.ridge = ridge
+        self.min_seconds = min_seconds
+        self.num_observations = 0
+        self._prior = np.zeros(len(FEATURE_NAMES))
+        self._gram = np.zeros((len(FEATURE_NAMES), len(FEATURE_NAMES)))
+        self._moment = np.zeros(len(FEATURE_NAMES))
+        self._set_theta(self._prior)
+        self._seeded = False  # profiled or loaded: trust it before num_observations is large
+        self._errors: deque[float] = deque(maxlen=window)
+
+    def _vector(self, f: StepFeatures) -> tuple[float, ...]:
+        tokens = f.num_batched_tokens
+        raw = (1, tokens, max(0, tokens - self.knee), f.num_requests, f.num_kv_tokens)
+        raw += (f.num_draft_tokens, f.num_draft_steps, f.num_spec_requests)
+        return tuple(value / scale for value, scale in zip(raw, _SCALES, strict=True))
+
+    def predict(self, features: StepFeatures) -> float:
+        if self._dirty:
+            self._solve()
+        # Written out (not _vector): the policy calls this hundreds of times per step.
+        c, f = self._coefficients, features
+        tokens = f.num_batched_tokens
+        seconds = c[0] + c[1] * tokens + c[2] * max(0, tokens - self.knee)
+        seconds += c[3] * f.num_requests + c[4] * f.num_kv_tokens + c[5] * f.num_draft_tokens
+        seconds += c[6] * f.num_draft_steps + c[7] * f.num_spec_requests
+        return max(self.min_seconds, seconds)
+
+    def observe(self, features: StepFeatures, measured_seconds: float) -> None:
+        if measured_seconds <= 0.0:
+            return
+        if self.fitted:  # out-of-sample error: predicted before this observation is used
+            error = abs(self.predict(features) - measured_seconds) / measured_seconds
+            self._errors.append(error)
+        x = np.asarray(self._vector(features))
+        self._gram = self.forgetting * self._gram + np.outer(x, x)
+        self._moment = self.forgetting * self._moment + x * measured_seconds
+        self.num_observations += 1
+        self._dirty = True
+
+    def _solve(self) -> None:
+        """Ridge normal equations, then clamp: drop negative coefficients and re-solve
+        (a small active-set pass; exact NNLS is not needed for eight features)."""
+        hessian = self._gram + self.ridge * np.eye(len(FEATURE_NAMES))
+        target = self._moment + self.ridge * self._prior
+        free = np.ones(len(FEATURE_NAMES), dtype=bool)
+        theta = np.zeros(len(FEATURE_NAMES))
+        for _ in range(len(FEATURE_NAMES)):
+            theta[:] = 0.0
+            theta[free] = np.linalg.solve(hessian[np.ix_(free, free)], target[free])
+            if (theta >= 0.0).all():
+                break
+            free &= theta > 0.0
+        self._set_theta(np.maximum(theta, 0.0))
+
+    def _set_theta(self, theta: np.ndarray) -> None:
+        self._theta = tuple(float(v) for v in theta)  # in scaled feature units
+        self._coefficients = tuple(v / scale for v, scale in zip(self._theta, _SCALES, strict=True))
+        self._dirty = False
+
+    @property
+    def fitted(self) -> bool:
+        return self._seeded or self.num_observations >= len(FEATURE_NAMES)
+
+    def accuracy(self) -> float | None:
+        return statistics.median(self._errors) if self._errors else None
+
+    def coefficients(self) -> dict[str, float]:
+        """Seconds per unit of each feature (the intercept in seconds)."""
+        if self._dirty:
+            self._solve()
+        return dict(zip(FEATURE_NAMES, self._coefficients, strict=True))
+
+    def profile(
+        self,
+        run_step: Callable[[StepFeatures], float],
+        budget_seconds: float,
+        grid: Sequence[StepFeatures] | None = None,
+    ) -> int:
+        """Seed the fit by timing synthetic steps; returns the number of steps measured.
+
+        `run_step` executes a dummy batch of the given shape and returns its seconds. The grid
+        is visited in a shuffled order so that a short budget still spans every feature; the
+        knee is then chosen by in-sample error, and the fit becomes the ridge prior.
+        """
+        grid = list(grid) if grid is not None else profile_grid()
+        run_step(grid[0])  # warm-up (allocator, thread pool, caches); not measured
+        samples: list[tuple[StepFeatures, float]] = []
+        deadline = time.perf_counter() + budget_seconds
+        while len(samples) < 4 * len(grid) and time.perf_counter() < deadline:
+            features = grid[len(samples) % len(grid)]
+            samples.append((features, run_step(features)))
+        self.fit(samples, knees=[k for k in _KNEES if k < max(f.num_batched_tokens for f in grid)])
+        return len(samples)
+
+    def fit(self, samples: Sequence[tuple[StepFeatures, float]], knees: Sequence[int] = ()) -> None:
+        """Replace the state with a fit of `samples`, trying each knee; the fit becomes the prior."""
+        best: tuple[float, OnlineLinearCostModel] | None = None
+        for knee in list(knees) or [self.knee]:
+            trial = OnlineLinearCostModel(knee, 1.0, self.ridge, self.min_seconds)
+            for features, seconds in samples:
+                trial.observe(features, seconds)
+            error = statistics.median(abs(trial.predict(f) - s) / s for f, s in samples if s > 0)
+            if best is None or error < best[0]:
+                best = (error, trial)
+        assert best is not None, "fit needs at least one knee"
+        self.load_params(best[1].to_params() | {"num_observations": len(samples)})
+
+    def to_params(self) -> dict[str, Any]:
+        if self._dirty:
+            self._solve()
+        return {
+            "features": list(FEATURE_NAMES),
+            "knee": self.knee,
+            "theta": list(self._theta),
+            "gram": self._gram.tolist(),
+            "moment": self._moment.tolist(),
+            "num_observations": self.num_observations,
+        }
+
+    def load_params(self, params: dict[str, Any]) -> None:
+        """Restore a saved fit; it also becomes the prior the ridge term pulls towards."""
+        if params.get("features") != list(FEATURE_NAMES):
+            raise ValueError(f"cost model params are for features {params.get('features')}")
+        self.knee = int(params["knee"])
+        self._prior = np.asarray(params["theta"], dtype=float)
+        self._gram = np.asarray(params["gram"], dtype=float)
+        self._moment = np.asarray(params["moment"], dtype=float)
+        self.num_observations = int(params["num_observations"])
+        self._set_theta(self._prior)
+        self._seeded = True
+
+
+def profile_grid(
+    max_num_batched_tokens: int = 512,
+    max_num_seqs: int = 64,
+    max_k: int = 4,
+    max_context: int = 2048,
+    draft_model: bool = False,
+    seed: int = 0,
+) -> list[StepFeatures]:
+    """Synthetic step shapes spanning the features: decode batches of every size with chains
+    of 0..max_k drafts over short and long contexts, plus single prefill chunks."""
+    sizes = [n for n in (1, 2, 4, 8, 16, 32, 64, 128, 256) if n <= max_num_seqs]
+    ks = sorted({0, 1, max_k // 2, max_k})
+    contexts = sorted({16, max_context // 8, max_context})
+    grid = []
+    for size in sizes:
+        for k in ks:
+            if size * (1 + k) > max_num_batched_tokens:
+                continue
+            for context in contexts:
+                shape = (context, 1, k)
+                grid.append(StepFeatures.from_shapes([shape] * size, draft_model))
+    for chunk in (16, 64, 128, 256, 512, 1024, 2048):
+        if chunk <= max_num_batched_tokens:
+            grid.append(StepFeatures.from_shapes([(0, chunk, 0)]))
+    random.Random(seed).shuffle(grid)
+    return grid
+
+
+def cache_key(model: str, device: str, dtype: str, threads: int | None) -> str:
+    return f"{model}|{device}|{dtype}|{threads if threads is not None else 'default'}"
+
+
+class CostModelCache:
+    """A JSON file of fitted cost models keyed by (model, device, dtype, threads)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path).expanduser()
+
+    def _read(self) -> dict[str, Any]:
+        try:
+            data = json.loads(self.path.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return {}  # a missing or corrupt cache only costs a re-profile
+        return data if isinstance(data, dict) else {}
+
+    def load(self, key: str | tuple) -> dict[str, Any] | None:
+        return self._read().get(_key_text(key))
+
+    def save(self, key: str | tuple, params: dict[str, Any]) -> None:
+        data = self._read()
+        data[_key_text(key)] = params
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        partial = self.path.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(json.dumps(data, indent=1))
+        os.replace(partial, self.path)  # atomic: a concurrent reader sees old or new, never half
+
+
+def _key_text(key: str | tuple) -> str:
+    return key if isinstance(key, str) else cache_key(*key)

@@ -1,0 +1,312 @@
+"""Goodput-driven speculation lengths: a k per request, every step (DESIGN §6).
+
+SmartSpec (arXiv 2406.14066) picks one speculation length per batch to maximise goodput, the
+expected emitted tokens per second of step time. We pick k_i per request:
+
+    maximise  sum_i E_i(k_i) / T(base + drafts(k))   over  0 <= k_i <= max_k_i
+
+E_i(k) = 1 + sum_{j=1..k} g_i(j), where g_i(j) is the probability that the j-th draft token
+(or tree node, in best-first order) is accepted. Chains, Bernoulli(a_i) per position:
+g_i(j) = a_i^j, so E_i(k) = (1 - a_i^(k+1)) / (1 - a_i). The gains shrink with j, so a greedy
+search that adds one draft where goodput improves most, and closes a request once its next
+draft no longer pays, is cheap (two cost-model calls per draft added or request closed).
+
+Trees (node budgets). Approximation: the proposer ranks candidate tokens at each position, and
+the rank-r candidate is the correct one with probability a(1 - a)^(r - 1) (rank 1: a, the
+chain's per-position acceptance), independently along a path. A node is accepted iff every
+node on its path is correct, and at most one node per depth can be, so the expected accepted
+length is the sum of the nodes' path probabilities; a best-first tree of n nodes takes the n
+largest ones, so g(j) is the j-th largest path probability (the per-depth acceptance of such a
+tree follows). a is fitted per request by matching the mean accepted length at the mean budget.
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from engine.outputs import SpecPlan
+from engine.spec.cost_model import StepCostModel, StepFeatures
+from engine.spec.policy import SpecCandidate, SpecResult
+
+MAX_TREE_NODES = 256  # SpecConfig.spec_tree_nodes upper bound
+_GRID = 100  # tree acceptance is resolved on a grid of 1/_GRID
+
+
+def expected_emitted(acceptance: float, k: int) -> float:
+    """Expected tokens a chain of k drafts emits (accepted drafts + the bonus/correction)."""
+    if acceptance >= 1.0:
+        return k + 1.0
+    return (1.0 - acceptance ** (k + 1)) / (1.0 - acceptance)
+
+
+@functools.lru_cache(maxsize=_GRID + 1)
+def tree_gains(grid_index: int) -> tuple[tuple[float, ...], tuple[int, ...]]:
+    """Path probabilities of a best-first tree's nodes, largest first, and each node's depth,
+    for rank-1 acceptance a = grid_index / _GRID (see the module docstring)."""
+    a = grid_index / _GRID
+
+    def rank_probability(rank: int) -> float:
+        return a * (1.0 - a) ** (rank - 1)
+
+    # Enumerate nodes in decreasing path probability: popping a node offers its first child
+    # and its next-ranked sibling, the only candidates that can come next (k-best search).
+    heap = [(-rank_probability(1), 1, 1, 1.0)]  # (-path prob, depth, rank, parent path prob)
+    gains: list[float] = []
+    depths: list[int] = []
+    while heap and len(gains) < MAX_TREE_NODES and -heap[0][0] > 0.0:
+        negative, depth, rank, parent = heapq.heappop(heap)
+        gains.append(-negative)
+        depths.append(depth)
+        heapq.heappush(heap, (negative * rank_probability(1), depth + 1, 1, -negative))
+        heapq.heappush(heap, (-parent * rank_probability(rank + 1), depth, rank + 1, parent))
+    padding = MAX_TREE_NODES - len(gains)
+    return tuple(gains) + (0.0,) * padding, tuple(depths) + (depths[-1] if depths else 1,) * padding
+
+
+@functools.lru_cache(maxsize=_GRID + 1)
+def _tree_cumulative(grid_index: int) -> tuple[float, ...]:
+    """cumulative[n] = expected accepted nodes of a best-first tree of n nodes."""
+    total, cumulative = 0.0, [0.0]
+    for gain in tree_gains(grid_index)[0]:
+        total += gain
+        cumulative.append(total)
+    return tuple(cumulative)
+
+
+def tree_acceptance(mean_accepted: float, mean_budget: float) -> float:
+    """The rank-1 acceptance whose best-first tree of `mean_budget` nodes accepts
+    `mean_accepted` nodes on average (bisection on the grid; the tables are monotone in a)."""
+    budget = min(MAX_TREE_NODES, max(1, round(mean_budget)))
+    low, high = 0, _GRID
+    while low < high:
+        middle = (low + high) // 2
+        if _tree_cumulative(middle)[budget] < mean_accepted:
+            low = middle + 1
+        else:
+            high = middle
+    return low / _GRID
+
+
+class AcceptanceEstimator:
+    """Per-request acceptance a_i as exponentially weighted counts, seeded by a global prior.
+
+    Chains: a drafted chain is a run of Bernoulli(a) trials stopped at the first rejection or
+    after k drafts, so m accepted of k drafted is m successes in m + 1 trials (m < k) or k in k;
+    a = EMA(successes) / EMA(trials) (accepted/drafted would be biased low by the truncation).
+    Trees: EMAs of accepted length and node budget, inverted through the rank model.
+    The global prior is the same estimate over all requests, clamped so it cannot collapse.
+    """
+
+    def __init__(
+        self,
+        prior: float = 0.5,
+        tree: bool = False,
+        decay: float = 0.9,
+        global_decay: float = 0.99,
+        prior_weight: float = 2.0,
+        prior_bounds: tuple[float, float] = (0.1, 0.95),
+    ) -> None:
+        if not 0.0 <= prior <= 1.0:
+            raise ValueError(f"acceptance prior must be in [0, 1], got {prior}")
+        self.tree = tree
+        self.decay = decay
+        self.global_decay = global_decay
+        self.prior_weight = prior_weight
+        self.prior_bounds = prior_bounds
+        self._global = self._seed(prior)
+        self._requests: dict[str, list[float]] = {}
+
+    def _seed(self, a: float) -> list[float]:
+        # Pseudo-counts worth prior_weight observations: chains [successes, trials],
+        # trees [accepted, budget, observations] as if budget-1 trees accepted a of them.
+        w = self.prior_weight
+        return [a * w, w, w] if self.tree else [a * w, w]
+
+    def _rate(self, counts: list[float]) -> float:
+        if self.tree:
+            return tree_acceptance(counts[0] / counts[2], counts[1] / counts[2])
+        return counts[0] / counts[1] if counts[1] > 0.0 else 0.0
+
+    def prior(self) -> float:
+        low, high = self.prior_bounds
+        return min(high, max(low, self._rate(self._global)))
+
+    def rate(self, request_id: str) -> float:
+        counts = self._requests.get(request_id)
+        return self.prior() if counts is None else self._rate(counts)
+
+    def rates(self) -> dict[str, float]:
+        return {request_id: self._rate(counts) for request_id, counts in self._requests.items()}
+
+    def update(self, result: SpecResult) -> None:
+        drafted, accepted = result.num_draft_tokens, result.num_accepted_tokens
+        if drafted <= 0:
+            return
+        if self.tree:
+            sample = [accepted, drafted, 1.0]
+        else:
+            sample = [accepted, accepted + 1 if accepted < drafted else drafted]
+        counts = self._requests.setdefault(result.request_id, self._seed(self.prior()))
+        for i, value in enumerate(sample):
+            counts[i] = self.decay * counts[i] + value
+            self._global[i] = self.global_decay * self._global[i] + value
+
+    def release(self, request_id: str) -> None:
+        self._requests.pop(request_id, None)
+
+
+@dataclass
+class SearchSlot:
+    """One candidate during the search: marginal gains/depths of drafts 1..cap, chosen k."""
+
+    gains: Sequence[float]
+    depths: Sequence[int]
+    cap: int
+    k: int = 0
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    ks: tuple[int, ...]
+    predicted_seconds: float
+    goodput: float  # expected emitted tokens per second
+
+
+def greedy_lengths(
+    slots: list[SearchSlot],
+    base: StepFeatures,
+    cost_model: StepCostModel,
+    draft_model: bool = False,
+    token_budget: int | None = None,
+) -> SearchResult:
+    """Greedy marginal search for sum E_i / T (module docstring); slots start at forced ks."""
+    emitted = sum(1.0 + sum(s.gains[: s.k]) for s in slots)
+    num_drafts = sum(s.k for s in slots)
+    num_spec = sum(1 for s in slots if s.k > 0)
+    steps = max((s.depths[s.k - 1] for s in slots if s.k > 0), default=0)
+    seconds = cost_model.predict(
+        base.with_drafts(num_drafts, num_spec, steps if draft_model else 0)
+    )
+    goodput = emitted / seconds
+    speculating = [(-s.gains[s.k], i) for i, s in enumerate(slots) if 0 < s.k < s.cap]
+    fresh = [(-s.gains[0], i) for i, s in enumerate(slots) if s.k == 0 and s.cap > 0]
+    heapq.heapify(speculating)
+    heapq.heapify(fresh)
+    budget = token_budget if token_budget is not None else 1 << 62
+    while (speculating or fresh) and base.num_batched_tokens + num_drafts < budget:
+        options = []
+        for heap in (h for h in (speculating, fresh) if h):
+            slot = slots[heap[0][1]]
+            new_steps = max(steps, slot.depths[slot.k]) if draft_model else 0
+            features = base.with_drafts(num_drafts + 1, num_spec + (slot.k == 0), new_steps)
+            new_seconds = cost_model.predict(features)
+            options.append(((emitted + slot.gains[slot.k]) / new_seconds, new_seconds, heap))
+        new_goodput, new_seconds, heap = max(options, key=lambda option: option[0])
+        _, index = heapq.heappop(heap)
+        if new_goodput <= goodput * (1.0 + 1e-9):
+            continue  # close: later drafts only raise goodput, so this one never pays again
+        slot = slots[index]
+        emitted += slot.gains[slot.k]
+        num_spec += slot.k == 0
+        steps = max(steps, slot.depths[slot.k])
+        slot.k += 1
+        num_drafts += 1
+        seconds, goodput = new_seconds, new_goodput
+        if slot.k < slot.cap:
+            heapq.heappush(speculating, (-slot.gains[slot.k], index))
+    return SearchResult(tuple(s.k for s in slots), seconds, goodput)
+
+
+class GoodputPolicy:
+    """Per-request speculation lengths maximising predicted goodput (engine SpecPolicy).
+
+    Non-candidate requests in `base` (prefill chunks) are counted as emitting nothing. Until
+    the cost model is fitted, k cycles through 0..max_k so the model sees the draft direction.
+    A request that has not speculated for `explore_interval` plans may be given one draft (one
+    such request per plan), so an acceptance estimate that fell to ~0 can recover.
+    """
+
+    def __init__(
+        self,
+        cost_model: StepCostModel,
+        max_k: int,
+        prior: float = 0.5,
+        tree: bool = False,
+        draft_model: bool = False,
+        explore_interval: int = 16,
+        token_budget: int | None = None,
+        decay: float = 0.9,
+    ) -> None:
+        if max_k < 0 or (tree and max_k > MAX_TREE_NODES):
+            raise ValueError(f"max_k must be in 0..{MAX_TREE_NODES if tree else 'inf'}: {max_k}")
+        self.cost_model = cost_model
+        self.max_k = max_k
+        self.tree = tree
+        self.draft_model = draft_model
+        self.explore_interval = explore_interval
+        self.token_budget = token_budget
+        self.acceptance = AcceptanceEstimator(prior, tree=tree, decay=decay)
+        self._num_plans = 0
+        self._last_speculated: dict[str, int] = {}
+        # For metrics (EngineStats.last_chosen_k etc.).
+        self.last_chosen_k: tuple[int, ...] = ()
+        self.last_predicted_step_time: float | None = None
+        self.last_goodput: float | None = None
+
+    def _slot(self, candidate: SpecCandidate) -> SearchSlot:
+        cap = max(0, min(self.max_k, candidate.max_k))
+        a = self.acceptance.rate(candidate.request_id)
+        if self.tree:
+            gains, depths = tree_gains(round(a * _GRID))
+        else:
+            gains, depths = [a**j for j in range(1, cap + 1)], range(1, cap + 1)
+        return SearchSlot(gains, depths, cap)
+
+    def _explore(self, candidates: Sequence[SpecCandidate], slots: list[SearchSlot]) -> None:
+        """Give one draft to the request idle longest, once idle for explore_interval plans.
+        One per plan, so that under load the retries do not all land on the same step."""
+        idle = []
+        for i, candidate in enumerate(candidates):
+            last = self._last_speculated.setdefault(candidate.request_id, self._num_plans)
+            if slots[i].cap > 0 and self._num_plans - last >= self.explore_interval:
+                idle.append((last, i))
+        if idle:
+            slots[min(idle)[1]].k = 1
+
+    def plan(self, candidates: Sequence[SpecCandidate], base: StepFeatures) -> SpecPlan:
+        self._num_plans += 1
+        slots = [self._slot(c) for c in candidates]
+        self._explore(candidates, slots)
+        if self.cost_model.fitted:
+            result = greedy_lengths(
+                slots, base, self.cost_model, self.draft_model, self.token_budget
+            )
+            self.last_chosen_k = result.ks
+            self.last_predicted_step_time = result.predicted_seconds
+            self.last_goodput = result.goodput
+        else:
+            warmup_k = self._num_plans % (self.max_k + 1)
+            self.last_chosen_k = tuple(min(warmup_k, s.cap) for s in slots)
+            self.last_predicted_step_time = self.last_goodput = None
+        plan = {c.request_id: k for c, k in zip(candidates, self.last_chosen_k) if k > 0}
+        for request_id in plan:
+            self._last_speculated[request_id] = self._num_plans
+        return plan
+
+    def observe(
+        self, results: Sequence[SpecResult], features: StepFeatures, step_seconds: float
+    ) -> None:
+        self.cost_model.observe(features, step_seconds)
+        for result in results:
+            self.acceptance.update(result)
+
+    def release(self, request_id: str) -> None:
+        self.acceptance.release(request_id)
+        self._last_speculated.pop(request_id, None)
+
+    def acceptance_rates(self) -> dict[str, float]:
+        """Per-request acceptance estimates (chains: per draft token; trees: rank-1)."""
+        return self.acceptance.rates()

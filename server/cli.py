@@ -1,0 +1,139 @@
+"""`goodspeed serve` (and `python -m server`): parse flags, load the model, run uvicorn.
+
+SIGTERM drains: new requests get 503 (and /health turns 503) while in-flight requests finish,
+for at most --drain-timeout seconds; what is still running then is aborted, and the process
+exits 0. A second SIGTERM, or Ctrl-C, stops at once (uvicorn's usual behaviour).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from types import FrameType
+
+import uvicorn
+
+from engine.arg_utils import add_engine_arguments, config_from_args
+from engine.async_engine import AsyncEngine
+from engine.config import parse_size
+from server.serving import ServerSettings, ServingContext
+
+logger = logging.getLogger("goodspeed.server")
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("server")
+    group.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    group.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
+    group.add_argument(
+        "--served-model-name", default=None, help="model name clients use (default: the model's)"
+    )
+    group.add_argument(
+        "--api-key",
+        default=os.environ.get("GOODSPEED_API_KEY"),
+        help="require 'Authorization: Bearer KEY' on the API (default: $GOODSPEED_API_KEY)",
+    )
+    group.add_argument(
+        "--max-queue",
+        type=int,
+        default=None,
+        help="sequences allowed to wait beyond --max-num-seqs; more get 503 (default: no limit)",
+    )
+    group.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=30.0,
+        help="seconds in-flight requests get to finish after SIGTERM (default 30)",
+    )
+    group.add_argument(
+        "--max-body-size", default="4MiB", help="largest request body accepted (default 4MiB)"
+    )
+    group.add_argument("--log-level", default="info", help="debug | info | warning | error")
+    add_engine_arguments(parser)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    """Build the engine from the flags and serve until SIGTERM; returns the exit code."""
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        config = config_from_args(args)
+        settings = ServerSettings(
+            served_model_name=args.served_model_name,
+            api_key=args.api_key or None,
+            max_body_bytes=parse_size(args.max_body_size),
+        )
+        if args.max_queue is not None and args.max_queue < 0:
+            raise ValueError(f"--max-queue must be >= 0, got {args.max_queue}")
+    except (ValueError, OSError) as exc:
+        print(f"goodspeed serve: {exc}", file=sys.stderr)
+        return 2
+    limit = None if args.max_queue is None else config.scheduler.max_num_seqs + args.max_queue
+    logger.info("loading %s", config.model.model)
+    engine = AsyncEngine.from_config(config, max_num_in_flight=limit)
+    return serve(engine, settings, args.host, args.port, args.drain_timeout, args.log_level)
+
+
+def serve(
+    engine: AsyncEngine,
+    settings: ServerSettings,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    drain_timeout: float = 30.0,
+    log_level: str = "info",
+) -> int:
+    """Serve `engine` over HTTP until SIGTERM (drain) or Ctrl-C."""
+    from server.app import build_app
+
+    app = build_app(engine, settings)
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level=log_level.lower(), timeout_graceful_shutdown=5
+    )
+    server = DrainingServer(config, app.state.ctx, drain_timeout)
+    server.run()
+    return 0 if server.started else 1
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn.Server whose first SIGTERM drains instead of closing the listener at once."""
+
+    def __init__(self, config: uvicorn.Config, ctx: ServingContext, drain_timeout: float) -> None:
+        super().__init__(config)
+        self.ctx = ctx
+        self.drain_timeout = drain_timeout
+        self._drain_task: asyncio.Task[None] | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if sig != signal.SIGTERM or self._drain_task is not None or not self.started:
+            super().handle_exit(sig, frame)
+            return
+        # Signal handlers run on the main thread, which is the one running uvicorn's loop.
+        # SIGTERM is deliberately not recorded in uvicorn's captured signals: uvicorn would
+        # re-raise it after shutdown and the process would die of it instead of exiting 0.
+        self._drain_task = asyncio.get_running_loop().create_task(self._drain())
+
+    async def _drain(self) -> None:
+        self.ctx.draining = True
+        engine = self.ctx.engine
+        logger.info(
+            "SIGTERM: draining %d in-flight sequences (at most %.0f s)",
+            engine.num_in_flight,
+            self.drain_timeout,
+        )
+        if not await engine.wait_until_idle(self.drain_timeout):
+            logger.warning("drain timeout: aborting %d sequences", engine.num_in_flight)
+            engine.abort_all("the server is shutting down (drain timeout)")
+        self.should_exit = True
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m server", description="OpenAI-compatible goodspeed server"
+    )
+    add_serve_arguments(parser)
+    return run_serve(parser.parse_args(argv))

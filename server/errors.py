@@ -1,0 +1,143 @@
+"""OpenAI-shaped errors: `{"error": {"message", "type", "param", "code"}}` for every failure.
+
+Client mistakes are 4xx with a message naming the field and what is allowed; FastAPI's 422
+validation responses become 400; a 500 only ever means a bug or a dead engine.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+logger = logging.getLogger(__name__)
+
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    500: "server_error",
+    503: "service_unavailable_error",
+}
+
+# Fields accepting several JSON shapes: a union mismatch reports what is allowed instead of
+# the first alternative's complaint.
+_UNION_HINTS = {
+    "prompt": "a string, a list of strings, a list of token ids or a list of token-id lists",
+    "stop": "a string or a list of strings",
+    "content": "a string or a list of text parts",
+    "tokens": "a list of token ids",
+}
+_TYPE_TAG = re.compile(r"^(str|int|float|bool|none|dict|list|[A-Z]\w*)$|[\[\-]")
+
+
+class APIError(Exception):
+    def __init__(
+        self,
+        status_code: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = headers
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.status_code, self.message, self.param, self.code)
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status_code, headers=self.headers)
+
+
+def error_body(
+    status_code: int, message: str, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    error_type = ERROR_TYPES.get(status_code, "invalid_request_error")
+    return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+
+
+def error_bytes(status_code: int, message: str, code: str | None = None) -> bytes:
+    return json.dumps(error_body(status_code, message, code=code)).encode()
+
+
+def bad_request(message: str, param: str | None = None) -> APIError:
+    return APIError(400, message, param=param)
+
+
+def from_value_error(exc: ValueError) -> APIError:
+    """SamplingParams / engine ValueErrors start with the field name (`n must be ...`)."""
+    message = str(exc)
+    match = re.match(r"([a-z_]+)\b", message)
+    return APIError(400, message, param=match.group(1) if match else None)
+
+
+def from_validation_errors(errors: list[dict[str, Any]]) -> APIError:
+    """One 400 from pydantic's error list: the most specific error, named by its field path."""
+    if not errors:
+        return bad_request("invalid request")
+    first = errors[0]
+    if first["type"] == "json_invalid":
+        return bad_request(f"request body is not valid JSON: {first['msg']}")
+    if first["type"] == "model_type" and not _field_path(first["loc"]):
+        return bad_request("request body must be a JSON object")
+    best = max(errors, key=lambda e: len(_field_path(e["loc"])))
+    path = _field_path(best["loc"])
+    param = ".".join(str(p) for p in path) or None
+    same_place = [e for e in errors if _field_path(e["loc"]) == path]
+    hint = _UNION_HINTS.get(str(path[-1])) if path else None
+    if hint and len(same_place) > 1:
+        return bad_request(f"{param} must be {hint}", param)
+    if best["type"] == "missing":
+        return bad_request(f"{param} is required", param)
+    return bad_request(f"{param}: {best['msg']}", param)
+
+
+def _field_path(loc: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Drop pydantic's union-member tags ('str', 'list[int]', 'TextPart') from a location."""
+    body = loc[1:] if loc and loc[0] == "body" else loc
+    return tuple(p for p in body if isinstance(p, int) or not _TYPE_TAG.search(p))
+
+
+async def _api_error_handler(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, APIError)
+    return exc.response()
+
+
+async def _validation_handler(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError | ValidationError)
+    return from_validation_errors(list(exc.errors())).response()
+
+
+async def _http_handler(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    message = exc.detail if isinstance(exc.detail, str) else str(exc.status_code)
+    if exc.status_code == 404:
+        message = f"no route {request.method} {request.url.path}"
+    return APIError(exc.status_code, message, headers=exc.headers).response()
+
+
+async def _internal_handler(request: Request, exc: Exception) -> JSONResponse:
+    logger.exception("unhandled error on %s %s", request.method, request.url.path)
+    return APIError(500, f"internal error: {type(exc).__name__}").response()
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(APIError, _api_error_handler)
+    app.add_exception_handler(RequestValidationError, _validation_handler)
+    app.add_exception_handler(ValidationError, _validation_handler)
+    app.add_exception_handler(StarletteHTTPException, _http_handler)
+    app.add_exception_handler(Exception, _internal_handler)

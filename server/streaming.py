@@ -1,0 +1,101 @@
+"""Server-sent events: `data: {json}\\n\\n` frames ending with `data: [DONE]\\n\\n`.
+
+An error after the stream began can no longer change the HTTP status, so it is sent as one
+`data: {"error": {...}}` event before [DONE]. SSEResponse runs its `on_close` however the
+response ends (finished, failed, client gone), which is where unfinished requests get aborted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+from pydantic import BaseModel
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from engine.async_engine import EngineDeadError, RequestStream
+from engine.outputs import RequestOutput
+from server.errors import APIError, error_body
+
+logger = logging.getLogger(__name__)
+
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+def sse_event(payload: BaseModel | dict[str, Any]) -> bytes:
+    if isinstance(payload, BaseModel):
+        data = payload.model_dump_json()
+    else:
+        data = json.dumps(payload)
+    return b"data: " + data.encode() + b"\n\n"
+
+
+class SSEResponse(StreamingResponse):
+    def __init__(self, events: AsyncIterator[bytes], on_close: Callable[[], None]) -> None:
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        super().__init__(events, media_type="text/event-stream", headers=headers)
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
+
+
+async def with_error_events(events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """Pass events through, turn a failure into an error event, and always end with [DONE]."""
+    try:
+        async for event in events:
+            yield event
+    except APIError as exc:
+        yield sse_event(exc.body())
+    except EngineDeadError as exc:
+        yield sse_event(error_body(503, str(exc)))
+    except Exception as exc:  # a bug: report it in-band rather than cutting the stream
+        logger.exception("stream failed")
+        yield sse_event(error_body(500, f"internal error: {type(exc).__name__}"))
+    yield SSE_DONE
+
+
+def raise_if_failed(output: RequestOutput) -> None:
+    if output.finish_reason == "error":
+        raise APIError(500, f"generation failed: {output.error or 'unknown engine error'}")
+
+
+async def merge_streams(
+    streams: Sequence[RequestStream],
+) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """(stream position, output) from several streams as outputs arrive; errors propagate."""
+    if len(streams) == 1:
+        async for output in streams[0]:
+            yield 0, output
+        return
+    queue: asyncio.Queue[tuple[int, RequestOutput | BaseException | None]] = asyncio.Queue()
+
+    async def pump(position: int, stream: RequestStream) -> None:
+        try:
+            async for output in stream:
+                queue.put_nowait((position, output))
+            queue.put_nowait((position, None))
+        except Exception as exc:
+            queue.put_nowait((position, exc))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        num_open = len(tasks)
+        while num_open:
+            position, item = await queue.get()
+            if item is None:
+                num_open -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield position, item
+    finally:
+        for task in tasks:
+            task.cancel()

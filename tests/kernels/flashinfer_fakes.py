@@ -13,7 +13,7 @@ the backend fails here with a TypeError.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import SimpleNamespace
 
 import torch
@@ -101,6 +101,17 @@ def make_metadata(
         tree_masks=masks if any(m is not None for m in masks) else (),
     )
     return metadata, block_ids
+
+
+def metadata_on(metadata: AttentionMetadata, device: torch.device) -> AttentionMetadata:
+    """The same batch with its tensors on `device` (tree masks stay on the host, as built)."""
+    return replace(
+        metadata,
+        query_start_loc=metadata.query_start_loc.to(device),
+        seq_lens=metadata.seq_lens.to(device),
+        block_tables=metadata.block_tables.to(device),
+        slot_mapping=metadata.slot_mapping.to(device),
+    )
 
 
 def emulate_paged_attention(

@@ -1,0 +1,195 @@
+"""FlashInferBackend against the reference backend on a CUDA GPU (marked gpu; skipped without
+CUDA or flashinfer): decode, prefill, chunked prefill mixed with decodes, and tree masks, over
+several head shapes, block sizes and dtypes; the decode CUDA-graph runner; the sampling kernels.
+
+The reference runs in float32 on the same (already rounded) inputs, so the tolerance covers only
+FlashInfer's half-precision arithmetic."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+
+from kernels.attention import KVCacheSpec
+from tests.kernels.flashinfer_fakes import make_metadata, metadata_on, random_cases
+
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+pytest.importorskip("flashinfer")
+
+from kernels.cuda_graphs import DecodeGraphRunner  # noqa: E402
+from kernels.flashinfer_backend import FlashInferBackend  # noqa: E402
+from kernels.flashinfer_sampling import (  # noqa: E402
+    chain_speculative_sample,
+    point_mass_draft_probs,
+    sample_top_k_top_p,
+)
+from kernels.reference import ReferenceBackend  # noqa: E402
+
+CUDA = torch.device("cuda")
+NUM_LAYERS, NUM_BLOCKS = 2, 1024
+SHAPES = [(32, 8, 64, torch.bfloat16), (16, 2, 128, torch.bfloat16), (8, 8, 64, torch.float16)]
+TOLERANCE = {torch.bfloat16: 2e-2, torch.float16: 4e-3}
+KINDS = {
+    "decode": ("decode",),
+    "prefill": ("prefill",),
+    "chunked": ("chunk", "decode", "prefill"),
+    "tree": ("tree", "decode", "chunk"),
+}
+
+
+def make_backends(num_kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype):
+    def spec(dt: torch.dtype) -> KVCacheSpec:
+        return KVCacheSpec(NUM_LAYERS, NUM_BLOCKS, block_size, num_kv_heads, head_dim, dt, CUDA)
+
+    fast, slow = FlashInferBackend(CUDA), ReferenceBackend()
+    fast.allocate(spec(dtype))
+    slow.allocate(spec(torch.float32))
+    for fast_cache, slow_cache in zip(fast.kv_caches, slow.kv_caches, strict=True):
+        fast_cache.normal_()
+        slow_cache.copy_(fast_cache[:NUM_BLOCKS].float())
+    return fast, slow
+
+
+def random_batch(rng: random.Random, kinds: tuple[str, ...], block_size: int, max_requests: int):
+    """Random cases with histories stretched so that requests span many pages."""
+    cases = random_cases(rng, rng.randint(1, max_requests), kinds)
+    for case in cases:
+        case.history *= rng.choice([1, 5, 20])
+    return metadata_on(make_metadata(rng, cases, block_size, NUM_BLOCKS)[0], CUDA)
+
+
+def random_qkv(n: int, num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype):
+    shapes = [(n, num_heads, head_dim), (n, num_kv_heads, head_dim), (n, num_kv_heads, head_dim)]
+    return [torch.randn(shape, device=CUDA).to(dtype) for shape in shapes]
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+@pytest.mark.parametrize("num_heads, num_kv_heads, head_dim, dtype", SHAPES)
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("seed", range(2))
+def test_matches_reference(kind, num_heads, num_kv_heads, head_dim, dtype, block_size, seed):
+    rng = random.Random(seed)
+    fast, slow = make_backends(num_kv_heads, head_dim, block_size, dtype)
+    metadata = random_batch(rng, KINDS[kind], block_size, max_requests=12)
+    scale = 1 / math.sqrt(head_dim)
+    fast.plan(metadata)
+    slow.plan(metadata)
+    tol = TOLERANCE[dtype]
+    for layer in range(NUM_LAYERS):
+        q, k, v = random_qkv(metadata.num_tokens, num_heads, num_kv_heads, head_dim, dtype)
+        got = fast.forward(layer, q, k, v, scale)
+        want = slow.forward(layer, q.float(), k.float(), v.float(), scale)
+        torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol)
+        assert torch.equal(fast.kv_caches[layer][:NUM_BLOCKS].float(), slow.kv_caches[layer])
+
+
+def attention_stack(backend, tables: list[torch.Tensor], dtype: torch.dtype, scale: float):
+    """A model_step made only of attention: token ids pick q/k/v rows, one backend call per layer."""
+
+    def step(input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        q_table, k_table, v_table = tables
+        shift = (positions % 7).to(dtype)[:, None, None]  # positions matter, without a host sync
+        return torch.stack(
+            [
+                backend.forward(
+                    layer,
+                    q_table[input_ids].to(dtype) + shift,
+                    k_table[input_ids].to(dtype),
+                    v_table[input_ids].to(dtype),
+                    scale,
+                )
+                for layer in range(NUM_LAYERS)
+            ],
+            dim=1,  # [n, layers, heads, head_dim]: rows first, as DecodeGraphRunner slices them
+        )
+
+    return step
+
+
+def test_decode_graph_replay_matches_reference() -> None:
+    num_heads, num_kv_heads, head_dim, dtype, block_size = 32, 8, 64, torch.bfloat16, 16
+    scale = 1 / math.sqrt(head_dim)
+    fast, slow = make_backends(num_kv_heads, head_dim, block_size, dtype)
+    vocab = 97
+    tables = [
+        torch.randn(vocab, heads, head_dim, device=CUDA).to(dtype)
+        for heads in (num_heads, num_kv_heads, num_kv_heads)
+    ]
+    runner = DecodeGraphRunner(
+        fast,
+        attention_stack(fast, tables, dtype, scale),
+        num_heads=num_heads,
+        max_model_len=1024,
+        batch_sizes=(1, 2, 4, 8),
+    )
+    runner.capture()
+    slow_step = attention_stack(slow, [t.float() for t in tables], torch.float32, scale)
+    rng = random.Random(0)
+    for _ in range(6):
+        metadata = random_batch(rng, ("decode",), block_size, max_requests=8)
+        n = metadata.num_requests
+        ids = torch.randint(0, vocab, (n,), device=CUDA)
+        positions = torch.tensor(metadata.seq_lens_host, device=CUDA) - 1
+        got = runner.run(ids, positions, metadata)
+        slow.plan(metadata)
+        want = slow_step(ids, positions)
+        torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2)
+        for fast_cache, slow_cache in zip(fast.kv_caches, slow.kv_caches, strict=True):
+            assert torch.equal(fast_cache[:NUM_BLOCKS].float(), slow_cache)
+
+
+def test_float32_cache_is_refused_on_cuda() -> None:
+    backend = FlashInferBackend(CUDA)
+    spec = KVCacheSpec(1, 4, 16, 2, 64, torch.float32, CUDA)
+    with pytest.raises(ValueError, match="float16 or bfloat16"):
+        backend.allocate(spec)
+
+
+def frequencies(samples: torch.Tensor, vocab: int) -> torch.Tensor:
+    return torch.bincount(samples.flatten().cpu(), minlength=vocab).double() / samples.numel()
+
+
+def test_top_k_top_p_sampling_distribution() -> None:
+    probs = torch.tensor([0.05, 0.3, 0.1, 0.2, 0.15, 0.08, 0.07, 0.05], device=CUDA)
+    rows = 50_000
+    generator = torch.Generator(device=CUDA).manual_seed(0)
+    samples = sample_top_k_top_p(
+        probs.expand(rows, -1),
+        torch.full((rows,), 3, dtype=torch.int32, device=CUDA),
+        torch.full((rows,), 0.75, device=CUDA),
+        generator,
+    )
+    # top-3 = {1, 3, 4} -> (0.46, 0.31, 0.23); top-p 0.75 keeps {1, 3} -> (0.6, 0.4).
+    expected = torch.zeros(8, dtype=torch.float64)
+    expected[1], expected[3] = 0.6, 0.4
+    torch.testing.assert_close(frequencies(samples, 8), expected, atol=0.012, rtol=0)
+
+
+@pytest.mark.parametrize("point_mass", [False, True])
+def test_chain_speculative_sampling_is_lossless(point_mass: bool) -> None:
+    """The first emitted token of every chain must follow the target distribution exactly."""
+    torch.manual_seed(0)
+    vocab, k, rows = 6, 2, 100_000
+    target = torch.rand(k + 1, vocab, device=CUDA).softmax(-1)
+    draft = torch.rand(k, vocab, device=CUDA).softmax(-1)
+    if point_mass:  # a deterministic proposer (n-gram) always drafting token 2
+        draft_ids = torch.full((rows, k), 2, dtype=torch.int64, device=CUDA)
+        draft_probs = point_mass_draft_probs(draft_ids, vocab)
+    else:
+        draft_ids = torch.multinomial(draft, rows, replacement=True).T.contiguous()  # [rows, k]
+        draft_probs = draft.expand(rows, -1, -1)
+    generator = torch.Generator(device=CUDA).manual_seed(1)
+    token_ids, num_accepted = chain_speculative_sample(
+        draft_probs, draft_ids, target.expand(rows, -1, -1), generator
+    )
+    assert token_ids.shape == (rows, k + 1) and bool((num_accepted <= k).all())
+    accepted = num_accepted >= 1
+    assert torch.equal(token_ids[accepted, 0], draft_ids[accepted, 0])
+    torch.testing.assert_close(
+        frequencies(token_ids[:, 0], vocab), target[0].double().cpu(), atol=0.01, rtol=0
+    )

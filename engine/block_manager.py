@@ -113,17 +113,11 @@ class BlockManager:
         block_ids = list(shared_block_ids) or request.block_ids
         end = num_computed_tokens + num_new_tokens
         num_new_blocks = max(0, self.num_blocks_for(end) - len(block_ids))
-        # Indices of blocks that exist already and that this step writes into.
-        first_written = (
-            num_computed_tokens // self.block_size if num_new_tokens > 0 else len(block_ids)
-        )
+        first_written = num_computed_tokens // self.block_size if num_new_tokens > 0 else end
         written = range(first_written, min(len(block_ids), self.num_blocks_for(end)))
-        adopted = set(shared_block_ids)
-        num_copies = sum(
-            1 for i in written if self._ref_counts[block_ids[i]] + (block_ids[i] in adopted) > 1
-        )
-        num_revived = sum(1 for b in adopted if self._ref_counts[b] == 0)
-        if num_new_blocks + num_copies > self.num_free_blocks - num_revived:
+        if num_new_blocks + self._num_copies(block_ids, shared_block_ids, written) > (
+            self.num_free_blocks - sum(1 for b in shared_block_ids if self._ref_counts[b] == 0)
+        ):  # revived cached blocks leave the free lists too
             return None
         for block_id in shared_block_ids:
             self._acquire(block_id)
@@ -136,6 +130,15 @@ class BlockManager:
         ]
         request.block_ids.extend(self._allocate() for _ in range(num_new_blocks))
         return copies
+
+    def _num_copies(
+        self, block_ids: Sequence[int], shared_block_ids: Sequence[int], written: range
+    ) -> int:
+        """How many written blocks will be shared (ref count > 1) once shared ones are adopted."""
+        adopted = set(shared_block_ids)
+        return sum(
+            1 for i in written if self._ref_counts[block_ids[i]] + (block_ids[i] in adopted) > 1
+        )
 
     def trim(self, request: Request, num_tokens: int) -> None:
         """Free the request's blocks lying wholly beyond its first `num_tokens` positions

@@ -217,12 +217,10 @@ class Scheduler:
         num_new = min(num_left, budget)
         if num_left != 1 or plan.get(request.request_id, 0) <= 0:
             return num_new, 0
-        # The step emits up to num_spec + 1 tokens: keep them within max_tokens and the context.
+        # The step emits up to num_spec + 1 tokens: keep them within max_tokens and the context
+        # (num_remaining_output_tokens already counts both limits).
         num_spec = min(
-            plan[request.request_id],
-            budget - 1,
-            request.num_remaining_output_tokens - 1,
-            request.max_total_tokens - request.num_tokens - 1,
+            plan[request.request_id], budget - 1, request.num_remaining_output_tokens - 1
         )
         return num_new, max(num_spec, 0)
 

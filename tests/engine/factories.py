@@ -109,6 +109,15 @@ def check_block_invariants(scheduler: Scheduler) -> None:
     assert set(free) == {b for b in range(blocks.num_total_blocks) if holders[b] == 0}
 
 
+def check_step(scheduler: Scheduler, scheduler_output: SchedulerOutput) -> None:
+    """A step stays within its budget, and never re-admits what it just preempted (thrash)."""
+    scheduled_ids = {s.request_id for s in scheduler_output.scheduled}
+    assert len(scheduled_ids) == len(scheduler_output.scheduled)
+    assert not scheduled_ids & set(scheduler_output.preempted_ids)
+    assert scheduler_output.num_batched_tokens <= scheduler.config.max_num_batched_tokens
+    assert len(scheduler.running) <= scheduler.config.max_num_seqs
+
+
 def run_to_completion(
     scheduler: Scheduler,
     model: FakeModel,
@@ -123,6 +132,7 @@ def run_to_completion(
         plan = plan_fn(scheduler) if plan_fn else {}
         scheduler_output = scheduler.schedule(plan)
         check_block_invariants(scheduler)
+        check_step(scheduler, scheduler_output)
         for request in scheduler.update(scheduler_output, model.execute(scheduler_output)):
             if request.is_finished:
                 finished[request.request_id] = request

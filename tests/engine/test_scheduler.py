@@ -93,6 +93,17 @@ def test_preempted_request_goes_to_the_front_and_resumes():
     assert scheduler.block_manager.num_free_blocks == 6
 
 
+def test_a_preempted_request_is_not_readmitted_in_the_same_step():
+    # A small budget makes a 1-block chunk of the preempted request fit the block it freed.
+    scheduler = make_scheduler(
+        num_blocks=4, block_size=8, max_num_batched_tokens=8, enable_prefix_caching=False
+    )
+    for request in make_requests(2, prompt_len=8, max_tokens=30):
+        scheduler.add_request(request)
+    finished = run_to_completion(scheduler, FakeModel())  # check_step asserts it every step
+    assert scheduler.num_preemptions_total > 0 and len(finished) == 2
+
+
 def test_a_request_larger_than_the_whole_cache_errors_instead_of_looping():
     scheduler = make_scheduler(num_blocks=4, block_size=8)
     (huge,) = make_requests(1, prompt_len=33, id_prefix="huge")
@@ -132,6 +143,34 @@ def test_shared_200_token_prefix_is_served_from_the_cache():
     assert scheduler.num_prompt_tokens_computed_total - computed_before == 28
     blocks = scheduler.block_manager
     assert (blocks.prefix_cache_queries, blocks.prefix_cache_hits) == (440, 192)
+
+
+def test_chunks_of_a_running_prefill_are_already_shared():
+    scheduler = make_scheduler(block_size=8, max_num_batched_tokens=40)
+    first, second = make_requests(2, prompt_len=8, prefix=list(range(64)))
+    scheduler.add_request(first)
+    _step(scheduler)  # first computes 40 of its 72 tokens
+    scheduler.add_request(second)
+    out, _ = _step(scheduler)
+    assert second.num_cached_tokens == 40 and _only(out, "r1").start == 40
+
+
+def test_prompt_logprobs_requests_compute_their_whole_prompt():
+    scheduler = make_scheduler(block_size=8, max_num_batched_tokens=512)
+    (first,) = make_requests(1, prompt_len=8, prefix=list(range(64)))
+    (second,) = make_requests(
+        1, prompt_len=8, prefix=list(range(64)), prompt_logprobs=1, id_prefix="logprobs"
+    )
+    scheduler.add_request(first)
+    _step(scheduler)
+    scheduler.add_request(second)
+    out, _ = _step(scheduler)
+    assert second.num_cached_tokens == 0 and _only(out, "logprobs0").num_new_tokens == 72
+
+
+def _only(out, request_id):
+    (scheduled,) = [s for s in out.scheduled if s.request_id == request_id]
+    return scheduled
 
 
 def test_prefix_caching_off_recomputes_everything():

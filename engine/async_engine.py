@@ -311,8 +311,9 @@ class AsyncEngine:
     def _run(self) -> None:
         try:
             while True:
-                commands = self._next_commands()
-                if commands is None:
+                commands, stopping = self._next_commands()
+                if stopping:
+                    self._stop(commands)
                     return
                 self._apply(commands)
                 stepped = self.engine.has_unfinished_requests()
@@ -322,15 +323,24 @@ class AsyncEngine:
             logger.exception("engine thread died")
             self._die(f"engine thread died: {type(exc).__name__}: {exc}")
 
-    def _next_commands(self) -> list[_Add | _Abort] | None:
-        """Block while idle; None means stop."""
+    def _next_commands(self) -> tuple[list[_Add | _Abort], bool]:
+        """Block while idle; return the queued commands and whether to stop."""
         with self._cond:
             while not (self._commands or self._stopping or self.engine.has_unfinished_requests()):
                 self._cond.wait()
-            if self._stopping:
-                return None
             commands, self._commands = self._commands, []
-            return commands
+            return commands, self._stopping
+
+    def _stop(self, commands: list[_Add | _Abort]) -> None:
+        """Last pass: apply queued aborts (freeing their blocks); refuse queued adds."""
+        for command in commands:
+            if isinstance(command, _Abort):
+                self.engine.abort_request(command.request_id)
+            else:
+                self._call_soon(
+                    _resolve, command.future, EngineDeadError("the engine was shut down")
+                )
+        self._last_stats = self.engine.stats()
 
     def _apply(self, commands: list[_Add | _Abort]) -> None:
         for command in commands:

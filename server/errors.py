@@ -17,6 +17,8 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from engine.async_engine import EngineDeadError
+
 logger = logging.getLogger(__name__)
 
 ERROR_TYPES = {
@@ -94,16 +96,26 @@ def from_validation_errors(errors: list[dict[str, Any]]) -> APIError:
         return bad_request(f"request body is not valid JSON: {first['msg']}")
     if first["type"] == "model_type" and not _field_path(first["loc"]):
         return bad_request("request body must be a JSON object")
+    union_path = _union_path(errors[0]["loc"])
+    hint = _UNION_HINTS.get(str(union_path[-1])) if union_path else None
+    if hint:  # the value matched none of the field's accepted shapes
+        param = ".".join(str(p) for p in union_path)
+        return bad_request(f"{param} must be {hint}", param)
     best = max(errors, key=lambda e: len(_field_path(e["loc"])))
     path = _field_path(best["loc"])
     param = ".".join(str(p) for p in path) or None
-    same_place = [e for e in errors if _field_path(e["loc"]) == path]
-    hint = _UNION_HINTS.get(str(path[-1])) if path else None
-    if hint and len(same_place) > 1:
-        return bad_request(f"{param} must be {hint}", param)
     if best["type"] == "missing":
         return bad_request(f"{param} is required", param)
     return bad_request(f"{param}: {best['msg']}", param)
+
+
+def _union_path(loc: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """The field path up to the first union-member tag, or None if the location has none."""
+    body = loc[1:] if loc and loc[0] == "body" else loc
+    for position, part in enumerate(body):
+        if isinstance(part, str) and _TYPE_TAG.search(part):
+            return tuple(body[:position])
+    return None
 
 
 def _field_path(loc: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -130,6 +142,10 @@ async def _http_handler(request: Request, exc: Exception) -> JSONResponse:
     return APIError(exc.status_code, message, headers=exc.headers).response()
 
 
+async def _engine_dead_handler(request: Request, exc: Exception) -> JSONResponse:
+    return APIError(503, str(exc)).response()
+
+
 async def _internal_handler(request: Request, exc: Exception) -> JSONResponse:
     logger.exception("unhandled error on %s %s", request.method, request.url.path)
     return APIError(500, f"internal error: {type(exc).__name__}").response()
@@ -140,4 +156,5 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _validation_handler)
     app.add_exception_handler(ValidationError, _validation_handler)
     app.add_exception_handler(StarletteHTTPException, _http_handler)
+    app.add_exception_handler(EngineDeadError, _engine_dead_handler)
     app.add_exception_handler(Exception, _internal_handler)

@@ -179,8 +179,10 @@ class ChatCompletionRequest(_SamplingRequest):
         if self.top_logprobs is not None and not 0 <= self.top_logprobs <= MAX_LOGPROBS:
             # Checked here because SamplingParams calls this field logprobs.
             raise bad_request(f"top_logprobs must be in 0..{MAX_LOGPROBS}", "top_logprobs")
-        if self.max_completion_tokens == 0 or self.max_tokens == 0:
-            raise bad_request("max_completion_tokens must be >= 1", "max_completion_tokens")
+        for name in ("max_completion_tokens", "max_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise bad_request(f"{name} must be an integer >= 1, got {value}", name)
 
     def sampling_params(self, vocab_size: int) -> SamplingParams:
         values = self._common_sampling(vocab_size)

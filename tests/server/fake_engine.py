@@ -93,6 +93,7 @@ class FakeEngine:
         self.requests: dict[str, _FakeRequest] = {}
         self.groups: dict[str, list[str]] = {}
         self.num_steps = 0
+        self.num_added = 0  # sequences (n > 1 children count one each)
         self.num_aborted = 0
 
     def add_request(
@@ -124,6 +125,7 @@ class FakeEngine:
             )
         if params.n > 1:
             self.groups[request_id] = ids
+        self.num_added += len(ids)
 
     def abort_request(self, request_id: str) -> None:
         for child_id in self.groups.pop(request_id, [request_id]):

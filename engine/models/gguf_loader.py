@@ -1,0 +1,143 @@
+"""GGUF checkpoints (llama.cpp format) -> ModelArchConfig + HF-named float32 tensors.
+
+Tensors are dequantised with `gguf.quants.dequantize` (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K,
+Q6_K, ...). llama.cpp's converter permutes the rows of Llama Q/K projections so that each head's
+two rotary halves are interleaved (ggml's "normal" RoPE pairs adjacent elements); our model
+uses the HF rotate-half layout, so `unpermute_qk` undoes it. Qwen2 GGUFs use NeoX-style RoPE
+and are stored unpermuted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from engine.models.arch_config import ModelArchConfig
+from engine.models.llama import ROPE_FREQ_FACTORS
+
+SUPPORTED_GGUF_ARCHS = ("llama", "qwen2")
+# Architectures whose Q/K rows llama.cpp's converter permutes.
+_PERMUTED_ARCHS = ("llama",)
+
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+    "rope_freqs.weight": ROPE_FREQ_FACTORS,
+}
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+
+def open_gguf(path: Path) -> Any:
+    """A GGUFReader over a copy-on-write memory map (arrays are writable, the file is not)."""
+    import gguf
+
+    return gguf.GGUFReader(path, mode="c")
+
+
+def gguf_metadata(reader: Any, key: str, default: Any = None) -> Any:
+    field = reader.get_field(key)
+    return default if field is None else field.contents()
+
+
+def gguf_config(reader: Any) -> ModelArchConfig:
+    """ModelArchConfig from `{arch}.*` metadata and the tensor list."""
+    arch = gguf_metadata(reader, "general.architecture")
+    if arch not in SUPPORTED_GGUF_ARCHS:
+        raise ValueError(
+            f"GGUF architecture {arch!r} is not supported; supported: {SUPPORTED_GGUF_ARCHS}"
+        )
+    tensors = {t.name: t for t in reader.tensors}
+
+    def meta(key: str, default: Any = None) -> Any:
+        return gguf_metadata(reader, f"{arch}.{key}", default)
+
+    hidden, num_heads = meta("embedding_length"), meta("attention.head_count")
+    num_kv_heads = meta("attention.head_count_kv", num_heads)
+    if isinstance(num_kv_heads, list):
+        raise ValueError("GGUF with per-layer KV head counts is not supported")
+    vocab_size = meta("vocab_size") or int(tensors["token_embd.weight"].shape[1])
+    eos = gguf_metadata(reader, "tokenizer.ggml.eos_token_id")
+    return ModelArchConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=meta("feed_forward_length"),
+        num_layers=meta("block_count"),
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=meta("attention.key_length") or hidden // num_heads,
+        rms_norm_eps=meta("attention.layer_norm_rms_epsilon", 1e-5),
+        rope_theta=meta("rope.freq_base", 10000.0),
+        rope_scaling=_rope_scaling(meta("rope.scaling.type"), meta("rope.scaling.factor")),
+        max_position_embeddings=meta("context_length", 2048),
+        tie_word_embeddings="output.weight" not in tensors,
+        attention_bias="blk.0.attn_q.bias" in tensors,
+        attention_out_bias="blk.0.attn_output.bias" in tensors,
+        bos_token_id=gguf_metadata(reader, "tokenizer.ggml.bos_token_id"),
+        eos_token_ids=() if eos is None else (eos,),
+    )
+
+
+def _rope_scaling(kind: str | None, factor: float | None) -> dict[str, Any] | None:
+    # Llama-3 scaling is stored as the `rope_freqs` tensor, not as metadata.
+    if kind in (None, "none") or not factor or factor == 1.0:
+        return None
+    if kind != "linear":
+        raise ValueError(f"GGUF rope scaling {kind!r} is not supported (only linear)")
+    return {"rope_type": "linear", "factor": float(factor)}
+
+
+def hf_name(gguf_name: str) -> str:
+    """`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight`."""
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    parts = gguf_name.split(".")
+    if len(parts) == 4 and parts[0] == "blk" and parts[2] in _LAYER_NAMES:
+        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{parts[3]}"
+    raise ValueError(f"unexpected GGUF tensor {gguf_name!r}")
+
+
+def unpermute_qk(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Inverse of llama.cpp's Q/K permutation. Within each head the converter reorders rows
+    from (half, i) to (i, half), i < head_dim/2; reshaping as (heads, head_dim/2, 2) and
+    swapping the last two axes restores (half, i). Works on weights [rows, cols] and biases."""
+    rows = weight.shape[0]
+    return (
+        weight.reshape(num_heads, rows // num_heads // 2, 2, *weight.shape[1:])
+        .transpose(1, 2)
+        .reshape(weight.shape)
+    )
+
+
+def iter_gguf_weights(reader: Any, config: ModelArchConfig) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (HF name, float32 tensor) for every tensor in the file, Q/K unpermuted."""
+    from gguf.quants import dequantize
+
+    permuted = gguf_metadata(reader, "general.architecture") in _PERMUTED_ARCHS
+    for tensor in reader.tensors:
+        name = hf_name(tensor.name)
+        array = dequantize(tensor.data, tensor.tensor_type)
+        expected = tuple(int(d) for d in reversed(tensor.shape))
+        if array.size != int(np.prod(expected)):
+            raise ValueError(f"{tensor.name}: dequantised {array.shape}, expected {expected}")
+        array = array.reshape(expected)
+        weight = torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32))
+        if permuted and ".self_attn.q_proj." in name:
+            weight = unpermute_qk(weight, config.num_heads)
+        elif permuted and ".self_attn.k_proj." in name:
+            weight = unpermute_qk(weight, config.num_kv_heads)
+        yield name, weight

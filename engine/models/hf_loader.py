@@ -1,0 +1,56 @@
+"""HF checkpoint directories: config.json + safetensors (one file, or shards listed in
+model.safetensors.index.json) -> ModelArchConfig + (name, tensor) pairs in stored dtype."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from engine.models.arch_config import ModelArchConfig
+
+INDEX_FILE = "model.safetensors.index.json"
+
+
+def hf_config(model_dir: Path) -> ModelArchConfig:
+    config_path = model_dir / "config.json"
+    if not config_path.is_file():
+        raise ValueError(f"{model_dir} has no config.json; expected an HF model directory")
+    return ModelArchConfig.from_hf_config(json.loads(config_path.read_text()))
+
+
+def safetensors_files(model_dir: Path) -> list[Path]:
+    """The weight files: the shards named by the index, or every *.safetensors file."""
+    index = model_dir / INDEX_FILE
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        files = [model_dir / name for name in sorted(set(weight_map.values()))]
+    else:
+        files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise ValueError(
+            f"{model_dir} has no *.safetensors weights (.bin checkpoints are not supported)"
+        )
+    return files
+
+
+def count_hf_weights(model_dir: Path) -> int:
+    from safetensors import safe_open
+
+    total = 0
+    for path in safetensors_files(model_dir):
+        with safe_open(path, framework="pt") as f:
+            total += len(list(f.keys()))
+    return total
+
+
+def iter_hf_weights(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (name, tensor) from every weight file, one tensor in memory at a time."""
+    from safetensors import safe_open
+
+    for path in safetensors_files(model_dir):
+        with safe_open(path, framework="pt") as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)

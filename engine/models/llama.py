@@ -1,0 +1,255 @@
+"""Llama-family decoder (Llama, SmolLM2, Qwen2, Mistral) over a flattened ragged batch.
+
+`forward(input_ids [T], positions [T]) -> hidden [T, hidden]`: the T tokens of a step, requests
+laid end to end. Attention goes through an AttentionBackend, which the runner `plan`s before
+calling forward; each layer hands it q/k/v and gets the attended values back, so this module
+never sees block tables or masks.
+
+Numerics follow transformers' Llama: RMSNorm in float32, RoPE in the rotate-half convention
+with cos/sin computed in float32, SwiGLU MLP. Q/K/V and gate/up are fused into one Linear each
+(fewer, larger matmuls on CPU); `load_weights` maps HF parameter names onto the fused slices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.models.arch_config import ModelArchConfig
+from kernels.attention import AttentionBackend, KVCacheSpec
+
+__all__ = ["LlamaForCausalLM", "ModelArchConfig"]
+
+# Extra weight name the GGUF loader emits for llama.cpp's `rope_freqs` tensor (per-frequency
+# divisors that encode Llama-3 rope scaling in GGUF files).
+ROPE_FREQ_FACTORS = "model.rope_freq_factors"
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, hidden_size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in float32 and scale in the model dtype, as transformers does.
+        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
+        return self.weight * normed.to(x.dtype)
+
+
+class Rotary(nn.Module):
+    """cos/sin tables [max_positions, head_dim], computed once, indexed by position.
+
+    rotate_half(x) = cat(-x2, x1) = roll(x, D/2) * sign with sign = (-1,..,-1, 1,..,1), so the
+    sign is folded into `sin_signed` and RoPE costs one roll, two multiplies and an add.
+    """
+
+    def __init__(self, config: ModelArchConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.register_buffer("cos", torch.empty(0), persistent=False)
+        self.register_buffer("sin_signed", torch.empty(0), persistent=False)
+        self.reset()
+
+    def reset(self, freq_factors: torch.Tensor | None = None) -> None:
+        """(Re)build the tables; `freq_factors` [head_dim // 2] divide the frequencies (GGUF)."""
+        inv_freq = self.config.inv_freq()
+        if freq_factors is not None:
+            inv_freq = inv_freq / freq_factors.float().cpu()
+        cpu = torch.device("cpu")
+        positions = torch.arange(
+            self.config.max_position_embeddings, dtype=torch.float32, device=cpu
+        )
+        freqs = torch.outer(positions, inv_freq)
+        half = freqs.shape[-1]
+        sign = torch.cat([-torch.ones(half, device=cpu), torch.ones(half, device=cpu)])
+        emb = torch.cat([freqs, freqs], dim=-1)
+        # Tables are computed on the CPU (explicit devices, so this also works inside a
+        # `torch.device("meta")` block, where the loader calls reset() again after to_empty()).
+        device, dtype = self.cos.device, self.cos.dtype
+        self.cos = emb.cos().to(device=device, dtype=dtype)
+        self.sin_signed = (emb.sin() * sign).to(device=device, dtype=dtype)
+
+    def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions [T] -> (cos, sin_signed), each [T, 1, head_dim], shared by all layers."""
+        return self.cos[positions, None], self.sin_signed[positions, None]
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """x [T, heads, D] -> x * cos + rotate_half(x) * sin."""
+    return torch.addcmul(x * cos, torch.roll(x, x.shape[-1] // 2, dims=-1), sin_signed)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config: ModelArchConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.scale = config.head_dim**-0.5
+        qkv_size = (config.num_heads + 2 * config.num_kv_heads) * config.head_dim
+        self.qkv_proj = nn.Linear(config.hidden_size, qkv_size, bias=config.attention_bias)
+        self.o_proj = nn.Linear(
+            config.num_heads * config.head_dim, config.hidden_size, bias=config.attention_out_bias
+        )
+
+    def forward(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], backend: AttentionBackend
+    ) -> torch.Tensor:
+        num_tokens = x.shape[0]
+        qkv = self.qkv_proj(x)
+        # Q and K are adjacent in the fused output: rotate them in one go.
+        num_qk = self.num_heads + self.num_kv_heads
+        qk = qkv[:, : num_qk * self.head_dim].view(num_tokens, num_qk, self.head_dim)
+        qk = apply_rope(qk, *rope)
+        q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
+        v = qkv[:, num_qk * self.head_dim :].view(num_tokens, self.num_kv_heads, self.head_dim)
+        out = backend.forward(self.layer_idx, q, k, v, self.scale)
+        return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, config: ModelArchConfig) -> None:
+        super().__init__()
+        self.intermediate_size = config.intermediate_size
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config: ModelArchConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = LlamaAttention(config, layer_idx)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = LlamaMLP(config)
+
+    def forward(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], backend: AttentionBackend
+    ) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rope, backend)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, config: ModelArchConfig, backend: AttentionBackend) -> None:
+        super().__init__()
+        self.config = config
+        self.backend = backend
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary = Rotary(config)
+        self.lm_head = (
+            None
+            if config.tie_word_embeddings
+            else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        )
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """input_ids, positions: [T] int64 -> final-norm hidden states [T, hidden]."""
+        x = self.embed_tokens(input_ids)
+        rope = self.rotary.lookup(positions)
+        for layer in self.layers:
+            x = layer(x, rope, self.backend)
+        return self.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, hidden] (only the rows that need sampling) -> float32 logits [N, vocab]."""
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden, weight).float()
+
+    def kv_cache_spec(
+        self, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device | str
+    ) -> KVCacheSpec:
+        c = self.config
+        return KVCacheSpec(
+            c.num_layers,
+            num_blocks,
+            block_size,
+            c.num_kv_heads,
+            c.head_dim,
+            dtype,
+            torch.device(device),
+        )
+
+    @torch.no_grad()
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy HF-named tensors (`model.layers.0.self_attn.q_proj.weight`, ...) into the model,
+        casting to each parameter's dtype/device. Raises ValueError on unknown or missing names."""
+        loaded: set[str] = set()
+        for hf_name, tensor in weights:
+            if hf_name == ROPE_FREQ_FACTORS:
+                self.rotary.reset(tensor)
+                continue
+            if hf_name.endswith("rotary_emb.inv_freq") or (
+                hf_name == "lm_head.weight" and self.lm_head is None
+            ):
+                continue  # recomputed / tied to the embedding
+            target, rows = self._param_for(hf_name)
+            if rows is not None:
+                target = target[rows]
+            if tuple(target.shape) != tuple(tensor.shape):
+                raise ValueError(
+                    f"{hf_name}: expected shape {tuple(target.shape)}, got {tuple(tensor.shape)}"
+                )
+            target.copy_(tensor)
+            loaded.add(hf_name)
+        missing = sorted(set(self.expected_weight_names()) - loaded)
+        if missing:
+            raise ValueError(f"checkpoint lacks {len(missing)} weights, e.g. {missing[:5]}")
+
+    def expected_weight_names(self) -> list[str]:
+        """The HF names `load_weights` must see for this config."""
+        names = ["model.embed_tokens.weight", "model.norm.weight"]
+        if self.lm_head is not None:
+            names.append("lm_head.weight")
+        params = ["q_proj", "k_proj", "v_proj", "o_proj"]
+        suffixes = [f"self_attn.{p}.weight" for p in params]
+        if self.config.attention_bias:
+            suffixes += [f"self_attn.{p}.bias" for p in params[:3]]
+        if self.config.attention_out_bias:
+            suffixes.append("self_attn.o_proj.bias")
+        suffixes += [f"mlp.{p}.weight" for p in ("gate_proj", "up_proj", "down_proj")]
+        suffixes += ["input_layernorm.weight", "post_attention_layernorm.weight"]
+        return names + [
+            f"model.layers.{i}.{s}" for i in range(self.config.num_layers) for s in suffixes
+        ]
+
+    def _param_for(self, hf_name: str) -> tuple[torch.Tensor, slice | None]:
+        """HF name -> (our parameter, row slice of it for fused projections or None)."""
+        c = self.config
+        parts = hf_name.split(".")
+        if hf_name == "lm_head.weight":
+            return self.lm_head.weight, None
+        if parts[0] != "model":
+            raise ValueError(f"unexpected weight {hf_name!r}")
+        if parts[1] in ("embed_tokens", "norm"):
+            return getattr(self, parts[1]).weight, None
+        if parts[1] != "layers" or len(parts) not in (5, 6) or not parts[2].isdigit():
+            raise ValueError(f"unexpected weight {hf_name!r}")
+        layer = self.layers[int(parts[2])]
+        if len(parts) == 5 and parts[3] in ("input_layernorm", "post_attention_layernorm"):
+            return getattr(layer, parts[3]).weight, None
+        module_name, proj, kind = parts[3], parts[4], parts[-1]
+        q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        fused = {
+            "q_proj": ("qkv_proj", slice(0, q_size)),
+            "k_proj": ("qkv_proj", slice(q_size, q_size + kv_size)),
+            "v_proj": ("qkv_proj", slice(q_size + kv_size, q_size + 2 * kv_size)),
+            "gate_proj": ("gate_up_proj", slice(0, c.intermediate_size)),
+            "up_proj": ("gate_up_proj", slice(c.intermediate_size, 2 * c.intermediate_size)),
+        }
+        owner = getattr(layer, module_name, None)
+        name, rows = fused.get(proj, (proj, None))
+        param = getattr(getattr(owner, name, None), kind, None)
+        if not isinstance(param, torch.Tensor):
+            raise ValueError(f"unexpected weight {hf_name!r}")
+        return param, rows

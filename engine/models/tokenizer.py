@@ -1,0 +1,126 @@
+"""Tokenizer: a thin wrapper over a transformers fast tokenizer, from an HF dir or a GGUF file.
+
+`encode(text)` adds special tokens exactly when transformers would by default, so our prompt
+ids line up with HF's (SmolLM2's tokenizer adds none: `tokenizer.ggml.add_bos_token` is false
+and plain `tok(text)` starts with the first text token; its chat template writes
+`<|im_start|>` itself).
+
+Building a tokenizer from GGUF metadata takes seconds (transformers converts 49k tokens and
+merges), so the converted tokenizer is saved once under $GOODSPEED_CACHE_DIR (default
+~/.cache/goodspeed/tokenizers) and reloaded from there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+class Tokenizer:
+    def __init__(self, hf_tokenizer: Any) -> None:
+        self.hf = hf_tokenizer  # raw transformers tokenizer (the detokenizer uses it)
+
+    @classmethod
+    def from_path(cls, path: str | Path) -> Tokenizer | None:
+        """Tokenizer of an HF directory or GGUF file; None when it has no tokenizer."""
+        from engine.models.loader import is_gguf, resolve_model_path
+
+        path = resolve_model_path(path)
+        if is_gguf(path):
+            hf = _load_gguf_tokenizer(path)
+            return None if hf is None else cls(hf)
+        if not any((path / name).is_file() for name in _TOKENIZER_FILES):
+            return None
+        from transformers import AutoTokenizer
+
+        return cls(AutoTokenizer.from_pretrained(path))
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.hf.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
+        return self.hf.convert_ids_to_tokens(ids)
+
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+    ) -> list[int]:
+        """Token ids of `messages` rendered by the model's chat template."""
+        if not getattr(self.hf, "chat_template", None):
+            raise ValueError(
+                "this model's tokenizer has no chat template; use the completions endpoint "
+                "(plain prompt) instead of chat"
+            )
+        encoded = self.hf.apply_chat_template(
+            messages, add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=True
+        )
+        return list(encoded["input_ids"])
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self.hf.eos_token_id
+
+    @property
+    def bos_token_id(self) -> int | None:
+        return self.hf.bos_token_id
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids the tokenizer can produce, added tokens included."""
+        return len(self.hf)
+
+    @property
+    def all_special_ids(self) -> list[int]:
+        return list(self.hf.all_special_ids)
+
+
+def _load_gguf_tokenizer(path: Path) -> Any | None:
+    from transformers import AutoTokenizer
+
+    cache = _cache_dir(path)
+    if cache.is_dir():
+        return AutoTokenizer.from_pretrained(cache)
+    if not _gguf_has_tokenizer(path):
+        return None
+    hf = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    _save_to_cache(hf, cache)
+    return hf
+
+
+def _gguf_has_tokenizer(path: Path) -> bool:
+    from engine.models.gguf_loader import open_gguf
+
+    return open_gguf(path).get_field("tokenizer.ggml.tokens") is not None
+
+
+def _cache_dir(path: Path) -> Path:
+    """Keyed by file identity (path, size, mtime) and transformers version."""
+    import transformers
+
+    root = os.environ.get("GOODSPEED_CACHE_DIR", "~/.cache/goodspeed")
+    stat = path.stat()
+    key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return Path(root).expanduser() / "tokenizers" / f"{path.stem}-{digest}"
+
+
+def _save_to_cache(hf: Any, cache: Path) -> None:
+    """Write into a temporary sibling and rename it into place, so a concurrent reader never
+    sees a half-written directory. Failure (read-only home, lost race) only costs speed."""
+    tmp = None
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = tempfile.mkdtemp(dir=cache.parent)
+        hf.save_pretrained(tmp)
+        os.rename(tmp, cache)
+    except OSError:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)

@@ -18,7 +18,7 @@ from engine.config import CacheConfig, SchedulerConfig
 from engine.outputs import ModelOutput, RequestStepOutput, SchedulerOutput, SpecPlan
 from engine.request import Request
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
+from engine.scheduler import Scheduler, _Step
 
 
 def make_requests(
@@ -88,6 +88,11 @@ class FakeModel:
                 request.request_id, token_ids, num_draft_tokens=k, num_accepted_tokens=accepted
             )
         return ModelOutput(outputs=outputs)
+
+
+def preempt(scheduler: Scheduler, request: Request) -> None:
+    """Preempt a running request between steps, as a full cache would (white-box helper)."""
+    scheduler._preempt(request, _Step(budget=0))
 
 
 def check_block_invariants(scheduler: Scheduler) -> None:

@@ -12,6 +12,7 @@ from tests.engine.factories import (
     expected_output,
     make_requests,
     make_scheduler,
+    preempt,
     run_to_completion,
 )
 
@@ -190,15 +191,9 @@ def test_preempted_request_resumes_from_its_own_cached_blocks():
     scheduler.add_request(request)
     for _ in range(5):
         _step(scheduler)
-    scheduler._preempt(request, _dummy_step())
+    preempt(scheduler, request)
     _step(scheduler)
     assert request.num_cached_tokens == 24  # 24 of its 25 tokens sit in full cached blocks
-
-
-def _dummy_step():
-    from engine.scheduler import _Step
-
-    return _Step(budget=0)
 
 
 def test_abort_in_every_state_frees_everything():
@@ -210,7 +205,7 @@ def test_abort_in_every_state_frees_everything():
         _step(scheduler)
     assert prefilling.is_prefill and prefilling.block_ids  # mid-prefill, holding blocks
     assert waiting.status is RequestStatus.WAITING
-    scheduler._preempt(prefilling, _dummy_step())
+    preempt(scheduler, prefilling)
     aborted = scheduler.abort_requests(["r1", "r2", "unknown"])
     assert [r.request_id for r in aborted] == ["r1", "r2"]
     assert all(r.status is RequestStatus.FINISHED_ABORTED for r in aborted)

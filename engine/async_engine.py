@@ -20,17 +20,14 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from engine.outputs import EngineStats, RequestOutput
+from engine.request_stream import EngineDeadError, QueueFullError, RequestStream
 from engine.sampling_params import SamplingParams
+
+__all__ = ["AsyncEngine", "EngineDeadError", "QueueFullError", "RequestStream", "StatLogger"]
 
 logger = logging.getLogger(__name__)
 
-
-class EngineDeadError(RuntimeError):
-    """The engine thread stopped (crash or shutdown); no request can make progress."""
-
-
-class QueueFullError(RuntimeError):
-    """Admission refused: too many sequences in flight (the server answers 503 + Retry-After)."""
+_STALL_WAIT_S = 0.005  # pause after a step that could schedule nothing
 
 
 class StatLogger(Protocol):
@@ -56,55 +53,6 @@ class Engine(Protocol):
     def step(self) -> list[RequestOutput]: ...
     def has_unfinished_requests(self) -> bool: ...
     def stats(self) -> EngineStats: ...
-
-
-_END = object()  # queued after a stream's last output
-
-
-class RequestStream:
-    """Async iterator over one request's outputs (all n choices), ending after the last one.
-
-    `close()` aborts the request if it has not finished; call it when the consumer goes away.
-    """
-
-    def __init__(self, request_id: str, num_choices: int, on_close: Callable[[str], None]) -> None:
-        self.request_id = request_id
-        self.num_choices = num_choices
-        self._num_unfinished = num_choices
-        self._queue: asyncio.Queue[Any] = asyncio.Queue()
-        self._on_close = on_close
-        self._closed = False
-
-    @property
-    def finished(self) -> bool:
-        return self._num_unfinished == 0
-
-    def _put(self, item: RequestOutput | BaseException) -> None:
-        self._queue.put_nowait(item)
-        if isinstance(item, RequestOutput) and item.finished:
-            self._num_unfinished -= 1
-            if self._num_unfinished == 0:
-                self._queue.put_nowait(_END)
-        elif isinstance(item, BaseException):
-            self._num_unfinished = 0
-            self._queue.put_nowait(_END)
-
-    def __aiter__(self) -> RequestStream:
-        return self
-
-    async def __anext__(self) -> RequestOutput:
-        item = await self._queue.get()
-        if item is _END:
-            self._queue.put_nowait(_END)  # later calls end too
-            raise StopAsyncIteration
-        if isinstance(item, BaseException):
-            raise item
-        return item
-
-    def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self._on_close(self.request_id)
 
 
 @dataclass
@@ -265,7 +213,7 @@ class AsyncEngine:
         """Abort every request in flight; their streams end with EngineDeadError(reason)."""
         for request_id, stream in list(self._streams.items()):
             self.abort(request_id)
-            stream._put(EngineDeadError(reason))
+            stream.put(EngineDeadError(reason))
 
     def _check_admission(self, request_id: str, num_choices: int) -> None:
         if self._dead_error is not None or self._thread is None:
@@ -292,14 +240,14 @@ class AsyncEngine:
             stream = self._streams.get(key)
             if stream is None:
                 continue  # aborted or closed by its consumer
-            stream._put(output)
+            stream.put(output)
             if stream.finished:
                 del self._streams[key]
 
     def _fail_all(self, message: str) -> None:
         streams, self._streams = self._streams, {}
         for stream in streams.values():
-            stream._put(EngineDeadError(message))
+            stream.put(EngineDeadError(message))
 
     def _call_soon(self, callback: Callable[..., None], *args: Any) -> None:
         try:
@@ -317,8 +265,11 @@ class AsyncEngine:
                     return
                 self._apply(commands)
                 stepped = self.engine.has_unfinished_requests()
+                num_steps_before = self._last_stats.num_steps_total
                 outputs = self.engine.step() if stepped else []
                 self._publish(outputs, stepped or bool(commands))
+                if stepped and not outputs and self._last_stats.num_steps_total == num_steps_before:
+                    self._wait_for_commands(_STALL_WAIT_S)
         except BaseException as exc:  # noqa: BLE001 - any crash must fail the waiting requests
             logger.exception("engine thread died")
             self._die(f"engine thread died: {type(exc).__name__}: {exc}")
@@ -330,6 +281,13 @@ class AsyncEngine:
                 self._cond.wait()
             commands, self._commands = self._commands, []
             return commands, self._stopping
+
+    def _wait_for_commands(self, timeout: float) -> None:
+        """Nothing could be scheduled (e.g. every request waits for KV blocks): rather than
+        spin on empty steps, sleep until a command arrives or `timeout` passes."""
+        with self._cond:
+            if not (self._commands or self._stopping):
+                self._cond.wait(timeout)
 
     def _stop(self, commands: list[_Add | _Abort]) -> None:
         """Last pass: apply queued aborts (freeing their blocks); refuse queued adds."""

@@ -58,10 +58,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_serve(args: argparse.Namespace) -> int:
     """Build the engine from the flags and serve until SIGTERM; returns the exit code."""
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
+        logging.getLogger().setLevel(args.log_level.upper())  # also when basicConfig ran before
         config = config_from_args(args)
         settings = ServerSettings(
             served_model_name=args.served_model_name,

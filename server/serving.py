@@ -20,6 +20,7 @@ from engine.sampling_params import SamplingParams
 from server.errors import APIError, bad_request, from_validation_errors, from_value_error
 from server.logprobs import TokenTexts
 
+_LONG_TEXT_CHARS = 16_384
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
 
@@ -61,10 +62,13 @@ class ServingContext:
             raise bad_request("this model has no tokenizer: send token ids instead of text")
         return self.engine.tokenizer
 
-    def encode(self, text: str, param: str = "prompt") -> list[int]:
+    async def encode(self, text: str, param: str = "prompt") -> list[int]:
         if not text:
             raise bad_request(f"{param} must not be empty", param)
-        return self.tokenizer.encode(text, add_special_tokens=True)
+        if len(text) < _LONG_TEXT_CHARS:
+            return self.tokenizer.encode(text, add_special_tokens=True)
+        # Megabytes of text take a while to tokenize: keep the event loop serving meanwhile.
+        return await asyncio.to_thread(self.tokenizer.encode, text, add_special_tokens=True)
 
     def apply_chat_template(
         self, messages: list[dict[str, str]], add_generation_prompt: bool

@@ -60,7 +60,7 @@ async def create_completion(ctx: ServingContext, body: CompletionRequest, raw: R
     body.check_api_rules()
     model = ctx.check_model(body.model)
     params = body.sampling_params(ctx.engine.vocab_size)
-    prompts = [_to_prompt(ctx, p) for p in body.prompt_list()]
+    prompts = [await _to_prompt(ctx, p) for p in body.prompt_list()]
     for prompt in prompts:
         ctx.check_context(prompt.token_ids, params.max_tokens)
     request_id = f"cmpl-{uuid.uuid4().hex}"
@@ -75,9 +75,9 @@ async def create_completion(ctx: ServingContext, body: CompletionRequest, raw: R
     return Response(result.model_dump_json(), media_type="application/json")
 
 
-def _to_prompt(ctx: ServingContext, prompt: str | list[int]) -> _Prompt:
+async def _to_prompt(ctx: ServingContext, prompt: str | list[int]) -> _Prompt:
     if isinstance(prompt, str):
-        return _Prompt(ctx.encode(prompt), prompt)
+        return _Prompt(await ctx.encode(prompt), prompt)
     ctx.check_token_ids(prompt)
     text = ctx.engine.tokenizer.decode(prompt) if ctx.engine.tokenizer is not None else ""
     return _Prompt(list(prompt), text)

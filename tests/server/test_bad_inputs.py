@@ -43,6 +43,7 @@ CASES = [
     (COMPLETIONS, completion(prompt=[[5, 6], [99_999]]), 400, "prompt"),
     (COMPLETIONS, completion(prompt=["x"] * 1000), 400, "prompt"),
     (COMPLETIONS, completion(prompt="x" * 4000), 400, "prompt"),
+    (COMPLETIONS, completion(prompt="y" * 100_000), 400, "prompt"),  # tokenized off the loop
     (COMPLETIONS, completion(max_tokens="16"), 400, "max_tokens"),
     (COMPLETIONS, completion(max_tokens=-1), 400, "max_tokens"),
     (COMPLETIONS, completion(max_tokens=10**12), 400, "max_tokens"),

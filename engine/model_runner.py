@@ -20,23 +20,14 @@ from engine.models.loader import load_model, resolve_model_path
 from engine.outputs import Drafts, ModelOutput, RequestStepOutput, SchedulerOutput
 from engine.request import Request
 from engine.sampler import Sampler
-from engine.spec_step import SpecVerifier, sampling_rows
+from engine.spec.batch_verify import SpecVerifier, sampling_rows
 from kernels.attention import KVCacheSpec
+from kernels.registry import make_attention_backend
 
 logger = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 RECYCLE_TOPK = 8  # target top-k kept per verified position for Token Recycling
-
-
-def make_backend(name: str, device: torch.device):
-    try:
-        from kernels.registry import make_attention_backend
-    except ImportError:  # registry not present: the reference backend runs everywhere
-        from kernels.reference import ReferenceBackend
-
-        return ReferenceBackend()
-    return make_attention_backend(name, device)
 
 
 class ModelRunner:
@@ -47,7 +38,9 @@ class ModelRunner:
         self.block_size = config.cache.block_size
         self._set_threads()
         self.model_path = resolve_model_path(config.model.model)
-        self.backend = make_backend(config.device.attention_backend, self.device)
+        self.backend = make_attention_backend(
+            config.device.attention_backend, self.device, dtype=self.dtype
+        )
         self.model, self.arch = load_model(self.model_path, self.dtype, self.device, self.backend)
         self.num_blocks = self._allocate_kv_cache()
         self.sampler = Sampler()

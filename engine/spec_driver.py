@@ -19,10 +19,15 @@ class SpecDriver:
         self.config = config
         self.scheduler = scheduler
         self.tree = config.spec_tree_nodes > 0
+        self.draft_model = config.proposer == "draft"
         self.max_k = config.spec_tree_nodes if self.tree else config.num_speculative_tokens
         self.enabled = config.proposer != "none" and config.policy != "off" and self.max_k > 0
         self.cost_model = OnlineLinearCostModel()
-        self.proposer = make_proposer(config, runner) if config.proposer != "none" else None
+        self.proposer = (
+            make_proposer(config, vocab_size=runner.arch.vocab_size, runner=runner)
+            if config.proposer != "none"
+            else None
+        )
         self.policy = make_policy(
             config.policy if self.enabled else "off", cost_model=self.cost_model, max_k=self.max_k
         )
@@ -51,7 +56,7 @@ class SpecDriver:
             max_k = min(self.max_k, request.num_remaining_output_tokens - 1)
             if caught_up and max_k > 0:
                 candidates.append(SpecCandidate(request.request_id, request.num_tokens, max_k))
-        self._base = StepFeatures.from_requests(shapes)
+        self._base = StepFeatures.from_shapes(shapes, draft_model=self.draft_model)
         self._plan = self.policy.plan(candidates, self._base) if candidates else {}
         return self._plan
 
@@ -91,16 +96,11 @@ class SpecDriver:
                     )
                 )
                 self._count(step.num_draft_tokens, step.num_accepted_tokens)
-        features = StepFeatures.from_requests(
-            [
-                (
-                    s.start + s.num_new_tokens,
-                    s.num_new_tokens - s.num_spec_slots + drafts.num_drafts(s.request_id),
-                    drafts.num_drafts(s.request_id),
-                )
-                for s in sched.scheduled
-            ]
-        )
+        shapes = [
+            (s.start, s.num_new_tokens - s.num_spec_slots, drafts.num_drafts(s.request_id))
+            for s in sched.scheduled
+        ]
+        features = StepFeatures.from_shapes(shapes, draft_model=self.draft_model)
         seconds = out.step_time + drafts.proposer_time
         emitted = sum(len(o.token_ids) for o in out.outputs.values())
         self.last_goodput = emitted / seconds if seconds > 0 else 0.0

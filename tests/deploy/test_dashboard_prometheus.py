@@ -179,6 +179,7 @@ def test_every_dashboard_query_returns_data(prometheus, traffic) -> None:
     empty, not_finite = [], []
     for expr in dashboard_queries():
         result = query(prometheus, expr)
+        print([series["value"][1] for series in result], expr)  # shown with pytest -s
         if not result:
             empty.append(expr)
         elif not all(math.isfinite(float(series["value"][1])) for series in result):

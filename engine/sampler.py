@@ -145,10 +145,11 @@ def _random_rows_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -
         return probs
     index = torch.tensor(filtered, device=device)
     chosen = [params[i] for i in filtered]
+    # Parameter tensors stay on the CPU: the kernel reads their maxima without a device sync.
     probs[index] = filter_probs(
         probs[index],
-        top_k=torch.tensor([p.top_k for p in chosen], device=device),
-        top_p=torch.tensor([p.top_p for p in chosen], device=device),
-        min_p=torch.tensor([p.min_p for p in chosen], device=device),
+        top_k=torch.tensor([p.top_k for p in chosen]),
+        top_p=torch.tensor([p.top_p for p in chosen]),
+        min_p=torch.tensor([p.min_p for p in chosen]),
     )
     return probs

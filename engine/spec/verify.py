@@ -23,9 +23,10 @@ chosen deterministically (q = None: a point mass, so a rejected token's mass is 
 repeated sibling token can never be accepted). Greedy: a draft is accepted iff it equals the
 target argmax at its parent; greedy trees keep the longest such path.
 
-Randomness: each call draws one uniform per draft / node first, then one Exp(1) noise row; the
-final token is argmax(r / noise) (exponential race, kernels.sampling). The batched cores take
-these draws as tensors, so tests can run thousands of trials at once through the same maths.
+Randomness: each call draws k + 1 uniforms (float64) from the request's generator in one call:
+u_0..u_{k-1} for the drafts / nodes in index order, u_k for the final token, which is drawn from
+its distribution by inverse CDF (kernels.sampling.inverse_cdf). The batched cores take the
+uniforms as a tensor, so tests can run thousands of trials at once through the same maths.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.spec.tree import DraftTree, path_to, visible_rows
-from kernels.sampling import exponential_noise
+from kernels.sampling import inverse_cdf
 
 
 @dataclass(frozen=True)
@@ -122,12 +123,9 @@ def verify_sampled_chain(
     if draft_probs is not None:
         _check_rows(draft_probs.shape[0], num_drafts, "draft_probs rows", "number of drafts")
         draft_probs = draft_probs[None]
-    uniforms = torch.rand((1, num_drafts), generator=generator, device=device)
-    noise = exponential_noise((1, target_probs.shape[-1]), generator, device)
+    uniforms = _draw_uniforms(num_drafts + 1, generator, device)
     drafts = torch.tensor([list(draft_token_ids)], dtype=torch.long, device=device)
-    num_accepted, next_token = chain_verify_batch(
-        target_probs[None], drafts, draft_probs, uniforms, noise
-    )
+    num_accepted, next_token = chain_verify_batch(target_probs[None], drafts, draft_probs, uniforms)
     num_accepted, next_token = torch.cat([num_accepted, next_token]).tolist()  # one host sync
     tokens = (*draft_token_ids[:num_accepted], next_token)
     return VerifyResult(tuple(int(t) for t in tokens), tuple(range(num_accepted)))
@@ -145,11 +143,10 @@ def verify_sampled_tree(
     if draft_probs is not None:
         _check_rows(draft_probs.shape[0], num_nodes, "draft_probs rows", "number of tree nodes")
         draft_probs = draft_probs[None]
-    uniforms = torch.rand((1, num_nodes), generator=generator, device=device)
-    noise = exponential_noise((1, target_probs.shape[-1]), generator, device)
+    uniforms = _draw_uniforms(num_nodes + 1, generator, device)
     tokens = torch.tensor([tree.token_ids], dtype=torch.long, device=device)
     last_node, next_token = tree_verify_batch(
-        target_probs[None], tree.parent_ids, tokens, draft_probs, uniforms, noise
+        target_probs[None], tree.parent_ids, tokens, draft_probs, uniforms
     )
     last_node, next_token = torch.cat([last_node, next_token]).tolist()  # one host sync
     path = path_to(tree, None if last_node < 0 else last_node)
@@ -161,25 +158,30 @@ def chain_verify_batch(
     draft_token_ids: torch.Tensor,
     draft_probs: torch.Tensor | None,
     uniforms: torch.Tensor,
-    noise: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """B independent chains at once, no host sync.
 
     target_probs [B, k + 1, V]; draft_token_ids [B, k] int64; draft_probs [B, k, V] or None;
-    uniforms [B, k] in [0, 1); noise [B, V] Exp(1). Returns (num_accepted [B], next_token [B]).
+    uniforms [B, k + 1] in [0, 1). Returns (num_accepted [B], next_token [B]).
     """
     batch, num_rows, vocab_size = target_probs.shape
-    num_drafts = num_rows - 1
-    q = _draft_or_point_mass(draft_probs, draft_token_ids, vocab_size)
-    p_draft = target_probs[:, :num_drafts]
-    p_x = p_draft.gather(-1, draft_token_ids[..., None]).squeeze(-1)
-    q_x = q.gather(-1, draft_token_ids[..., None]).squeeze(-1)
-    accepted = uniforms * q_x < p_x  # [B, k]; u < p/q without dividing by q
+    num_drafts, rows = num_rows - 1, torch.arange(batch, device=target_probs.device)
+    if num_drafts == 0:
+        return rows * 0, inverse_cdf(target_probs[:, 0], uniforms[:, 0])
+    x = draft_token_ids[..., None]
+    p_x = target_probs[:, :num_drafts].gather(-1, x).squeeze(-1)
+    q_x = 1.0 if draft_probs is None else draft_probs.gather(-1, x).squeeze(-1)
+    accepted = uniforms[:, :num_drafts] * q_x < p_x  # [B, k]; u < p/q without dividing by q
     num_accepted = accepted.long().cumprod(dim=-1).sum(dim=-1)
-    # Row j < k: the residual that replaces a rejected x_j; row k: p_k for the bonus token.
-    final_rows = torch.cat([residual(p_draft, q), target_probs[:, num_drafts:]], dim=1)
-    final = final_rows[torch.arange(batch, device=target_probs.device), num_accepted]
-    return num_accepted, (final / noise).argmax(dim=-1)
+    # The final token comes from p_k (bonus) or from the residual at the first rejection.
+    final = target_probs[rows, num_accepted]
+    rejected_at = num_accepted.clamp(max=num_drafts - 1)
+    if draft_probs is None:
+        q_rejected = _one_hot(draft_token_ids[rows, rejected_at], vocab_size)
+    else:
+        q_rejected = draft_probs[rows, rejected_at].float()
+    final = torch.where((num_accepted < num_drafts)[:, None], residual(final, q_rejected), final)
+    return num_accepted, inverse_cdf(final, uniforms[:, num_drafts])
 
 
 def tree_verify_batch(
@@ -188,39 +190,74 @@ def tree_verify_batch(
     token_ids: torch.Tensor,
     draft_probs: torch.Tensor | None,
     uniforms: torch.Tensor,
-    noise: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """B independent trials over one tree shape (tokens may differ per trial), no host sync.
 
-    target_probs [B, n + 1, V] rows [root, nodes...]; token_ids [B, n]; draft_probs [B, n, V] or
-    None; uniforms [B, n]; noise [B, V]. Returns (last accepted node [B], -1 = root; next token).
-    Visiting nodes in index order visits each trial's tree in its own order: nodes are
-    topological and siblings ordered, and a trial only tries the children of its current node.
+    target_probs [B, n + 1, V] rows [root, nodes...], normalised; token_ids [B, n];
+    draft_probs [B, n, V] or None; uniforms [B, n + 1]. Returns (last accepted node [B],
+    -1 = root; next token [B]). Visiting nodes in index order visits each trial's tree in its
+    own order: nodes are topological and siblings ordered, and a trial only tries the
+    children of its current node.
     """
-    vocab_size = target_probs.shape[-1]
-    q = _draft_or_point_mass(draft_probs, token_ids, vocab_size)
+    if draft_probs is None:
+        return _tree_point_masses(target_probs, parent_ids, token_ids, uniforms)
     current = torch.full((token_ids.shape[0],), -1, dtype=torch.long, device=token_ids.device)
     r = target_probs[:, 0]
     for node, parent in enumerate(parent_ids):
         tried = current == (-1 if parent is None else parent)
         x = token_ids[:, node : node + 1]
         r_x = r.gather(-1, x).squeeze(-1)
-        q_x = q[:, node].gather(-1, x).squeeze(-1)
-        accept = tried & (uniforms[:, node] * q_x < r_x)
-        reject = tried & ~accept
-        r = torch.where(reject[:, None], residual(r, q[:, node]), r)
+        q = draft_probs[:, node].float()
+        accept = tried & (uniforms[:, node] * q.gather(-1, x).squeeze(-1) < r_x)
+        r = torch.where((tried & ~accept)[:, None], residual(r, q), r)
         r = torch.where(accept[:, None], target_probs[:, node + 1], r)
         current = torch.where(accept, node, current)
-    return current, (r / noise).argmax(dim=-1)
+    return current, inverse_cdf(r, uniforms[:, len(parent_ids)])
 
 
-def _draft_or_point_mass(
-    draft_probs: torch.Tensor | None, token_ids: torch.Tensor, vocab_size: int
-) -> torch.Tensor:
-    """q rows [B, k, V]: the draft distributions, or one-hot rows for a deterministic proposer."""
-    if draft_probs is not None:
-        return draft_probs.float()
+def _tree_point_masses(
+    target_probs: torch.Tensor,
+    parent_ids: Sequence[int | None],
+    token_ids: torch.Tensor,
+    uniforms: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The q = None case without a vocabulary-sized op per node.
+
+    With point masses the residual at the current node is its row p with the rejected sibling
+    tokens S removed, so r(c) = p(c) / (1 - p(S)) for c not in S and 0 for a repeated token.
+    Only p(S) is tracked per trial; the final row is built once, when every child of the last
+    accepted node has been rejected (or it has none).
+    """
+    batch, num_nodes = token_ids.shape
+    device, rows = token_ids.device, torch.arange(batch, device=token_ids.device)
+    parent_list = [-1 if p is None else p for p in parent_ids]
+    parents = torch.tensor(parent_list, device=device)
+    p_token = target_probs[rows[:, None], parents[None, :] + 1, token_ids]  # [B, n] p(c) at parent
+    earlier_sibling = (parents[None, :] == parents[:, None]).tril(diagonal=-1)  # [n, n] j < i
+    same_token = token_ids[:, :, None] == token_ids[:, None, :]
+    repeated = (same_token & earlier_sibling).any(dim=-1)  # [B, n]
+    current = torch.full((batch,), -1, dtype=torch.long, device=device)
+    removed = torch.zeros(batch, dtype=torch.float64, device=device)  # p(S) at the current node
+    for node, parent in enumerate(parent_list):
+        fresh = (current == parent) & ~repeated[:, node]
+        accept = fresh & (uniforms[:, node] * (1 - removed) < p_token[:, node])
+        removed = torch.where(fresh & ~accept, removed + p_token[:, node], removed)
+        removed = torch.where(accept, 0.0, removed)
+        current = torch.where(accept, node, current)
+    is_child = (parents[None, :] == current[:, None]).to(target_probs.dtype)  # [B, n]
+    rejected = torch.zeros_like(target_probs[:, 0]).scatter_add_(-1, token_ids, is_child)
+    final = residual(target_probs[rows, current + 1], rejected.clamp(max=1))
+    return current, inverse_cdf(final, uniforms[:, num_nodes])
+
+
+def _one_hot(token_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return torch.nn.functional.one_hot(token_ids, vocab_size).float()
+
+
+def _draw_uniforms(
+    count: int, generator: torch.Generator | None, device: torch.device
+) -> torch.Tensor:
+    return torch.rand((1, count), dtype=torch.float64, generator=generator, device=device)
 
 
 def _as_ids(token_ids: Sequence[int] | torch.Tensor) -> list[int]:

@@ -16,7 +16,7 @@ import torch
 
 import engine.spec.verify as verify
 from engine.spec.tree import path_to
-from kernels.sampling import exponential_noise, sample_from_probs
+from kernels.sampling import inverse_cdf, sample_from_probs
 
 VOCAB = 8
 ROOT = 3
@@ -65,8 +65,9 @@ def encode(sequences: torch.Tensor) -> torch.Tensor:
 
 
 def draw(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """One token per row (exponential race; faster than torch.multinomial for many tiny rows)."""
-    return (probs / exponential_noise(probs.shape, generator, probs.device)).argmax(-1)
+    """One token per row, by inverse CDF (faster than torch.multinomial for many tiny rows)."""
+    uniforms = torch.rand(probs.shape[0], dtype=torch.float64, generator=generator)
+    return inverse_cdf(probs, uniforms)
 
 
 def draw_chain(prev: torch.Tensor, generator: torch.Generator, k: int, sampled: bool):
@@ -81,15 +82,17 @@ def draw_chain(prev: torch.Tensor, generator: torch.Generator, k: int, sampled: 
     return torch.stack(drafts, 1), (torch.stack(q_rows, 1) if sampled else None)
 
 
-def chain_step(prev, generator, k: int, sampled: bool):
-    """One verify step for every trial -> (emitted [B, k + 1] padded, lengths [B])."""
+def chain_step(prev, generator, k: int, sampled: bool, shared_uniform: bool = False):
+    """One verify step for every trial -> (emitted [B, k + 1] padded, lengths [B]).
+
+    shared_uniform plants a bug: one acceptance uniform reused for every draft of the step.
+    """
     drafts, q = draw_chain(prev, generator, k, sampled)
     context = torch.cat([prev[:, None], drafts], dim=1)  # [B, k + 1]
-    uniforms = torch.rand(prev.shape[0], k, generator=generator)
-    noise = exponential_noise((prev.shape[0], VOCAB), generator, prev.device)
-    num_accepted, next_token = verify.chain_verify_batch(
-        TARGET[context], drafts, q, uniforms, noise
-    )
+    uniforms = torch.rand(prev.shape[0], k + 1, dtype=torch.float64, generator=generator)
+    if shared_uniform:
+        uniforms[:, 1:k] = uniforms[:, :1]
+    num_accepted, next_token = verify.chain_verify_batch(TARGET[context], drafts, q, uniforms)
     emitted = torch.cat([drafts, next_token[:, None]], dim=1)
     emitted[torch.arange(prev.shape[0]), num_accepted] = next_token
     return emitted, num_accepted + 1
@@ -125,10 +128,9 @@ def tree_step(prev, generator, mode: str):
     tokens, q = draw_tree(prev, generator, mode)
     batch, num_nodes = tokens.shape
     context = torch.cat([prev[:, None], tokens], dim=1)  # rows [root, nodes...]
-    uniforms = torch.rand(batch, num_nodes, generator=generator)
-    noise = exponential_noise((batch, VOCAB), generator, prev.device)
+    uniforms = torch.rand(batch, num_nodes + 1, dtype=torch.float64, generator=generator)
     last_node, next_token = verify.tree_verify_batch(
-        TARGET[context], TREE_PARENTS, tokens, q, uniforms, noise
+        TARGET[context], TREE_PARENTS, tokens, q, uniforms
     )
     return _tree_emitted(tokens, last_node, next_token)
 
@@ -204,10 +206,8 @@ def test_direct_sampling_passes_the_same_check():
     """The reference itself (sample_from_probs on P) passes: the check is calibrated."""
 
     def direct(prev, generator):
-        probs = TARGET[prev]
-        noise = exponential_noise(probs.shape, generator, prev.device)
-        token = (probs / noise).argmax(-1)
-        return token[:, None], torch.ones_like(prev)
+        token = torch.multinomial(TARGET[prev], 1, generator=generator)
+        return token, torch.ones_like(prev)
 
     assert pvalue_of(direct) > ALPHA
 
@@ -232,19 +232,7 @@ def test_check_rejects_residual_not_subtracted(monkeypatch, name):
 
 def test_check_rejects_correlated_uniforms():
     """Planted bug through a parameter: one uniform reused for every draft of a step."""
-
-    def step(prev, generator):
-        drafts, q = draw_chain(prev, generator, 2, sampled=True)
-        context = torch.cat([prev[:, None], drafts], dim=1)
-        uniforms = torch.rand(prev.shape[0], 1, generator=generator).expand(-1, 2)
-        noise = exponential_noise((prev.shape[0], VOCAB), generator, prev.device)
-        num_accepted, next_token = verify.chain_verify_batch(
-            TARGET[context], drafts, q, uniforms, noise
-        )
-        emitted = torch.cat([drafts, next_token[:, None]], dim=1)
-        emitted[torch.arange(prev.shape[0]), num_accepted] = next_token
-        return emitted, num_accepted + 1
-
+    step = lambda prev, g: chain_step(prev, g, k=2, sampled=True, shared_uniform=True)  # noqa: E731
     assert pvalue_of(step) < BUG_ALPHA
 
 

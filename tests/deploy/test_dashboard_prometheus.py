@@ -124,7 +124,9 @@ def prometheus(prometheus_binary, server, tmp_path_factory) -> Iterator[str]:
     )  # fmt: skip
     try:
         wait_until_ok(f"http://127.0.0.1:{port}/-/ready", process, log, timeout=30)
-        yield f"http://127.0.0.1:{port}"
+        url = f"http://127.0.0.1:{port}"
+        wait_for_first_scrape(url)  # so counters' pre-traffic zeros are in the TSDB
+        yield url
     finally:
         stop(process)
 
@@ -162,6 +164,15 @@ def wait_for_scrape(prometheus: str, generated: int, timeout: float = 20) -> Non
             return
         time.sleep(0.5)
     pytest.fail(f"Prometheus never saw {generated} generated tokens")
+
+
+def wait_for_first_scrape(prometheus: str, timeout: float = 15) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if query(prometheus, 'up{job="goodspeed"} == 1'):
+            return
+        time.sleep(0.5)
+    pytest.fail("Prometheus did not scrape the server")
 
 
 def dashboard_queries() -> list[str]:

@@ -4,18 +4,19 @@ The goodput policy divides expected emitted tokens by this prediction (DESIGN §
 arXiv 2406.14066), so a prediction must be positive, cheap (hundreds per step) and follow drift.
 The model is linear in a few shape features, with one hinge term for batched tokens beyond a
 knee (below it the matmuls are memory-bound and a token costs almost nothing; above it they are
-compute-bound), fitted by exponentially weighted ridge least squares:
+compute-bound), refitted on the last `window` steps by weighted ridge least squares:
 
-    theta = argmin  sum_t lambda^(T-t) (x_t . theta - seconds_t)^2 + ridge |theta - prior|^2,
-    theta >= 0      (work never makes a step faster; keeps the policy's marginal costs sane)
+    theta = argmin  sum_t w_t (x_t . theta - seconds_t)^2 + ridge |theta - prior|^2,  theta >= 0
 
-Unlike classic RLS with forgetting, the ridge term is not forgotten, so directions the workload
-stops exciting (e.g. draft steps while nobody speculates) drift back to the prior instead of
-winding up. A short start-up profile (`profile`) seeds the fit and becomes the prior.
+w_t = forgetting^age x a Huber-style weight from a few reweighting passes, so a step stalled by
+something else (a busy core, GC) cannot drag the fit. theta >= 0: work never makes a step
+faster, which keeps the policy's marginal costs sane. Directions the window does not excite
+(draft steps while nobody speculates) rest at the prior: the start-up profile's fit.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -42,6 +43,7 @@ FEATURE_NAMES = (
 # Fixed feature scales keep the normal equations well conditioned; coefficients() undoes them.
 _SCALES = (1.0, 256.0, 256.0, 16.0, 16384.0, 64.0, 4.0, 16.0)
 _KNEES = (8, 16, 32, 64, 128, 256, 512)
+OUTLIER_FACTOR = 3.0  # log errors beyond this many times the median one are down-weighted
 
 
 @dataclass(frozen=True)
@@ -108,24 +110,30 @@ class OnlineLinearCostModel:
     def __init__(
         self,
         knee: int = 64,
+        window: int = 256,
         forgetting: float = 0.99,
         ridge: float = 1e-3,
         min_seconds: float = 1e-6,
-        window: int = 64,
     ) -> None:
-        if not 0.0 < forgetting <= 1.0:
-            raise ValueError(f"forgetting must be in (0, 1], got {forgetting}")
+        if not 0.0 < forgetting <= 1.0 or window < 1:
+            raise ValueError(
+                f"need 0 < forgetting <= 1 and window >= 1, got {forgetting}, {window}"
+            )
         self.knee = knee
         self.forgetting = forgetting
         self.ridge = ridge
         self.min_seconds = min_seconds
         self.num_observations = 0
+        self._samples: deque[tuple[StepFeatures, float]] = deque(maxlen=window)
+        # The same window as a ring buffer: slot i holds observation i mod window.
+        self._x = np.zeros((window, len(FEATURE_NAMES)))  # scaled features, knee applied
+        self._y = np.zeros(window)  # seconds
+        self._robust = np.ones(window)  # outlier weights, refreshed at every refit
+        self._count = 0  # observations ever written to the ring
+        self._errors: deque[float] = deque(maxlen=64)  # relative, for accuracy()
         self._prior = np.zeros(len(FEATURE_NAMES))
-        self._gram = np.zeros((len(FEATURE_NAMES), len(FEATURE_NAMES)))
-        self._moment = np.zeros(len(FEATURE_NAMES))
         self._set_theta(self._prior)
         self._seeded = False  # profiled or loaded: trust it before num_observations is large
-        self._errors: deque[float] = deque(maxlen=window)
 
     def _vector(self, f: StepFeatures) -> tuple[float, ...]:
         tokens = f.num_batched_tokens
@@ -150,26 +158,45 @@ class OnlineLinearCostModel:
         if self.fitted:  # out-of-sample error: predicted before this observation is used
             error = abs(self.predict(features) - measured_seconds) / measured_seconds
             self._errors.append(error)
-        x = np.asarray(self._vector(features))
-        self._gram = self.forgetting * self._gram + np.outer(x, x)
-        self._moment = self.forgetting * self._moment + x * measured_seconds
-        self.num_observations += 1
+        self._append(features, measured_seconds)
         self._dirty = True
 
-    def _solve(self) -> None:
-        """Ridge normal equations, then clamp: drop negative coefficients and re-solve
-        (a small active-set pass; exact NNLS is not needed for eight features)."""
-        hessian = self._gram + self.ridge * np.eye(len(FEATURE_NAMES))
-        target = self._moment + self.ridge * self._prior
-        free = np.ones(len(FEATURE_NAMES), dtype=bool)
-        theta = np.zeros(len(FEATURE_NAMES))
-        for _ in range(len(FEATURE_NAMES)):
-            theta[:] = 0.0
-            theta[free] = np.linalg.solve(hessian[np.ix_(free, free)], target[free])
-            if (theta >= 0.0).all():
-                break
-            free &= theta > 0.0
-        self._set_theta(np.maximum(theta, 0.0))
+    def _append(self, features: StepFeatures, seconds: float) -> None:
+        slot = self._count % len(self._y)
+        self._samples.append((features, seconds))
+        self._x[slot], self._y[slot], self._robust[slot] = self._vector(features), seconds, 1.0
+        self._count += 1
+        self.num_observations += 1
+
+    def _solve(self, passes: int = 1, fresh: bool = False) -> None:
+        """Refit the window. Each pass first re-derives the outlier weights from the current
+        fit (Huber-style, on the log error around its median, so a constant misfit is corrected
+        rather than mistaken for outliers), then solves; one pass per step amortises IRLS.
+        fresh: no fit to derive weights from yet, so the first pass is unweighted."""
+        n = min(self._count, len(self._y))
+        if n == 0:
+            return self._set_theta(self._prior)
+        x, y = self._x[:n], self._y[:n]
+        ages = (self._count - 1 - np.arange(n)) % len(self._y)
+        age_weights = self.forgetting**ages
+        theta = np.asarray(self._theta)
+        for i in range(passes):
+            if self.fitted and not (fresh and i == 0):
+                log_errors = np.log(y / np.maximum(x @ theta, self.min_seconds))
+                deviations = np.abs(log_errors - np.median(log_errors))
+                bound = OUTLIER_FACTOR * max(float(np.median(deviations)), 0.01)
+                self._robust[:n] = np.minimum(1.0, bound / np.maximum(deviations, 1e-12))
+            weights = age_weights * self._robust[:n]
+            theta = _nonnegative_ridge(x, y, weights, self.ridge, self._prior)
+        self._set_theta(theta)
+
+    def _set_samples(self, samples: Iterable[tuple[StepFeatures, float]]) -> None:
+        samples = list(samples)
+        self._samples.clear()
+        self._count = self.num_observations = 0
+        for features, seconds in samples:
+            self._append(features, seconds)
+        self._dirty = True
 
     def _set_theta(self, theta: np.ndarray) -> None:
         self._theta = tuple(float(v) for v in theta)  # in scaled feature units
@@ -208,21 +235,28 @@ class OnlineLinearCostModel:
         while len(samples) < 4 * len(grid) and time.perf_counter() < deadline:
             features = grid[len(samples) % len(grid)]
             samples.append((features, run_step(features)))
+        if not samples:
+            return 0  # no time to measure anything: stay unfitted and learn online
         self.fit(samples, knees=[k for k in _KNEES if k < max(f.num_batched_tokens for f in grid)])
         return len(samples)
 
     def fit(self, samples: Sequence[tuple[StepFeatures, float]], knees: Sequence[int] = ()) -> None:
-        """Replace the state with a fit of `samples`, trying each knee; the fit becomes the prior."""
-        best: tuple[float, OnlineLinearCostModel] | None = None
+        """Refit on `samples` (replacing the window), keeping the knee with the lowest median
+        relative error; the fit becomes the prior."""
+        samples = [(f, seconds) for f, seconds in samples if seconds > 0.0]
+        if not samples:
+            raise ValueError("fit needs at least one (features, seconds > 0) sample")
+        errors = {}
         for knee in list(knees) or [self.knee]:
-            trial = OnlineLinearCostModel(knee, 1.0, self.ridge, self.min_seconds)
-            for features, seconds in samples:
-                trial.observe(features, seconds)
-            error = statistics.median(abs(trial.predict(f) - s) / s for f, s in samples if s > 0)
-            if best is None or error < best[0]:
-                best = (error, trial)
-        assert best is not None, "fit needs at least one knee"
-        self.load_params(best[1].to_params() | {"num_observations": len(samples)})
+            self.knee = knee
+            self._set_samples(samples)
+            self._solve(passes=4, fresh=True)
+            errors[knee] = statistics.median(abs(self.predict(f) - s) / s for f, s in samples)
+        self.knee = min(errors, key=errors.__getitem__)
+        self._set_samples(samples)
+        self._solve(passes=4, fresh=True)
+        self._prior = np.asarray(self._theta)
+        self._seeded = True
 
     def to_params(self) -> dict[str, Any]:
         if self._dirty:
@@ -231,22 +265,39 @@ class OnlineLinearCostModel:
             "features": list(FEATURE_NAMES),
             "knee": self.knee,
             "theta": list(self._theta),
-            "gram": self._gram.tolist(),
-            "moment": self._moment.tolist(),
+            "prior": self._prior.tolist(),
+            "samples": [[*dataclasses.astuple(f), s] for f, s in self._samples],
             "num_observations": self.num_observations,
         }
 
     def load_params(self, params: dict[str, Any]) -> None:
-        """Restore a saved fit; it also becomes the prior the ridge term pulls towards."""
+        """Restore a saved fit (its window and prior)."""
         if params.get("features") != list(FEATURE_NAMES):
             raise ValueError(f"cost model params are for features {params.get('features')}")
         self.knee = int(params["knee"])
-        self._prior = np.asarray(params["theta"], dtype=float)
-        self._gram = np.asarray(params["gram"], dtype=float)
-        self._moment = np.asarray(params["moment"], dtype=float)
+        self._prior = np.asarray(params["prior"], dtype=float)
+        self._set_samples((StepFeatures(*map(int, row[:-1])), row[-1]) for row in params["samples"])
         self.num_observations = int(params["num_observations"])
-        self._set_theta(self._prior)
+        self._set_theta(np.asarray(params["theta"], dtype=float))
         self._seeded = True
+
+
+def _nonnegative_ridge(
+    x: np.ndarray, y: np.ndarray, weights: np.ndarray, ridge: float, prior: np.ndarray
+) -> np.ndarray:
+    """argmin sum w (x.theta - y)^2 + ridge |theta - prior|^2 with theta >= 0, by a small
+    active-set pass: drop negative coefficients and re-solve (exact NNLS is not needed here)."""
+    hessian = x.T @ (weights[:, None] * x) + ridge * np.eye(x.shape[1])
+    target = x.T @ (weights * y) + ridge * prior
+    free = np.ones(x.shape[1], dtype=bool)
+    theta = np.zeros(x.shape[1])
+    for _ in range(x.shape[1]):
+        theta[:] = 0.0
+        theta[free] = np.linalg.solve(hessian[np.ix_(free, free)], target[free])
+        if (theta >= 0.0).all():
+            break
+        free &= theta > 0.0
+    return np.maximum(theta, 0.0)
 
 
 def profile_grid(
@@ -302,7 +353,7 @@ class CostModelCache:
         data[_key_text(key)] = params
         self.path.parent.mkdir(parents=True, exist_ok=True)
         partial = self.path.with_suffix(f".{os.getpid()}.tmp")
-        partial.write_text(json.dumps(data, indent=1))
+        partial.write_text(json.dumps(data))
         os.replace(partial, self.path)  # atomic: a concurrent reader sees old or new, never half
 
 

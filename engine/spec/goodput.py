@@ -175,6 +175,34 @@ class SearchResult:
     goodput: float  # expected emitted tokens per second
 
 
+@dataclass
+class _Totals:
+    """Running totals of the plan being built (the draft side of the step's features)."""
+
+    base: StepFeatures
+    draft_model: bool
+    emitted: float = 0.0
+    num_drafts: int = 0
+    num_spec: int = 0
+    steps: int = 0  # deepest draft, i.e. draft-model passes
+
+    def features(self, slot: SearchSlot | None = None) -> StepFeatures:
+        """The step's features now, or after `slot` gets one more draft."""
+        added = slot is not None
+        steps = max(self.steps, slot.depths[slot.k]) if added else self.steps
+        spec = self.num_spec + (added and slot.k == 0)
+        return self.base.with_drafts(
+            self.num_drafts + added, spec, steps if self.draft_model else 0
+        )
+
+    def add(self, slot: SearchSlot) -> None:
+        self.emitted += slot.gains[slot.k]
+        self.num_spec += slot.k == 0
+        self.steps = max(self.steps, slot.depths[slot.k])
+        self.num_drafts += 1
+        slot.k += 1
+
+
 def greedy_lengths(
     slots: list[SearchSlot],
     base: StepFeatures,
@@ -183,40 +211,32 @@ def greedy_lengths(
     token_budget: int | None = None,
 ) -> SearchResult:
     """Greedy marginal search for sum E_i / T (module docstring); slots start at forced ks."""
-    emitted = sum(1.0 + sum(s.gains[: s.k]) for s in slots)
-    num_drafts = sum(s.k for s in slots)
-    num_spec = sum(1 for s in slots if s.k > 0)
-    steps = max((s.depths[s.k - 1] for s in slots if s.k > 0), default=0)
-    seconds = cost_model.predict(
-        base.with_drafts(num_drafts, num_spec, steps if draft_model else 0)
-    )
-    goodput = emitted / seconds
+    totals = _Totals(base, draft_model, emitted=sum(1.0 + sum(s.gains[: s.k]) for s in slots))
+    totals.num_drafts = sum(s.k for s in slots)
+    totals.num_spec = sum(1 for s in slots if s.k > 0)
+    totals.steps = max((s.depths[s.k - 1] for s in slots if s.k > 0), default=0)
+    seconds = cost_model.predict(totals.features())
+    goodput = totals.emitted / seconds
+    # Two heaps by marginal gain: a request's first draft also pays the per-request cost.
     speculating = [(-s.gains[s.k], i) for i, s in enumerate(slots) if 0 < s.k < s.cap]
     fresh = [(-s.gains[0], i) for i, s in enumerate(slots) if s.k == 0 and s.cap > 0]
     heapq.heapify(speculating)
     heapq.heapify(fresh)
     budget = token_budget if token_budget is not None else 1 << 62
-    while (speculating or fresh) and base.num_batched_tokens + num_drafts < budget:
+    while (speculating or fresh) and base.num_batched_tokens + totals.num_drafts < budget:
         options = []
         for heap in (h for h in (speculating, fresh) if h):
             slot = slots[heap[0][1]]
-            new_steps = max(steps, slot.depths[slot.k]) if draft_model else 0
-            features = base.with_drafts(num_drafts + 1, num_spec + (slot.k == 0), new_steps)
-            new_seconds = cost_model.predict(features)
-            options.append(((emitted + slot.gains[slot.k]) / new_seconds, new_seconds, heap))
+            new_seconds = cost_model.predict(totals.features(slot))
+            options.append(((totals.emitted + slot.gains[slot.k]) / new_seconds, new_seconds, heap))
         new_goodput, new_seconds, heap = max(options, key=lambda option: option[0])
         _, index = heapq.heappop(heap)
         if new_goodput <= goodput * (1.0 + 1e-9):
             continue  # close: later drafts only raise goodput, so this one never pays again
-        slot = slots[index]
-        emitted += slot.gains[slot.k]
-        num_spec += slot.k == 0
-        steps = max(steps, slot.depths[slot.k])
-        slot.k += 1
-        num_drafts += 1
+        totals.add(slots[index])
         seconds, goodput = new_seconds, new_goodput
-        if slot.k < slot.cap:
-            heapq.heappush(speculating, (-slot.gains[slot.k], index))
+        if slots[index].k < slots[index].cap:
+            heapq.heappush(speculating, (-slots[index].gains[slots[index].k], index))
     return SearchResult(tuple(s.k for s in slots), seconds, goodput)
 
 

@@ -89,6 +89,19 @@ def test_recovers_known_coefficients_from_noisy_observations():
     assert model.accuracy() is not None and model.accuracy() < 0.05  # noise is 2%
 
 
+def test_stalled_steps_do_not_drag_the_fit():
+    # One step in ten is stalled 5x by something unrelated (a busy core); least squares would
+    # inflate every prediction by ~40%, the bounded-influence weights keep the typical step.
+    rng = random.Random(4)
+    model = OnlineLinearCostModel()
+    for i in range(400):
+        f = random_features(rng)
+        model.observe(f, true_seconds(f) * (5.0 if i % 10 == 9 else rng.gauss(1.0, 0.02)))
+    held_out = [random_features(rng) for _ in range(200)]
+    errors = [abs(model.predict(f) - true_seconds(f)) / true_seconds(f) for f in held_out]
+    assert statistics.median(errors) < 0.05
+
+
 def test_predictions_stay_positive_and_costs_non_negative():
     # A workload where more drafts look *cheaper* (noise, collinearity) must not yield a
     # negative marginal cost, or the policy would speculate without bound.
@@ -145,6 +158,8 @@ def test_profile_respects_its_time_budget():
     measured = OnlineLinearCostModel().profile(slow_step, budget_seconds=0.05)
     assert 1 <= measured <= 8
     assert time.perf_counter() - started < 0.5
+    unprofiled = OnlineLinearCostModel()
+    assert unprofiled.profile(slow_step, budget_seconds=0.0) == 0 and not unprofiled.fitted
 
 
 def test_grid_respects_the_token_budget_and_spans_drafts():

@@ -60,6 +60,8 @@ class Sampler:
         greedy = [row.params.greedy for row in rows]
         if all(greedy):  # the common fast path: one batched argmax, no per-row work
             return _one_hot(logits.argmax(dim=-1), logits.shape[-1])
+        if not any(greedy):
+            return _random_rows_probs(logits, [row.params for row in rows])
         probs = torch.empty_like(logits)
         greedy_index = [i for i, g in enumerate(greedy) if g]
         random_index = [i for i, g in enumerate(greedy) if not g]
@@ -85,8 +87,10 @@ class Sampler:
 
         logits [N, V]; row i scores token_ids[i] and lists its num_top[i] best tokens, best first.
         """
+        if not token_ids:
+            return []
         logprobs = torch.log_softmax(logits.float(), dim=-1)
-        index = torch.tensor(list(token_ids), device=logits.device)[:, None]
+        index = torch.tensor(list(token_ids), dtype=torch.long, device=logits.device)[:, None]
         chosen = logprobs.gather(-1, index).squeeze(-1).tolist()
         max_top = max(num_top, default=0)
         top_values: list[list[float]] = [[] for _ in token_ids]
@@ -143,13 +147,17 @@ def _random_rows_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -
     filtered = [i for i, p in enumerate(params) if p.top_k > 0 or p.top_p < 1 or p.min_p > 0]
     if not filtered:
         return probs
+    if len(filtered) == len(params):
+        return filter_probs(probs, **_filter_args(params))
     index = torch.tensor(filtered, device=device)
-    chosen = [params[i] for i in filtered]
-    # Parameter tensors stay on the CPU: the kernel reads their maxima without a device sync.
-    probs[index] = filter_probs(
-        probs[index],
-        top_k=torch.tensor([p.top_k for p in chosen]),
-        top_p=torch.tensor([p.top_p for p in chosen]),
-        min_p=torch.tensor([p.min_p for p in chosen]),
-    )
+    probs[index] = filter_probs(probs[index], **_filter_args([params[i] for i in filtered]))
     return probs
+
+
+def _filter_args(params: Sequence[SamplingParams]) -> dict[str, torch.Tensor]:
+    # Parameter tensors stay on the CPU: the kernel reads their maxima without a device sync.
+    return {
+        "top_k": torch.tensor([p.top_k for p in params]),
+        "top_p": torch.tensor([p.top_p for p in params]),
+        "min_p": torch.tensor([p.min_p for p in params]),
+    }

@@ -103,14 +103,14 @@ def _top_k_mask(probs: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
 def _top_p_mask(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """probs may be unnormalised (top-k already applied); mass is measured relative to the sum."""
     top_p = top_p.to(device=probs.device, dtype=torch.float64)
-    threshold = torch.zeros_like(probs[:, :1])
-    rows = torch.arange(probs.shape[0], device=probs.device)
-    for num_candidates in (*TOP_P_CANDIDATES, probs.shape[-1]):
+    threshold, covered = _top_p_threshold(probs, top_p, TOP_P_CANDIDATES[0])
+    rows = (~covered).nonzero().squeeze(-1)
+    for num_candidates in (*TOP_P_CANDIDATES[1:], probs.shape[-1]):
+        if rows.numel() == 0:
+            break
         found, covered = _top_p_threshold(probs[rows], top_p[rows], num_candidates)
         threshold[rows] = found
         rows = rows[~covered]
-        if rows.numel() == 0:
-            break
     off = (top_p >= 1)[:, None]  # "off" must not drop a tail through a cumsum that rounds to 1
     return (probs >= threshold) | off
 
@@ -121,7 +121,7 @@ def _top_p_threshold(
     """(smallest kept probability [N, 1], whether the candidates decide the row [N])."""
     num_candidates = min(num_candidates, probs.shape[-1])
     values = probs.topk(num_candidates, dim=-1).values.double()  # descending
-    total = probs.double().sum(dim=-1, keepdim=True)
+    total = probs.sum(dim=-1, keepdim=True, dtype=torch.float64)
     cumulative = values.cumsum(dim=-1) / total
     num_kept = (cumulative - values / total < top_p[:, None]).sum(dim=-1, keepdim=True)
     # Candidates decide the row when the first token after them is already past the nucleus.

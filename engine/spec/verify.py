@@ -231,7 +231,7 @@ def _tree_point_masses(
     batch, num_nodes = token_ids.shape
     device, rows = token_ids.device, torch.arange(batch, device=token_ids.device)
     parent_list = [-1 if p is None else p for p in parent_ids]
-    parents = torch.tensor(parent_list, device=device)
+    parents = torch.tensor(parent_list, dtype=torch.long, device=device)
     p_token = target_probs[rows[:, None], parents[None, :] + 1, token_ids]  # [B, n] p(c) at parent
     earlier_sibling = (parents[None, :] == parents[:, None]).tril(diagonal=-1)  # [n, n] j < i
     same_token = token_ids[:, :, None] == token_ids[:, None, :]

@@ -186,3 +186,7 @@ def test_top_p_tiers_match_a_full_sort(scale):
     for i, p in enumerate(top_p.tolist()):
         expected = reference_top_p(probs[i], p) > 0 if p < 1 else torch.ones(5000, dtype=bool)
         assert torch.equal(kept[i], expected)
+
+
+def test_logprobs_of_no_rows():
+    assert SAMPLER.logprobs(torch.zeros(0, 4), [], []) == []

@@ -233,3 +233,11 @@ def test_point_mass_tree_fast_path_equals_the_literal_rule():
     literal = tree_verify_batch(target, parents, tokens, one_hot_q, uniforms)
     assert torch.equal(fast[0], literal[0]) and torch.equal(fast[1], literal[1])
     assert len(set(fast[0].tolist())) == len(parents) + 1  # every node ends some trial
+
+
+def test_no_drafts_samples_from_the_first_row():
+    p = rows([0, 0, 1, 0, 0, 0])
+    assert verify_sampled_chain(p, [], None, gen(0)) == VerifyResult((2,), ())
+    empty = DraftTree(token_ids=(), parent_ids=())
+    assert verify_sampled_tree(empty, p, None, gen(0)) == VerifyResult((2,), ())
+    assert verify_greedy_tree(empty, [4]) == VerifyResult((4,), ())

@@ -223,7 +223,9 @@ def _keep_p(p, q):  # planted bug: correction drawn from p instead of the residu
     return p
 
 
-@pytest.mark.parametrize("name", ["chain-draft-model", "chain-deterministic", "tree-draft-model"])
+@pytest.mark.parametrize(
+    "name", ["chain-draft-model", "chain-deterministic", "tree-draft-model", "tree-deterministic"]
+)
 def test_check_rejects_residual_not_subtracted(monkeypatch, name):
     monkeypatch.setattr(verify, "residual", _keep_p)
     pvalue = pvalue_of(STEPS[name])

@@ -62,7 +62,7 @@ class StreamingClient(threading.Thread):
 
 def test_sigterm_drains_in_flight_requests_and_exits_zero():
     process, url = start(drain_timeout=20)
-    clients = [StreamingClient(url, max_tokens=60) for _ in range(3)]
+    clients = [StreamingClient(url, max_tokens=150) for _ in range(3)]  # >= 1.5 s each
     for client in clients:
         client.start()
     assert all(c.started_streaming.wait(10) for c in clients)
@@ -73,7 +73,7 @@ def test_sigterm_drains_in_flight_requests_and_exits_zero():
     assert httpx.get(url + "/health", timeout=5).status_code == 503
     for client in clients:
         client.join(20)
-        assert len(client.text) == 60  # finished in full despite the SIGTERM
+        assert len(client.text) == 150  # finished in full despite the SIGTERM
         assert client.payloads[-1]["choices"][0]["finish_reason"] == "length"
     assert process.wait(20) == 0
 

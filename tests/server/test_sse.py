@@ -96,3 +96,21 @@ def test_version_and_served_model_name(start_server):
     assert [m["id"] for m in models["data"]] == ["my-alias"]
     ok = httpx.post(server.url + "/v1/completions", json={"model": "my-alias", "prompt": "x"})
     assert ok.status_code == 200 and ok.json()["model"] == "my-alias"
+
+
+class _BrokenTokenizerEngine(FakeEngine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tokenizer.encode = self._explode  # type: ignore[method-assign]
+
+    @staticmethod
+    def _explode(*args, **kwargs):
+        raise RuntimeError("tokenizer bug")
+
+
+def test_a_server_bug_is_a_500_in_error_shape(start_server):
+    server = start_server(_BrokenTokenizerEngine())
+    response = httpx.post(server.url + "/v1/completions", json={"prompt": "x"})
+    assert response.status_code == 500
+    assert response.json()["error"]["message"] == "internal error: RuntimeError"
+    assert httpx.get(server.url + "/health").status_code == 200

@@ -65,9 +65,8 @@ class Sampler:
         probs = torch.empty_like(logits)
         greedy_index = [i for i, g in enumerate(greedy) if g]
         random_index = [i for i, g in enumerate(greedy) if not g]
-        if greedy_index:
-            index = torch.tensor(greedy_index, device=logits.device)
-            probs[index] = _one_hot(logits[index].argmax(dim=-1), logits.shape[-1])
+        index = torch.tensor(greedy_index, device=logits.device)
+        probs[index] = _one_hot(logits[index].argmax(dim=-1), logits.shape[-1])
         index = torch.tensor(random_index, device=logits.device)
         probs[index] = _random_rows_probs(logits[index], [rows[i].params for i in random_index])
         return probs

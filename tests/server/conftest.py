@@ -1,72 +1,14 @@
-"""Fixtures: a real uvicorn server on 127.0.0.1 (free port) in a background thread.
-
-`start_server(engine, **settings)` returns a RunningServer with its base URL, the AsyncEngine
-and the wrapped engine; the server stops when the test (or module) ends.
-"""
+"""Fixtures: servers on the fake engine (see harness.py), stopped when the test/module ends."""
 
 from __future__ import annotations
 
-import socket
-import sys
-import threading
-import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 
-from engine.async_engine import AsyncEngine
-from server.app import build_app
-from server.serving import ServerSettings
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # for `import fake_engine`
-
-from fake_engine import FakeEngine  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@dataclass
-class RunningServer:
-    url: str
-    async_engine: AsyncEngine
-    server: uvicorn.Server
-    thread: threading.Thread
-
-    @property
-    def engine(self) -> Any:
-        return self.async_engine.engine
-
-    @property
-    def api(self) -> str:
-        return self.url + "/v1"
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
-
-
-def run_server(engine: Any, max_num_in_flight: int | None = None, **settings: Any) -> RunningServer:
-    async_engine = AsyncEngine(engine, max_num_in_flight=max_num_in_flight)
-    app = build_app(async_engine, ServerSettings(**settings))
-    port = free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("test server did not start")
-        time.sleep(0.01)
-    return RunningServer(f"http://127.0.0.1:{port}", async_engine, server, thread)
+from tests.server.fake_engine import FakeEngine
+from tests.server.harness import RunningServer, run_server
 
 
 @pytest.fixture
@@ -89,12 +31,3 @@ def fake_server() -> Iterator[RunningServer]:
     server = run_server(FakeEngine())
     yield server
     server.stop()
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.01)
-    return condition()

@@ -6,11 +6,11 @@ import asyncio
 from collections.abc import Sequence
 
 import pytest
-from fake_engine import FakeEngine
 
 from engine.async_engine import AsyncEngine, EngineDeadError, QueueFullError
 from engine.outputs import EngineStats, RequestOutput
 from engine.sampling_params import SamplingParams
+from tests.server.fake_engine import FakeEngine
 
 GREEDY = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
 

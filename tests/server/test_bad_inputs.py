@@ -7,7 +7,8 @@ import json
 
 import httpx
 import pytest
-from fake_engine import FakeEngine
+
+from tests.server.fake_engine import FakeEngine
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"

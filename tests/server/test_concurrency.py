@@ -7,8 +7,9 @@ import json
 import random
 
 import httpx
-from conftest import wait_until
-from fake_engine import FakeEngine
+
+from tests.server.fake_engine import FakeEngine
+from tests.server.harness import wait_until
 
 
 def sse_payloads(text: str) -> list[dict]:

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import free_port, wait_until
+
+from tests.server.harness import free_port, wait_until
 
 SCRIPT = Path(__file__).resolve().parent / "fake_server.py"
 

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import free_port, run_server, wait_until
 from openai import OpenAI
+
+from tests.server.harness import free_port, run_server, wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 
 import httpx
-from conftest import wait_until
-from fake_engine import FakeEngine
+
+from tests.server.fake_engine import FakeEngine
+from tests.server.harness import wait_until
 
 
 def events(response: httpx.Response) -> list[str]:

@@ -54,6 +54,7 @@ class LLMEngine:
         self.outputs = OutputProcessor(tokenizer)
         self.spec = SpecDriver(config.spec, runner, self.scheduler)
         self._groups: dict[str, list[str]] = {}
+        self._aborted: list = []
         self._num_steps = 0
         self._generation_tokens = 0
         self._last_step_time = 0.0
@@ -122,14 +123,15 @@ class LLMEngine:
 
     def abort_request(self, request_id: str) -> None:
         ids = self._groups.pop(request_id, [request_id])
-        for request in self.scheduler.abort_requests(ids):
-            self._finish(request.request_id)
+        # Reported (finish_reason "abort") by the next step(), so metrics and callers see them.
+        self._aborted.extend(self.scheduler.abort_requests(ids))
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        return bool(self._aborted) or self.scheduler.has_unfinished_requests()
 
     # ---- the step ------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        aborted, self._aborted = self._aborted, []
         plan = self.spec.plan()
         sched = self.scheduler.schedule(plan)
         now = time.monotonic()
@@ -146,7 +148,7 @@ class LLMEngine:
         self.spec.observe(sched, drafts, model_output)
         self._num_steps += 1
         self._last_step_time = model_output.step_time + drafts.proposer_time
-        return self._collect(changed, model_output)
+        return self._collect(aborted + changed, model_output)
 
     def _execute(self, sched: SchedulerOutput, drafts: Drafts) -> ModelOutput:
         """Run the model; if the whole forward fails, fail this step's requests, not the engine."""

@@ -182,4 +182,6 @@ def test_abort_frees_blocks(llm):
     engine.add_request("to-abort", prompts(1)[0], SamplingParams(max_tokens=50, ignore_eos=True))
     engine.step()
     engine.abort_request("to-abort")
+    [output] = engine.step()
+    assert output.request_id == "to-abort" and output.finished and output.finish_reason == "abort"
     assert_pool_restored(llm)

@@ -139,9 +139,8 @@ class LLMEngine:
             if scheduled.request.first_scheduled_time is None:
                 scheduled.request.first_scheduled_time = now
         if sched.is_empty:
-            return self._collect(
-                self.scheduler.update(sched, ModelOutput(outputs={})), ModelOutput(outputs={})
-            )
+            empty = ModelOutput(outputs={})
+            return self._collect(aborted + self.scheduler.update(sched, empty), empty)
         drafts = self.spec.propose(sched)
         model_output = self._execute(sched, drafts)
         changed = self.scheduler.update(sched, model_output)

@@ -25,6 +25,8 @@ _FLAGS: tuple[tuple[str, type, str], ...] = (
     ("--num-speculative-tokens", int, "maximum draft tokens per step (default 4)"),
     ("--spec-tree-nodes", int, "tree node budget (0 = chains)"),
     ("--spec-policy", str, "off | fixed:K | goodput (default goodput when a proposer is set)"),
+    ("--spec-profile-seconds", float, "goodput: start-up cost-model profile (default 3; 0 = off)"),
+    ("--spec-cost-cache", str, "cost-model cache JSON, none = off (default ~/.cache/goodspeed/)"),
     ("--device", str, "cpu | cuda | cuda:N"),
     ("--threads", int, "torch intra-op threads"),
     ("--attention-backend", str, "auto | reference | flashinfer"),

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
+DEFAULT_COST_CACHE = "~/.cache/goodspeed/cost_models.json"
 _DTYPES = ("float32", "bfloat16", "float16")
 _PROPOSERS = ("none", "ngram", "recycle", "draft")
 _BACKENDS = ("auto", "reference", "flashinfer")
@@ -107,6 +108,11 @@ class SpecConfig:
     spec_policy: str | None = None  # off | fixed:K | goodput; None: goodput if a proposer is set
     ngram_max: int = 4
     ngram_min: int = 1
+    # Added for the goodput policy's start-up profile (engine/spec/profiler.py): seconds of
+    # synthetic steps that seed the step-time cost model (0 = no profile and no cache: learn
+    # online), and the JSON file caching fits by (model, device, dtype, threads).
+    spec_profile_seconds: float = 3.0
+    spec_cost_cache: str | None = DEFAULT_COST_CACHE  # None, "" or "none": no cache
 
     def __post_init__(self) -> None:
         _check(
@@ -126,12 +132,27 @@ class SpecConfig:
             f"spec_tree_nodes must be in 0..256, got {self.spec_tree_nodes}",
         )
         _check(1 <= self.ngram_min <= self.ngram_max, "need 1 <= ngram_min <= ngram_max")
+        seconds = self.spec_profile_seconds
+        _check(
+            isinstance(seconds, int | float) and 0 <= seconds <= 600,
+            f"spec_profile_seconds must be a number in 0..600 (0 = no profile), got {seconds!r}",
+        )
+        _check(
+            self.spec_cost_cache is None or isinstance(self.spec_cost_cache, str),
+            f"spec_cost_cache must be a file path or 'none', got {self.spec_cost_cache!r}",
+        )
 
     @property
     def policy(self) -> str:
         if self.spec_policy is not None:
             return self.spec_policy
         return "off" if self.proposer == "none" else "goodput"
+
+    @property
+    def cost_cache_path(self) -> str | None:
+        """The cost-model cache file, or None when caching is off."""
+        text = (self.spec_cost_cache or "").strip()
+        return None if text.lower() in ("", "none") else text
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,9 @@ import time
 from engine.config import SpecConfig
 from engine.outputs import Drafts, ModelOutput, SchedulerOutput, SpecPlan
 from engine.spec.cost_model import OnlineLinearCostModel, StepFeatures
+from engine.spec.goodput import GoodputPolicy
 from engine.spec.policy import SpecCandidate, SpecResult, make_policy
+from engine.spec.profiler import SeedReport, seed_cost_model
 from engine.spec.proposer import ProposeRequest, make_proposer
 
 
@@ -31,6 +33,7 @@ class SpecDriver:
         self.policy = make_policy(
             config.policy if self.enabled else "off", cost_model=self.cost_model, max_k=self.max_k
         )
+        self.seed_report = self._seed_cost_model(runner)
         self._plan: SpecPlan = {}
         self._base = StepFeatures()
         self.num_drafts_total = 0
@@ -38,6 +41,20 @@ class SpecDriver:
         self.num_accepted_tokens_total = 0
         self.accepted_per_position_total: list[int] = []
         self.last_goodput = 0.0
+
+    def _seed_cost_model(self, runner) -> SeedReport | None:
+        """Goodput only: seed the step-time model from the cache or a start-up profile. Runs
+        in __init__, before any request exists, as the profiler's safety invariant requires."""
+        if not self.enabled or not isinstance(self.policy, GoodputPolicy):
+            return None
+        return seed_cost_model(
+            self.cost_model,
+            runner,
+            self.scheduler.block_manager,
+            self.config,
+            self.scheduler.config,
+            self.max_k,
+        )
 
     # ---- 1. plan -------------------------------------------------------------------------
     def plan(self) -> SpecPlan:

@@ -59,7 +59,7 @@ def shapes_for(features: StepFeatures) -> list[Shape]:
     if num_requests == 0 or num_new < num_requests or num_context < 0 or num_drafts < num_spec:
         raise ValueError(f"no batch has these features: {features}")
     if num_drafts and not num_spec:
-        raise ValueError(f"draft tokens without speculating requests: {features}")
+        raise ValueError(f"no batch has these features (drafts, no spec requests): {features}")
     return [
         (
             _share(num_context, num_requests, i),

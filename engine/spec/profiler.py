@@ -194,39 +194,32 @@ def seed_cost_model(
     max_k: int,
 ) -> SeedReport:
     """Load the cached fit, or profile and cache it; logs one line saying which."""
-    budget = spec_config.spec_profile_seconds
-    if budget <= 0:
-        logger.info(
-            "cost model: start-up profile skipped (spec_profile_seconds=0); learning online"
-        )
+    if spec_config.spec_profile_seconds <= 0:
+        logger.info("cost model: no start-up profile (spec_profile_seconds=0); learning online")
         return SeedReport("skipped")
     key = runner_cache_key(runner)
-    cache = CostModelCache(spec_config.cost_cache_path) if spec_config.cost_cache_path else None
-    path = str(cache.path) if cache else None
-    params = cache.load(key) if cache else None
-    if params is not None:
-        try:
-            cost_model.load_params(params)
-            logger.info("cost model: loaded from cache %s (%s)", path, key)
-            return SeedReport("cache", key, cache_path=path)
-        except (ValueError, KeyError, TypeError, IndexError) as exc:
-            logger.warning("cost model: cache entry for %s unusable (%s); profiling", key, exc)
-    run_step = DummyBatchRunner(runner, block_manager, seed=runner.config.model.seed)
-    max_model_len = min(
-        runner.config.model.max_model_len or runner.arch.max_position_embeddings,
-        runner.arch.max_position_embeddings,
+    path = spec_config.cost_cache_path
+    cache = CostModelCache(path) if path else None
+    if cache is not None and _load_cached(cost_model, cache, key):
+        return SeedReport("cache", key, cache_path=str(cache.path))
+    grid = startup_grid(
+        scheduler_config,
+        max_k,
+        block_manager.num_total_blocks,
+        block_manager.block_size,
+        _max_model_len(runner),
     )
-    num_blocks, block_size = block_manager.num_total_blocks, block_manager.block_size
-    grid = startup_grid(scheduler_config, max_k, num_blocks, block_size, max_model_len)
+    run_step = DummyBatchRunner(runner, block_manager, seed=runner.config.model.seed)
     start = time.perf_counter()
     try:
         run_step.check_pristine()
-        num_steps = cost_model.profile(run_step, budget, grid)
+        num_steps = cost_model.profile(run_step, spec_config.spec_profile_seconds, grid)
     except Exception:  # a failed profile must not stop the engine: it learns online instead
         logger.exception("cost model: start-up profile failed; learning online")
         return SeedReport("failed", key)
     seconds = time.perf_counter() - start
-    if cache is not None and num_steps:
+    saved = cache is not None and num_steps > 0
+    if saved:
         cache.save(key, cost_model.to_params())
     logger.info(
         "cost model: profiled %d steps (%d shapes) in %.1f s, median in-sample error %.0f%%%s",
@@ -234,9 +227,27 @@ def seed_cost_model(
         len(grid),
         seconds,
         100 * _median_fit_error(cost_model),
-        f"; cached in {path}" if path and num_steps else "",
+        f"; cached in {cache.path}" if saved else "",
     )
-    return SeedReport("profile", key, num_steps, seconds, path if num_steps else None)
+    return SeedReport("profile", key, num_steps, seconds, str(cache.path) if saved else None)
+
+
+def _load_cached(cost_model: OnlineLinearCostModel, cache: CostModelCache, key: str) -> bool:
+    params = cache.load(key)
+    if params is None:
+        return False
+    try:
+        cost_model.load_params(params)
+    except (ValueError, KeyError, TypeError, IndexError) as exc:
+        logger.warning("cost model: cache entry for %s unusable (%s); profiling", key, exc)
+        return False
+    logger.info("cost model: loaded from cache %s (%s)", cache.path, key)
+    return True
+
+
+def _max_model_len(runner) -> int:
+    limit = runner.arch.max_position_embeddings
+    return min(runner.config.model.max_model_len or limit, limit)
 
 
 def _median_fit_error(cost_model: OnlineLinearCostModel) -> float:

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.models.arch_config import ModelArchConfig
+from engine.models.linear import Linear, linear
 from kernels.attention import AttentionBackend, KVCacheSpec
 
 __all__ = ["LlamaForCausalLM", "ModelArchConfig"]
@@ -91,8 +92,8 @@ class LlamaAttention(nn.Module):
         self.head_dim = config.head_dim
         self.scale = config.head_dim**-0.5
         qkv_size = (config.num_heads + 2 * config.num_kv_heads) * config.head_dim
-        self.qkv_proj = nn.Linear(config.hidden_size, qkv_size, bias=config.attention_bias)
-        self.o_proj = nn.Linear(
+        self.qkv_proj = Linear(config.hidden_size, qkv_size, bias=config.attention_bias)
+        self.o_proj = Linear(
             config.num_heads * config.head_dim, config.hidden_size, bias=config.attention_out_bias
         )
 
@@ -115,8 +116,8 @@ class LlamaMLP(nn.Module):
     def __init__(self, config: ModelArchConfig) -> None:
         super().__init__()
         self.intermediate_size = config.intermediate_size
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
@@ -150,7 +151,7 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = (
             None
             if config.tie_word_embeddings
-            else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+            else Linear(config.hidden_size, config.vocab_size, bias=False)
         )
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -164,7 +165,7 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden] (only the rows that need sampling) -> float32 logits [N, vocab]."""
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+        return linear(hidden, weight).float()
 
     def kv_cache_spec(
         self, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device | str

@@ -1,0 +1,136 @@
+"""SmolLM2-135M-Instruct (the embedded GGUF): our float32 greedy tokens equal transformers'.
+
+One load of each model for the module. Our side runs all prompts as one paged batch (a
+six-chunk prefill, then ragged decode batches that shrink as requests hit EOS), so batching
+and block tables are exercised on the real model; transformers runs each prompt alone.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.models.loader import load_model
+from engine.models.tokenizer import Tokenizer
+from kernels.reference import ReferenceBackend
+
+pytestmark = pytest.mark.slow
+
+MAX_NEW_TOKENS = 64
+CHAT_PROMPTS = [
+    "What is the capital of France?",
+    "Write a short poem about the sea.",
+    "Explain in detail how a bicycle works.",
+]
+TEXT_PROMPTS = [
+    "Once upon a time, in a small village,",
+    "def fibonacci(n):\n",
+    "The three most important inventions of the 20th century are",
+]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """One intra-op thread: batch-1 decode is memory-bound (as fast as two on an idle 2-core
+    machine), and on a busy one two OpenMP threads spin against each other (HF generate fell
+    from 8 to 1.5 tok/s here)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def hf_tokenizer(smollm2_path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(smollm2_path.parent, gguf_file=smollm2_path.name)
+
+
+@pytest.fixture(scope="module")
+def hf_model(smollm2_path):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        smollm2_path.parent, gguf_file=smollm2_path.name, dtype=torch.float32
+    )
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def prompts(hf_tokenizer) -> list[list[int]]:
+    chats = [
+        hf_tokenizer.apply_chat_template(
+            [{"role": "user", "content": p}],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=True,
+        )["input_ids"]
+        for p in CHAT_PROMPTS
+    ]
+    return [list(ids) for ids in chats] + [hf_tokenizer.encode(p) for p in TEXT_PROMPTS]
+
+
+def hf_greedy(hf_model, prompt_ids: list[int], eos_id: int) -> list[int]:
+    with torch.no_grad():
+        out = hf_model.generate(
+            torch.tensor([prompt_ids]),
+            attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
+            do_sample=False,
+            max_new_tokens=MAX_NEW_TOKENS,
+            eos_token_id=eos_id,
+            pad_token_id=eos_id,
+        )
+    return out[0, len(prompt_ids) :].tolist()
+
+
+def our_greedy_batch(model, prompts: list[list[int]], eos_id: int, driver_class) -> list[list[int]]:
+    """All prompts prefilled in one step, then decoded together until EOS or the limit."""
+    driver = driver_class(model, num_blocks=256, block_size=16)
+    chunks = {str(i): ids for i, ids in enumerate(prompts)}
+    outputs: dict[str, list[int]] = {rid: [] for rid in chunks}
+    while chunks:
+        logits = driver.step(chunks)
+        chunks = {}
+        for rid, rows in logits.items():
+            token = int(rows[-1].argmax())
+            outputs[rid].append(token)
+            if token != eos_id and len(outputs[rid]) < MAX_NEW_TOKENS:
+                chunks[rid] = [token]
+    return [outputs[str(i)] for i in range(len(prompts))]
+
+
+def test_greedy_tokens_equal_transformers(
+    smollm2_path, hf_model, hf_tokenizer, prompts, models_helpers
+):
+    model, config = load_model(smollm2_path, torch.float32, "cpu", ReferenceBackend())
+    eos_id = config.eos_token_ids[0]
+    ours = our_greedy_batch(model, prompts, eos_id, models_helpers.PagedDriver)
+    for prompt_ids, our_ids in zip(prompts, ours, strict=True):
+        expected = hf_greedy(hf_model, prompt_ids, eos_id)
+        assert our_ids == expected, hf_tokenizer.decode(prompt_ids)
+    assert "Paris" in hf_tokenizer.decode(ours[0])
+    assert sum(len(ids) for ids in ours) > 3 * MAX_NEW_TOKENS  # long enough to mean something
+
+
+@pytest.mark.parametrize("source", ["converted", "cached"])
+def test_tokenizer_matches_transformers(hf_tokenizer, tmp_path_factory, monkeypatch, source):
+    """Both the GGUF conversion and its cached copy behave like transformers' tokenizer."""
+    monkeypatch.setenv("GOODSPEED_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "tok-cache"))
+    tokenizer = Tokenizer.from_path("smollm2-135m-instruct")
+    if source == "cached":
+        assert any((tmp_path_factory.getbasetemp() / "tok-cache" / "tokenizers").iterdir())
+        tokenizer = Tokenizer.from_path("smollm2-135m-instruct")
+    for text in [*TEXT_PROMPTS, "Hello world", "  spaces\tand\nnewlines  ", "émoji 🙂 ünïcode"]:
+        assert tokenizer.encode(text) == hf_tokenizer.encode(text)
+        assert tokenizer.decode(tokenizer.encode(text)) == text
+    # SmolLM2 adds no BOS by default; the chat template writes <|im_start|> itself.
+    assert tokenizer.encode("Hello") == tokenizer.encode("Hello", add_special_tokens=False)
+    messages = [{"role": "user", "content": CHAT_PROMPTS[0]}]
+    expected = hf_tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=True
+    )["input_ids"]
+    assert tokenizer.apply_chat_template(messages) == list(expected)
+    assert (tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.vocab_size) == (1, 2, 49152)
+    assert tokenizer.convert_ids_to_tokens([1, 2]) == ["<|im_start|>", "<|im_end|>"]
+    assert tokenizer.decode([1, 19556, 2]) == "Hello"

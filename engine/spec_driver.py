@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 
 from engine.config import SpecConfig
-from engine.outputs import Drafts, ModelOutput, SchedulerOutput, SpecPlan
+from engine.outputs import Drafts, ModelOutput, ScheduledRequest, SchedulerOutput, SpecPlan
 from engine.spec.cost_model import OnlineLinearCostModel, StepFeatures
 from engine.spec.goodput import GoodputPolicy
 from engine.spec.policy import SpecCandidate, SpecResult, make_policy
@@ -81,11 +81,9 @@ class SpecDriver:
     def propose(self, sched: SchedulerOutput) -> Drafts:
         if self.proposer is None:
             return Drafts()
-        asks = [
-            ProposeRequest(s.request_id, s.request.all_token_ids, s.num_spec_slots, self.tree)
-            for s in sched.scheduled
-            if s.num_spec_slots > 0 and s.needs_sample
-        ]
+        for request_id in sched.preempted_ids:  # blocks freed: per-request KV state is stale
+            self.proposer.release(request_id)
+        asks = [self._ask(s) for s in sched.scheduled if s.num_spec_slots > 0 and s.needs_sample]
         if not asks:
             return Drafts()
         start = time.perf_counter()
@@ -93,6 +91,20 @@ class SpecDriver:
         elapsed = time.perf_counter() - start
         return Drafts(
             chains=drafts.chains, trees=drafts.trees, probs=drafts.probs, proposer_time=elapsed
+        )
+
+    def _ask(self, scheduled: ScheduledRequest) -> ProposeRequest:
+        request = scheduled.request
+        return ProposeRequest(
+            request.request_id,
+            request.all_token_ids,
+            scheduled.num_spec_slots,
+            self.tree,
+            params=request.sampling_params,
+            num_prompt_tokens=request.num_prompt_tokens,
+            eos_token_id=request.eos_token_id,
+            seed=request.seed,
+            block_ids=tuple(request.block_ids),
         )
 
     # ---- 6. observe ----------------------------------------------------------------------

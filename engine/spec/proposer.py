@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:
     from engine.config import SpecConfig
     from engine.outputs import Drafts
+    from engine.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,14 @@ class ProposeRequest:
     token_ids: Sequence[int]  # prompt + verified output; the last one is the root of the drafts
     num_drafts: int  # chain length budget, or tree node budget when tree=True
     tree: bool = False
+    # Added for draft-model proposers (model-free proposers ignore them). A draft model samples
+    # with the request's own sampling transforms and writes its K/V through the request's
+    # block table, into the slots the scheduler reserved for this step's drafts.
+    params: SamplingParams | None = None  # None: greedy
+    num_prompt_tokens: int = 0  # token_ids[:num_prompt_tokens] is the prompt (penalty history)
+    eos_token_id: int | None = None  # blocked before min_tokens, as in the target's sampler
+    seed: int | None = None  # the request's effective seed; a draft RNG is derived from it
+    block_ids: tuple[int, ...] = ()  # the request's KV cache blocks this step
 
 
 @runtime_checkable
@@ -54,7 +63,8 @@ class Proposer(Protocol):
         ...
 
     def release(self, request_id: str) -> None:
-        """The request finished or was aborted: forget its state."""
+        """The request finished, was aborted, or was preempted (its KV blocks were freed and
+        it will be recomputed): forget its state."""
         ...
 
 

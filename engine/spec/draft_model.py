@@ -1,0 +1,277 @@
+"""DraftModelProposer: speculative drafts from a second, smaller model, or a self-draft.
+
+Per step (DESIGN §1 step 3), for the requests given draft slots:
+  chains: one catch-up forward over the verified tokens the draft has not seen yet, root
+          included (a multi-token query, like a chunked prefill), whose last row gives q_0;
+          then k - 1 batched single-token forwards, one per draft position, for every request
+          still drafting (batched drafting).
+  trees:  the same catch-up, then rounds of best-first expansion (engine.spec.draft_tree):
+          each round every request adds its best frontier candidates and one batched forward
+          scores the children of the node it chose to expand. That node is fed as the path
+          root..node at positions root, root + 1, ..., so the plain causal mask over those
+          contiguous positions is exactly the tree's ancestor mask.
+
+Sampling: draft token j is drawn from q_j = Sampler.process(draft logits) with the request's
+own sampling row (engine.spec.batch_verify.sampling_row, with the drafts before j as history),
+so greedy requests draft the argmax and sampled ones draw an actual sample from q_j with the
+request's own draft generator, derived from its seed but never the target's stream. Sampled
+chains return their q rows; greedy chains and top-k trees return none (the verifier treats
+them as deterministic, which is lossless: engine/spec/verify.py).
+
+Draft K/V state (own cache only; a self-draft shares the target's): the draft's K/V is valid
+for a request's first `num_computed` verified tokens, written through the block table seen
+then. Only verified tokens count: the next catch-up re-feeds the accepted drafts (a short
+chunk) rather than trusting K/V written for draft rows, so rejected drafts, trimmed blocks and
+tree branches need no tracking. A changed block id (copy-on-write) cuts the valid prefix at
+that block; preemption drops the state (SpecDriver calls release).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from engine.config import SpecConfig
+from engine.outputs import Drafts
+from engine.sampler import Sampler, SamplingRow
+from engine.sampling_params import SamplingParams
+from engine.spec.batch_verify import sampling_row
+from engine.spec.draft_runner import DraftQuery, DraftRunner
+from engine.spec.draft_tree import TreeBuilder
+from engine.spec.proposer import ProposeRequest
+
+_GREEDY = SamplingParams(temperature=0, max_tokens=None)
+_SEED_MULTIPLIER = 0x9E3779B97F4A7C15  # odd: seed -> draft seed is a bijection mod 2**63
+_SEED_OFFSET = 0x2545F4914F6CDD1D  # odd: no request seed maps to itself
+
+
+@dataclass
+class _RequestState:
+    generator: torch.Generator
+    num_computed: int = 0  # leading verified tokens whose draft K/V is valid (own cache)
+    block_ids: tuple[int, ...] = ()  # the block table those K/V were written through
+
+
+@dataclass(frozen=True)
+class _RequestView:
+    """The fields of a Request that engine.spec.batch_verify.sampling_row reads."""
+
+    sampling_params: SamplingParams
+    prompt_token_ids: Sequence[int]
+    output_token_ids: Sequence[int]
+    eos_token_id: int | None
+
+
+class DraftModelProposer:
+    name = "draft"
+
+    def __init__(self, runner: DraftRunner) -> None:
+        self.runner = runner
+        self.sampler = Sampler()
+        self._states: dict[str, _RequestState] = {}
+
+    @classmethod
+    def from_config(
+        cls, config: SpecConfig, runner: Any = None, **runtime: Any
+    ) -> DraftModelProposer:
+        """`runner` is the target's ModelRunner (the draft mirrors its KV layout)."""
+        if runner is None:
+            raise ValueError("the draft proposer needs the target model runner (runner=...)")
+        if not config.draft_model:
+            raise ValueError("speculative_proposer=draft needs --draft-model PATH or self:N")
+        return cls(DraftRunner.from_target(config.draft_model, runner))
+
+    # ---- the Proposer protocol -----------------------------------------------------------
+    def propose(self, requests: Sequence[ProposeRequest]) -> Drafts:
+        start = time.perf_counter()
+        asks = [ask for ask in map(self._fit, requests) if ask is not None]
+        drafts = Drafts()
+        chains = [ask for ask in asks if not ask.tree]
+        if chains:
+            self._propose_chains(chains, drafts)
+        trees = [ask for ask in asks if ask.tree]
+        if trees:
+            self._propose_trees(trees, drafts)
+        return dataclasses.replace(drafts, proposer_time=time.perf_counter() - start)
+
+    def observe(
+        self,
+        request_id: str,
+        token_ids: Sequence[int],
+        topk_ids: Sequence[Sequence[int]] | None,
+    ) -> None:
+        return None  # the next catch-up syncs from ProposeRequest.token_ids
+
+    def release(self, request_id: str) -> None:
+        self._states.pop(request_id, None)
+
+    # ---- chains --------------------------------------------------------------------------
+    def _propose_chains(self, asks: list[ProposeRequest], drafts: Drafts) -> None:
+        histories: list[list[int]] = [[] for _ in asks]
+        q_rows: list[list[torch.Tensor]] = [[] for _ in asks]
+        queries = [self._catch_up(ask) for ask in asks]
+        active = list(range(len(asks)))
+        while active:
+            logits = self.runner.logits(queries)
+            picked = [asks[i] for i in active]
+            probs = self.sampler.process(logits, self._rows(picked, [histories[i] for i in active]))
+            tokens = self.sampler.sample(
+                probs, [self._states[a.request_id].generator for a in picked]
+            )
+            for row, i in enumerate(active):
+                histories[i].append(tokens[row])
+                q_rows[i].append(probs[row])
+            active = [i for i in active if len(histories[i]) < asks[i].num_drafts]
+            # Draft j (0-based) sits at position num_tokens + j, in a slot reserved for it.
+            queries = [
+                DraftQuery(
+                    histories[i][-1:],
+                    len(asks[i].token_ids) - 1 + len(histories[i]),
+                    asks[i].block_ids,
+                )
+                for i in active
+            ]
+        for ask, chain, rows in zip(asks, histories, q_rows):
+            drafts.chains[ask.request_id] = chain
+            if not _params(ask).greedy:
+                drafts.probs[ask.request_id] = torch.stack(rows)
+
+    # ---- trees ---------------------------------------------------------------------------
+    def _propose_trees(self, asks: list[ProposeRequest], drafts: Drafts) -> None:
+        builders = [TreeBuilder(ask.num_drafts) for ask in asks]
+        logits = self.runner.logits([self._catch_up(ask) for ask in asks])
+        self._add_children(asks, builders, [None] * len(asks), logits)
+        while True:
+            expand = [
+                (i, node)
+                for i, node in enumerate(map(_next_to_expand, builders))
+                if node is not None
+            ]
+            if not expand:
+                break
+            queries = [
+                DraftQuery(
+                    [asks[i].token_ids[-1], *builders[i].path(node)],
+                    len(asks[i].token_ids) - 1,
+                    asks[i].block_ids,
+                )
+                for i, node in expand
+            ]
+            logits = self.runner.logits(queries)
+            self._add_children(
+                [asks[i] for i, _ in expand],
+                [builders[i] for i, _ in expand],
+                [node for _, node in expand],
+                logits,
+            )
+        for ask, builder in zip(asks, builders):
+            if builder.num_nodes:
+                drafts.trees[ask.request_id] = builder.tree()
+
+    def _add_children(
+        self,
+        asks: list[ProposeRequest],
+        builders: list[TreeBuilder],
+        nodes: list[int | None],
+        logits: torch.Tensor,
+    ) -> None:
+        """Push the draft's top candidates after each node (None: the root) onto its frontier."""
+        histories = [b.path(node) for b, node in zip(builders, nodes)]
+        probs = self.sampler.process(logits, self._rows(asks, histories, for_scores=True))
+        num_top = min(max(b.num_left for b in builders), probs.shape[-1])
+        values, token_ids = probs.topk(num_top, dim=-1)
+        for builder, node, row_values, row_ids in zip(
+            builders, nodes, values.tolist(), token_ids.tolist()
+        ):
+            left = builder.num_left
+            builder.add_candidates(node, row_ids[:left], row_values[:left])
+
+    # ---- shared helpers ------------------------------------------------------------------
+    def _fit(self, ask: ProposeRequest) -> ProposeRequest | None:
+        """Cap the draft budget so every fed draft row has a RoPE position; None: no drafts.
+
+        Chains feed drafts 0..k-2 at positions up to num_tokens + k - 2, trees feed paths of
+        depth <= k - 1 from the root at num_tokens - 1: both need num_tokens + k - 2 < limit.
+        """
+        num_tokens = len(ask.token_ids)
+        num_drafts = min(ask.num_drafts, self.runner.max_positions - num_tokens + 1)
+        if num_tokens == 0 or num_drafts <= 0:
+            return None
+        return (
+            ask if num_drafts == ask.num_drafts else dataclasses.replace(ask, num_drafts=num_drafts)
+        )
+
+    def _catch_up(self, ask: ProposeRequest) -> DraftQuery:
+        """The query feeding the verified tokens the draft has no K/V for, root included."""
+        state = self._state(ask)
+        num_tokens = len(ask.token_ids)
+        if self.runner.shares_target_cache:
+            start = num_tokens - 1  # the target holds the prefix's K/V for every layer
+        else:
+            same = _num_same_blocks(state.block_ids, ask.block_ids)
+            start = min(state.num_computed, num_tokens - 1, same * self.runner.block_size)
+            state.num_computed, state.block_ids = num_tokens, tuple(ask.block_ids)
+        return DraftQuery(ask.token_ids[start:], start, ask.block_ids)
+
+    def _state(self, ask: ProposeRequest) -> _RequestState:
+        state = self._states.get(ask.request_id)
+        if state is None:
+            generator = torch.Generator(device=self.runner.device)
+            generator.manual_seed(_draft_seed(ask.seed))
+            state = self._states[ask.request_id] = _RequestState(generator)
+        return state
+
+    @staticmethod
+    def _rows(
+        asks: Sequence[ProposeRequest], histories: Sequence[list[int]], for_scores: bool = False
+    ) -> list[SamplingRow]:
+        """Each request's sampling row after its drafts so far. Tree scores of greedy requests
+        use temperature 1 (a greedy row's probabilities are one-hot, useless for ranking)."""
+        rows = []
+        for ask, history in zip(asks, histories):
+            params = _params(ask)
+            if for_scores and params.greedy:
+                params = dataclasses.replace(params, temperature=1.0)
+            view = _RequestView(
+                params,
+                ask.token_ids[: ask.num_prompt_tokens],
+                ask.token_ids[ask.num_prompt_tokens :],
+                ask.eos_token_id,
+            )
+            rows.append(sampling_row(view, history))  # type: ignore[arg-type]
+        return rows
+
+
+def _next_to_expand(builder: TreeBuilder) -> int | None:
+    """Add nodes best-first until one whose children could still enter the tree; its index."""
+    node = builder.pop()
+    while node is not None and not builder.worth_expanding(node):
+        node = builder.pop()
+    return node
+
+
+def _params(ask: ProposeRequest) -> SamplingParams:
+    return ask.params if ask.params is not None else _GREEDY
+
+
+def _num_same_blocks(old: Sequence[int], new: Sequence[int]) -> int:
+    count = 0
+    for a, b in zip(old, new):
+        if a != b:
+            break
+        count += 1
+    return count
+
+
+def _draft_seed(seed: int | None) -> int:
+    """The draft generator's seed: reproducible for seeded requests, and never equal to the
+    request's own seed, so drafts never share random numbers with the verifier."""
+    if seed is None:
+        return random.getrandbits(63)
+    return (seed * _SEED_MULTIPLIER + _SEED_OFFSET) % (1 << 63)

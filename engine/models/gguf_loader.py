@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from engine.models.arch_config import ModelArchConfig
+from engine.models.gguf_file import GGUFFile, read_gguf
 from engine.models.llama import ROPE_FREQ_FACTORS
 
 SUPPORTED_GGUF_ARCHS = ("llama", "qwen2")
@@ -42,21 +43,15 @@ _LAYER_NAMES = {
 }
 
 
-def open_gguf(path: Path) -> Any:
-    """A GGUFReader over a copy-on-write memory map (arrays are writable, the file is not)."""
-    import gguf
-
-    return gguf.GGUFReader(path, mode="c")
+def open_gguf(path: Path) -> GGUFFile:
+    """Metadata and memory-mapped tensors of a GGUF file (engine.models.gguf_file)."""
+    return read_gguf(path)
 
 
-def gguf_metadata(reader: Any, key: str, default: Any = None) -> Any:
-    field = reader.get_field(key)
-    return default if field is None else field.contents()
-
-
-def gguf_config(reader: Any) -> ModelArchConfig:
+def gguf_config(reader: GGUFFile) -> ModelArchConfig:
     """ModelArchConfig from `{arch}.*` metadata and the tensor list."""
-    arch = gguf_metadata(reader, "general.architecture")
+    metadata = reader.metadata
+    arch = metadata.get("general.architecture")
     if arch not in SUPPORTED_GGUF_ARCHS:
         raise ValueError(
             f"GGUF architecture {arch!r} is not supported; supported: {SUPPORTED_GGUF_ARCHS}"
@@ -64,14 +59,14 @@ def gguf_config(reader: Any) -> ModelArchConfig:
     tensors = {t.name: t for t in reader.tensors}
 
     def meta(key: str, default: Any = None) -> Any:
-        return gguf_metadata(reader, f"{arch}.{key}", default)
+        return metadata.get(f"{arch}.{key}", default)
 
     hidden, num_heads = meta("embedding_length"), meta("attention.head_count")
     num_kv_heads = meta("attention.head_count_kv", num_heads)
     if isinstance(num_kv_heads, list):
         raise ValueError("GGUF with per-layer KV head counts is not supported")
-    vocab_size = meta("vocab_size") or int(tensors["token_embd.weight"].shape[1])
-    eos = gguf_metadata(reader, "tokenizer.ggml.eos_token_id")
+    vocab_size = meta("vocab_size") or tensors["token_embd.weight"].shape[0]
+    eos = metadata.get("tokenizer.ggml.eos_token_id")
     return ModelArchConfig(
         vocab_size=vocab_size,
         hidden_size=hidden,
@@ -87,7 +82,7 @@ def gguf_config(reader: Any) -> ModelArchConfig:
         tie_word_embeddings="output.weight" not in tensors,
         attention_bias="blk.0.attn_q.bias" in tensors,
         attention_out_bias="blk.0.attn_output.bias" in tensors,
-        bos_token_id=gguf_metadata(reader, "tokenizer.ggml.bos_token_id"),
+        bos_token_id=metadata.get("tokenizer.ggml.bos_token_id"),
         eos_token_ids=() if eos is None else (eos,),
     )
 
@@ -123,18 +118,20 @@ def unpermute_qk(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
     )
 
 
-def iter_gguf_weights(reader: Any, config: ModelArchConfig) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_gguf_weights(
+    reader: GGUFFile, config: ModelArchConfig
+) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (HF name, float32 tensor) for every tensor in the file, Q/K unpermuted."""
+    from gguf.constants import GGMLQuantizationType
     from gguf.quants import dequantize
 
-    permuted = gguf_metadata(reader, "general.architecture") in _PERMUTED_ARCHS
+    permuted = reader.metadata.get("general.architecture") in _PERMUTED_ARCHS
     for tensor in reader.tensors:
         name = hf_name(tensor.name)
-        array = dequantize(tensor.data, tensor.tensor_type)
-        expected = tuple(int(d) for d in reversed(tensor.shape))
-        if array.size != int(np.prod(expected)):
-            raise ValueError(f"{tensor.name}: dequantised {array.shape}, expected {expected}")
-        array = array.reshape(expected)
+        array = dequantize(tensor.data, GGMLQuantizationType(tensor.ggml_type))
+        if array.size != int(np.prod(tensor.shape)):
+            raise ValueError(f"{tensor.name}: dequantised {array.shape}, expected {tensor.shape}")
+        array = array.reshape(tensor.shape)
         weight = torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32))
         if permuted and ".self_attn.q_proj." in name:
             weight = unpermute_qk(weight, config.num_heads)

@@ -77,8 +77,14 @@ def load_model(
         model = LlamaForCausalLM(config, backend).to(dtype)
     model.to_empty(device=device)
     model.rotary.reset()  # to_empty left the RoPE tables uninitialised
+    # disable=None: a bar on terminals, silence in logs and CI.
     progress = tqdm(
-        weights, total=num_weights, desc=f"loading {path.name}", unit="tensor", leave=False
+        weights,
+        total=num_weights,
+        desc=f"loading {path.name}",
+        unit="tensor",
+        leave=False,
+        disable=None,
     )
     model.load_weights(progress)
     return model.eval().requires_grad_(False), config

@@ -96,9 +96,9 @@ def _load_gguf_tokenizer(path: Path) -> Any | None:
 
 
 def _gguf_has_tokenizer(path: Path) -> bool:
-    from engine.models.gguf_loader import open_gguf
+    from engine.models.gguf_file import read_gguf
 
-    return open_gguf(path).get_field("tokenizer.ggml.tokens") is not None
+    return "tokenizer.ggml.tokens" in read_gguf(path).metadata
 
 
 def _cache_dir(path: Path) -> Path:

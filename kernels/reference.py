@@ -8,9 +8,15 @@ has its K at row b * 2 * block_size + o and its V block_size rows later. `plan` 
 rows once per step, so each layer does one index_copy_ per K/V write and one index_select per
 history gather.
 
-Batching. Requests decoding one token without a tree mask ("decode rows") run as one padded SDPA
-per layer with a key-padding mask; every other request (prefill chunk, verify chain, tree) runs
-its own SDPA with a causal-with-history or tree mask built in `plan`.
+Batching. Requests decoding one token without a tree mask ("decodes") are sorted by length and
+attended in padded groups, one SDPA per group with a key-padding mask; a group grows while its
+gathered K/V stays under GATHER_BUDGET_BYTES. Measured on the 2-core dev machine (SmolLM2
+shapes, one thread, 30 layers): 32 decodes of 64 tokens take 27 ms grouped vs 57 ms one by
+one, but a single padded gather of 32 x 1024 tokens (50 MB) took 1.3 s vs 0.40 s one by one:
+the cost per key token grows once the gather falls out of cache. With a 2 MiB budget the
+grouped path matched or beat the loop on every mix tried (2-32 requests, 64-1024 tokens). Every
+other request (prefill chunk, verify chain, tree) runs its own SDPA with a causal-with-history
+or tree mask built in `plan`.
 """
 
 from __future__ import annotations
@@ -22,12 +28,15 @@ import torch.nn.functional as F
 
 from kernels.attention import AttentionMetadata, KVCacheSpec
 
+# Largest padded K+V gather of one decode group (see the module docstring for the measurement).
+GATHER_BUDGET_BYTES = 2 * 2**20
+
 
 @dataclass(frozen=True)
 class _DecodePlan:
-    """All single-token requests of the step, attended as one padded batch."""
+    """A group of single-token requests, attended as one padded batch."""
 
-    query_rows: torch.Tensor  # [num_decodes] int64, rows of q belonging to decode requests
+    query_rows: torch.Tensor  # [num_decodes] int64, rows of q belonging to the group
     kv_rows: torch.Tensor  # [2 * num_decodes * max_seq_len] int64, K rows then V rows
     key_mask: torch.Tensor | None  # [num_decodes, 1, 1, max_seq_len] bool; None: no padding
     max_seq_len: int
@@ -52,7 +61,7 @@ class ReferenceBackend:
         self.spec: KVCacheSpec | None = None
         self.metadata: AttentionMetadata | None = None
         self._write_rows: torch.Tensor | None = None  # [2 * num_tokens] K rows then V rows
-        self._decode: _DecodePlan | None = None
+        self._decode_groups: list[_DecodePlan] = []
         self._chunks: list[_ChunkPlan] = []
 
     def allocate(self, spec: KVCacheSpec) -> None:
@@ -75,7 +84,10 @@ class ReferenceBackend:
         decode_ids, chunk_ids = [], []
         for i, (q_len, mask) in enumerate(zip(metadata.query_lens_host, tree_masks, strict=True)):
             (decode_ids if q_len == 1 and mask is None else chunk_ids).append(i)
-        self._decode = self._plan_decodes(metadata, decode_ids, starts) if decode_ids else None
+        self._decode_groups = [
+            self._plan_decodes(metadata, group, starts)
+            for group in self._group_decodes(metadata, decode_ids)
+        ]
         self._chunks = [self._plan_chunk(metadata, i, starts[i], tree_masks[i]) for i in chunk_ids]
 
     def _k_and_v_rows(self, slots: torch.Tensor) -> torch.Tensor:
@@ -95,6 +107,20 @@ class ReferenceBackend:
         blocks = tables[:, positions // block_size]
         return blocks * block_size + positions % block_size
 
+    def _group_decodes(self, metadata: AttentionMetadata, ids: list[int]) -> list[list[int]]:
+        """Longest first; a group grows while its padded gather fits GATHER_BUDGET_BYTES."""
+        spec = self.spec
+        bytes_per_token = 2 * spec.num_kv_heads * spec.head_dim * spec.dtype.itemsize
+        budget_tokens = GATHER_BUDGET_BYTES // bytes_per_token
+        seq_lens = metadata.seq_lens_host
+        groups: list[list[int]] = []
+        for i in sorted(ids, key=lambda i: -seq_lens[i]):  # stable: equal lengths keep order
+            if groups and (len(groups[-1]) + 1) * seq_lens[groups[-1][0]] <= budget_tokens:
+                groups[-1].append(i)
+            else:
+                groups.append([i])
+        return groups
+
     def _plan_decodes(
         self, metadata: AttentionMetadata, ids: list[int], starts: list[int]
     ) -> _DecodePlan:
@@ -107,12 +133,13 @@ class ReferenceBackend:
             lens = torch.tensor(seq_lens, device=device)
             key_mask = torch.arange(max_seq_len, device=device) < lens[:, None]
             key_mask = key_mask[:, None, None, :]
+        rows = [starts[i] for i in ids]
         return _DecodePlan(
-            query_rows=torch.tensor([starts[i] for i in ids], dtype=torch.int64, device=device),
+            query_rows=torch.tensor(rows, dtype=torch.int64, device=device),
             kv_rows=self._k_and_v_rows(slots.reshape(-1)),
             key_mask=key_mask,
             max_seq_len=max_seq_len,
-            rows_are_all=len(ids) == metadata.num_requests,
+            rows_are_all=rows == list(range(metadata.num_tokens)),
         )
 
     def _plan_chunk(
@@ -140,12 +167,12 @@ class ReferenceBackend:
     ) -> torch.Tensor:
         flat = self._flat_cache(layer)
         flat.index_copy_(0, self._write_rows, torch.cat([k, v]).to(flat.dtype))
-        decode = self._decode
-        if decode is not None and decode.rows_are_all:
-            return self._attend_decodes(flat, q, decode, scale)
+        groups = self._decode_groups
+        if len(groups) == 1 and groups[0].rows_are_all:
+            return self._attend_decodes(flat, q, groups[0], scale)
         out = torch.empty_like(q)
-        if decode is not None:
-            out.index_copy_(0, decode.query_rows, self._attend_decodes(flat, q, decode, scale))
+        for group in groups:
+            out.index_copy_(0, group.query_rows, self._attend_decodes(flat, q, group, scale))
         for chunk in self._chunks:
             out[chunk.start : chunk.end] = self._attend_chunk(flat, q, chunk, scale)
         return out

@@ -7,6 +7,7 @@ sequences with explicit masks.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from dataclasses import dataclass
@@ -88,20 +89,35 @@ def place_requests(cases, gen):
 
 def write_history(cache, cases, all_slots, full_k, full_v):
     for case, slots, k, v in zip(cases, all_slots, full_k, full_v, strict=True):
-        hist = slots[: case.history]
-        cache[hist // BLOCK_SIZE, 0, hist % BLOCK_SIZE] = k[: case.history]
-        cache[hist // BLOCK_SIZE, 1, hist % BLOCK_SIZE] = v[: case.history]
+        hist = slots[: case.history].to(cache.device)
+        cache[hist // BLOCK_SIZE, 0, hist % BLOCK_SIZE] = k[: case.history].to(cache.device)
+        cache[hist // BLOCK_SIZE, 1, hist % BLOCK_SIZE] = v[: case.history].to(cache.device)
 
 
-def run_case(cases, num_heads=4, num_kv_heads=2, num_layers=2, seed=0):
-    """Returns (outputs per layer, expected per layer, backend, slots of each request)."""
+def to_device(metadata, device):
+    moved = {
+        f.name: getattr(metadata, f.name).to(device)
+        for f in dataclasses.fields(metadata)
+        if isinstance(getattr(metadata, f.name), torch.Tensor)
+    }
+    masks = tuple(None if m is None else m.to(device) for m in metadata.tree_masks)
+    return dataclasses.replace(metadata, **moved, tree_masks=masks)
+
+
+def run_case(cases, num_heads=4, num_kv_heads=2, num_layers=2, seed=0, device=CPU):
+    """Returns (outputs per layer, expected per layer, backend, slots of each request).
+
+    Inputs are drawn on the CPU; with another `device` the backend runs there and its
+    outputs come back to the CPU for comparison."""
     gen = torch.Generator().manual_seed(seed)
     backend = ReferenceBackend()
     backend.allocate(
-        KVCacheSpec(num_layers, NUM_BLOCKS, BLOCK_SIZE, num_kv_heads, HEAD_DIM, torch.float32, CPU)
+        KVCacheSpec(
+            num_layers, NUM_BLOCKS, BLOCK_SIZE, num_kv_heads, HEAD_DIM, torch.float32, device
+        )
     )
     metadata, all_slots = place_requests(cases, gen)
-    backend.plan(metadata)
+    backend.plan(to_device(metadata, device))
     scale = HEAD_DIM**-0.5
     new = [slice(c.history, None) for c in cases]
     outputs, expected = [], []
@@ -110,17 +126,17 @@ def run_case(cases, num_heads=4, num_kv_heads=2, num_layers=2, seed=0):
         full_k = [torch.randn(shape, generator=gen) for shape in seq]
         full_v = [torch.randn(shape, generator=gen) for shape in seq]
         q = [torch.randn(c.q_len, num_heads, HEAD_DIM, generator=gen) for c in cases]
-        cache = backend.kv_caches[layer]
-        write_history(cache, cases, all_slots, full_k, full_v)
+        write_history(backend.kv_caches[layer], cases, all_slots, full_k, full_v)
         new_k = torch.cat([k[s] for k, s in zip(full_k, new, strict=True)])
         new_v = torch.cat([v[s] for v, s in zip(full_v, new, strict=True)])
-        outputs.append(backend.forward(layer, torch.cat(q), new_k, new_v, scale))
+        args = (torch.cat(q).to(device), new_k.to(device), new_v.to(device))
+        outputs.append(backend.forward(layer, *args, scale).cpu())
         dense = zip(q, full_k, full_v, cases, strict=True)
         expected.append(
             torch.cat([naive_attention(*x[:3], dense_mask(x[3]), scale) for x in dense])
         )
         # The new tokens' K/V must now sit in the cache at their slots.
-        slots = metadata.slot_mapping
+        slots, cache = metadata.slot_mapping, backend.kv_caches[layer].cpu()
         torch.testing.assert_close(cache[slots // BLOCK_SIZE, 0, slots % BLOCK_SIZE], new_k)
         torch.testing.assert_close(cache[slots // BLOCK_SIZE, 1, slots % BLOCK_SIZE], new_v)
     return outputs, expected, backend, all_slots
@@ -189,3 +205,27 @@ def test_copy_slots_copies_k_and_v_in_every_layer():
         flat_now = cache.transpose(1, 2).reshape(NUM_BLOCKS * BLOCK_SIZE, 2, -1)
         flat_before = before[layer].transpose(1, 2).reshape(NUM_BLOCKS * BLOCK_SIZE, 2, -1)
         assert torch.equal(flat_now[untouched], flat_before[untouched])
+
+
+def test_decodes_split_into_length_sorted_groups(monkeypatch):
+    """A small gather budget forces several padded groups whose rows are out of order."""
+    import kernels.reference
+
+    bytes_per_token = 2 * 2 * HEAD_DIM * 4  # K+V, 2 KV heads, float32
+    monkeypatch.setattr(kernels.reference, "GATHER_BUDGET_BYTES", 24 * bytes_per_token)
+    cases = [Case(4, 1), Case(16, 1), Case(8, 1), Case(0, 5), Case(29, 1), Case(1, 1), Case(9, 1)]
+    outputs, expected, backend, _ = run_case(cases, num_heads=4, num_kv_heads=2)
+    groups = [group.query_rows.tolist() for group in backend._decode_groups]
+    assert len(groups) > 2 and sorted(sum(groups, [])) == [0, 1, 2, 8, 9, 10]
+    for out, ref in zip(outputs, expected, strict=True):
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_matches_dense_attention():
+    gen = torch.Generator().manual_seed(7)
+    cases = [Case(0, 7), Case(5, 1), Case(9, 6), Case(13, 1), Case(6, 5, random_tree_mask(5, gen))]
+    outputs, expected, _, _ = run_case(cases, device=torch.device("cuda"))
+    for out, ref in zip(outputs, expected, strict=True):
+        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)

@@ -149,3 +149,15 @@ _MIN_CONFIG = dict(
 
 def _default_inv_freq(theta: float, head_dim: int) -> torch.Tensor:
     return 1.0 / theta ** (torch.arange(0, head_dim, 2).float() / head_dim)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_paged_logits_match_transformers(tmp_path, models_helpers):
+    path, hf_model = models_helpers.build_hf_model(tmp_path, "qwen2")
+    model, _ = load_model(path, torch.float32, "cuda", ReferenceBackend())
+    sequences = models_helpers.schedule_sequences(models_helpers.TINY["vocab_size"])
+    ours = models_helpers.paged_logits(model, sequences)
+    for rid, ids in sequences.items():
+        expected = models_helpers.reference_logits(hf_model, ids)
+        torch.testing.assert_close(ours[rid].cpu(), expected, rtol=1e-3, atol=1e-3)

@@ -155,7 +155,9 @@ class LlamaForCausalLM(nn.Module):
         )
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """input_ids, positions: [T] int64 -> final-norm hidden states [T, hidden]."""
+        """input_ids, positions: [T] int64 -> final-norm hidden states [T, hidden].
+
+        Positions must be < config.max_position_embeddings (the RoPE table's length)."""
         x = self.embed_tokens(input_ids)
         rope = self.rotary.lookup(positions)
         for layer in self.layers:
@@ -236,6 +238,8 @@ class LlamaForCausalLM(nn.Module):
             return getattr(self, parts[1]).weight, None
         if parts[1] != "layers" or len(parts) not in (5, 6) or not parts[2].isdigit():
             raise ValueError(f"unexpected weight {hf_name!r}")
+        if int(parts[2]) >= len(self.layers):
+            raise ValueError(f"{hf_name!r}: the config has {len(self.layers)} layers")
         layer = self.layers[int(parts[2])]
         if len(parts) == 5 and parts[3] in ("input_layernorm", "post_attention_layernorm"):
             return getattr(layer, parts[3]).weight, None

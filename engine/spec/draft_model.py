@@ -147,6 +147,8 @@ class DraftModelProposer:
         builders = [TreeBuilder(ask.num_drafts) for ask in asks]
         logits = self.runner.logits([self._catch_up(ask) for ask in asks])
         self._add_children(asks, builders, [None] * len(asks), logits)
+        # fed[i]: the path whose K/V sits right after request i's root (positions num_tokens..)
+        fed: list[list[int]] = [[] for _ in asks]
         while True:
             expand = [
                 (i, node)
@@ -156,23 +158,27 @@ class DraftModelProposer:
             if not expand:
                 break
             queries = [
-                DraftQuery(
-                    [asks[i].token_ids[-1], *builders[i].path(node)],
-                    len(asks[i].token_ids) - 1,
-                    asks[i].block_ids,
-                )
-                for i, node in expand
+                self._path_query(asks[i], fed[i], builders[i].path(node)) for i, node in expand
             ]
-            logits = self.runner.logits(queries)
+            for i, node in expand:
+                fed[i] = builders[i].path(node)
             self._add_children(
                 [asks[i] for i, _ in expand],
                 [builders[i] for i, _ in expand],
                 [node for _, node in expand],
-                logits,
+                self.runner.logits(queries),
             )
         for ask, builder in zip(asks, builders):
             if builder.num_nodes:
                 drafts.trees[ask.request_id] = builder.tree()
+
+    @staticmethod
+    def _path_query(ask: ProposeRequest, fed: list[int], path: list[int]) -> DraftQuery:
+        """Feed `path` (tokens after the root) from where it leaves the already fed path: the
+        K/V of a shared prefix was computed with the same ancestors at the same positions.
+        A new node is never on the fed path, so at least its own token is fed."""
+        common = _num_same(fed, path)
+        return DraftQuery(path[common:], len(ask.token_ids) + common, ask.block_ids)
 
     def _add_children(
         self,
@@ -214,7 +220,7 @@ class DraftModelProposer:
         if self.runner.shares_target_cache:
             start = num_tokens - 1  # the target holds the prefix's K/V for every layer
         else:
-            same = _num_same_blocks(state.block_ids, ask.block_ids)
+            same = _num_same(state.block_ids, ask.block_ids)
             start = min(state.num_computed, num_tokens - 1, same * self.runner.block_size)
             state.num_computed, state.block_ids = num_tokens, tuple(ask.block_ids)
         return DraftQuery(ask.token_ids[start:], start, ask.block_ids)
@@ -249,18 +255,17 @@ class DraftModelProposer:
 
 
 def _next_to_expand(builder: TreeBuilder) -> int | None:
-    """Add nodes best-first until one whose children could still enter the tree; its index."""
+    """Add the best frontier candidate as a node; its index if its children could still fit."""
     node = builder.pop()
-    while node is not None and not builder.worth_expanding(node):
-        node = builder.pop()
-    return node
+    return node if node is not None and builder.num_left > 0 else None
 
 
 def _params(ask: ProposeRequest) -> SamplingParams:
     return ask.params if ask.params is not None else _GREEDY
 
 
-def _num_same_blocks(old: Sequence[int], new: Sequence[int]) -> int:
+def _num_same(old: Sequence[int], new: Sequence[int]) -> int:
+    """Length of the common prefix."""
     count = 0
     for a, b in zip(old, new):
         if a != b:

@@ -7,10 +7,9 @@ highest-scoring nodes reachable from the root (the dynamic trees of EAGLE-2, Li 
 Nodes are appended in the order chosen: parents precede children, and among siblings the more
 probable one comes first, which is the order the sampled tree verifier tries them in.
 
-Candidates for a node's children need the draft's distribution at that node (one draft
-forward), so the proposer asks `worth_expanding(node)` first: a child scores at most its
-parent, so when the frontier already holds as many candidates scoring at least the node's
-score as there are nodes left to add, no child of the node can enter the tree.
+Candidates for a node's children need the draft's distribution at that node, one draft
+forward, so the proposer expands a node only while the budget has room for its children; the
+last node added is never expanded.
 """
 
 from __future__ import annotations
@@ -59,14 +58,6 @@ class TreeBuilder:
         self.parent_ids.append(parent)
         self.scores.append(-negative_score)
         return self.num_nodes - 1
-
-    def worth_expanding(self, node: int) -> bool:
-        """Could any child of `node` still enter the tree? (See the module docstring.)"""
-        if self.num_left <= 0:
-            return False
-        score = self.scores[node]
-        num_better = sum(1 for entry in self._frontier if -entry[0] >= score)
-        return num_better < self.num_left
 
     def path(self, node: int | None) -> list[int]:
         """Token ids from the root's child down to `node` inclusive; [] for the root."""

@@ -127,12 +127,6 @@ def test_sampled_draft_speculation_matches_the_target(models, exact_probs, mode)
     # Speculation really happened, and drafts were neither always nor never accepted.
     assert stats.spec_num_drafts_total > NUM_REQUESTS // 2
     assert 0.1 < stats.spec_num_accepted_tokens_total / stats.spec_num_draft_tokens_total < 0.9
-    print(
-        "PVAL",
-        mode,
-        chi_square_pvalue(counts, exact_probs),
-        stats.spec_num_accepted_tokens_total / stats.spec_num_draft_tokens_total,
-    )
     assert chi_square_pvalue(counts, exact_probs) > ALPHA
 
 

@@ -42,6 +42,8 @@ POLICIES = ("off", "fixed:1", "fixed:3", "fixed:5", "goodput")
 MAX_K = 5  # --num-speculative-tokens: fixed:5 and goodput may use up to 5 drafts
 FULL = dict(multipliers=(0.5, 1.0, 2.0, 4.0, 8.0), num_prompts=24, max_tokens=64, calibrate=4)
 QUICK = dict(multipliers=(1.0, 4.0, 16.0), num_prompts=3, max_tokens=16, calibrate=2)
+FULL.update(interleave=True)  # 50 server starts (~20 s each) buy policies measured side by side
+QUICK.update(interleave=False)
 SPEC_COUNTERS = (
     "goodspeed:spec_decode_num_draft_tokens_total",
     "goodspeed:spec_decode_num_accepted_tokens_total",
@@ -61,10 +63,11 @@ def machine_description() -> str:
 
 
 def load_average() -> str:
+    """'load average 1.2, 3.4, 5.6' (1, 5, 15 minutes), like uptime's."""
     try:
         return "load average " + ", ".join(Path("/proc/loadavg").read_text().split()[:3])
     except OSError:
-        return "load average unknown"
+        return "load average 0, 0, 0"  # not Linux: unknown
 
 
 def write_section(path: Path, name: str, body: str) -> None:
@@ -194,35 +197,41 @@ def save_results(path: Path, results: dict) -> None:
     partial.replace(path)
 
 
-def missing_cells(results: dict, policy: str, args) -> list[tuple[str, float]]:
+def server_runs(results: dict, args: argparse.Namespace) -> list[tuple[str, list]]:
+    """(policy, [(workload, multiplier)...]) per server start, cells already done left out:
+    one server per policy, or with --interleave one per cell, the policies adjacent in time at
+    each (workload, rate), so that load drift on a shared machine hits every policy alike."""
     done = {(c["workload"], c["policy"], c["multiplier"]) for c in results["cells"]}
-    return [
-        (workload, multiplier)
+    cells = [
+        (workload, multiplier, policy)
         for workload in args.workloads
         for multiplier in args.multipliers
+        for policy in args.policies
         if (workload, policy, multiplier) not in done
     ]
+    if args.interleave:
+        return [(policy, [(workload, multiplier)]) for workload, multiplier, policy in cells]
+    by_policy = {policy: [(w, m) for w, m, p in cells if p == policy] for policy in args.policies}
+    return [(policy, todo) for policy, todo in by_policy.items() if todo]
 
 
 def sweep(args: argparse.Namespace) -> dict:
     output = Path(args.output)
     results = load_results(output)
-    results.setdefault("runs", []).append(
-        dict(command="python " + " ".join(sys.argv), date=time.strftime("%Y-%m-%d %H:%M"))
-    )
-    results.update(
-        machine=machine_description(), max_tokens=args.max_tokens, num_prompts=args.num_prompts
-    )
-    for policy in args.policies:
-        todo = missing_cells(results, policy, args)
-        if not todo:
-            print(f"[sweep] {policy}: all cells done, skipped", flush=True)
-            continue
+    runs = server_runs(results, args)
+    if runs:  # record the runs that measured something
+        command = "python " + " ".join(sys.argv)
+        results.setdefault("runs", []).append(dict(command=command, date=time.strftime("%F %R")))
+        results.update(machine=machine_description(), max_tokens=args.max_tokens)
+        results.update(num_prompts=args.num_prompts)
+    print(f"[sweep] {sum(len(todo) for _, todo in runs)} cells to measure", flush=True)
+    for policy, todo in runs:
         with running_server(policy, args) as base_url:
             for workload, multiplier in todo:
                 scales = results["calibration_s"]
                 if workload not in scales:
                     scales[workload] = calibrate(base_url, workload, args)
+                    results.setdefault("calibration_policy", {})[workload] = policy
                     alone = f"{scales[workload]:.2f} s ({policy})"
                     print(f"[sweep] {workload}: one request alone {alone}", flush=True)
                 cell = run_cell(base_url, workload, policy, multiplier, scales[workload], args)
@@ -255,18 +264,22 @@ def cell_row(cell: dict, baseline: dict | None) -> str:
 
 def markdown(results: dict, args: argparse.Namespace) -> str:
     cells = results["cells"]
-    loads = [float(c["uptime"].split()[2].rstrip(",")) for c in cells if "average" in c["uptime"]]
-    scales = ", ".join(f"{w} {s:.2f} s" for w, s in results["calibration_s"].items())
+    loads = [float(c["uptime"].split()[2].rstrip(",")) for c in cells]
+    by = results.get("calibration_policy", {})
+    scales = ", ".join(
+        f"{w} {s:.2f} s (policy {by.get(w, 'off')})" for w, s in results["calibration_s"].items()
+    )
     runs = "; ".join(f"`{r['command']}` ({r['date']})" for r in results["runs"])
     lines = [
-        "## Policy sweep: latency vs load (goodspeed serve, n-gram drafts, chat completions)",
+        "## Policy sweep: latency vs load (goodspeed serve, n-gram drafts, chat completions)"
+        + (" — quick smoke test, not a result" if args.quick else ""),
         "",
         f"Runs: {runs}. Machine: {results['machine']}; 1-minute load average during the "
         f"cells {min(loads, default=0):.1f}-{max(loads, default=0):.1f} (other work shares "
         f"the cores: compare policies within one run, not with other pages).",
         f"{results['num_prompts']} requests per cell, max_tokens {results['max_tokens']}, greedy, "
         f"prefix caching off, up to {MAX_K} drafts. Rate = multiplier / (mean latency of one "
-        f"request alone, policy off): {scales}. Latencies in seconds, TTFT/TPOT in ms; "
+        f"request alone): {scales}. Latencies in seconds, TTFT/TPOT in ms; "
         "'vs off' = mean latency / policy off's at the same rate; 'accepted' = accepted / "
         "drafted tokens; 'mean k' = mean chosen k per running request per step. Plot: "
         f"`{Path(args.plot).name}`.",
@@ -308,11 +321,18 @@ def plot(results: dict, path: Path) -> None:
                 rates = [c["rate"] for c in cells]
                 latency = [c["e2el_ms"]["mean"] / 1000 for c in cells]
                 axis.plot(rates, latency, marker="o", label=policy)
+        rates = sorted({c["rate"] for c in results["cells"] if c["workload"] == workload})
         axis.set(xscale="log", xlabel="request rate (req/s, Poisson)", ylabel="mean latency (s)")
+        axis.set_xticks(rates, [f"{rate:.2g}" for rate in rates])
+        axis.minorticks_off()
         axis.set_title(f"{workload} workload")
         axis.grid(True, which="both", alpha=0.3)
         axis.legend()
-    figure.suptitle(f"goodspeed speculation policies, SmolLM2-135M, {results['machine']}")
+    loads = [float(c["uptime"].split()[2].rstrip(",")) for c in results["cells"]]
+    figure.suptitle(
+        f"goodspeed speculation policies, SmolLM2-135M, {results['num_prompts']} requests per "
+        f"point; {results['machine']}, load average {min(loads):.1f}-{max(loads):.1f}"
+    )
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)
@@ -329,6 +349,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--num-prompts", type=int, default=None, help="requests per cell")
     parser.add_argument("--max-tokens", type=int, default=None)
     parser.add_argument("--calibrate", type=int, default=None, help="requests timing the scale")
+    parser.add_argument(
+        "--interleave",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="one server per cell, policies side by side (default: on, off with --quick)",
+    )
     parser.add_argument("--model", default=None)
     parser.add_argument("--threads", type=int, default=None, help="server torch threads")
     parser.add_argument("--spec-cost-cache", default=None, help="default: the engine's")

@@ -31,7 +31,13 @@ class SpecDriver:
             else None
         )
         self.policy = make_policy(
-            config.policy if self.enabled else "off", cost_model=self.cost_model, max_k=self.max_k
+            config.policy if self.enabled else "off",
+            cost_model=self.cost_model,
+            max_k=self.max_k,
+            # goodput only: node budgets and draft passes change E(k) and T(batch)
+            tree=self.tree,
+            draft_model=self.draft_model,
+            token_budget=scheduler.config.max_num_batched_tokens,
         )
         self.seed_report = self._seed_cost_model(runner)
         self._plan: SpecPlan = {}

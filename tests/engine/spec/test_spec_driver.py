@@ -78,6 +78,20 @@ def test_goodput_varies_k_and_is_greedy_lossless(tiny_model_dir, tmp_path, refer
     assert spec.cost_model.num_observations >= steps
 
 
+def test_goodput_trees_plan_node_budgets_and_are_greedy_lossless(
+    tiny_model_dir, tmp_path, reference
+):
+    llm = make_llm(tiny_model_dir, tmp_path, speculative_proposer="ngram", spec_tree_nodes=6)
+    policy = llm.engine.spec.policy
+    assert isinstance(policy, GoodputPolicy) and policy.tree and policy.max_k == 6
+    assert policy.token_budget == llm.engine.config.scheduler.max_num_batched_tokens
+    plans = record_plans(llm)
+    assert generate(llm) == reference
+    budgets = {k for plan in plans for k in plan.values()}
+    assert budgets and max(budgets) <= 6
+    assert llm.engine.spec.num_draft_tokens_total > 0
+
+
 def test_fixed_policy_does_not_profile_and_is_lossless(tiny_model_dir, tmp_path, reference):
     llm = make_llm(tiny_model_dir, tmp_path, speculative_proposer="ngram", spec_policy="fixed:3")
     assert llm.engine.spec.seed_report is None

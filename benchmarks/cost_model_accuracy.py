@@ -84,6 +84,21 @@ def run_workload(engine: LLMEngine, prompts: list[list[int]], args: argparse.Nam
     return num_added
 
 
+def repeatability(engine: LLMEngine, repeats: int = 8) -> dict[str, float]:
+    """The noise floor: the same synthetic step timed `repeats` times (three decode shapes,
+    on the idle pool before the workload); |t - median| / median of its shape, pooled."""
+    from engine.spec.profiler import DummyBatchRunner
+
+    run_step = DummyBatchRunner(engine.runner, engine.scheduler.block_manager)
+    deviations = []
+    for shape, count in (((300, 1, 0), 1), ((300, 1, 0), 4), ((300, 1, 2), 4)):
+        features = StepFeatures.from_shapes([shape] * count)
+        run_step(features)  # warm-up
+        times = np.array([run_step(features) for _ in range(repeats)])
+        deviations.extend(np.abs(times - np.median(times)) / np.median(times))
+    return summary(np.array(deviations))
+
+
 def relative_errors(model: OnlineLinearCostModel, steps) -> np.ndarray:
     return np.array([abs(model.predict(f) - s) / s for f, s, _ in steps])
 
@@ -143,7 +158,7 @@ def markdown(report: dict) -> str:
     lines = [
         "## Cost-model accuracy (real steps, SmolLM2, n-gram + goodput)",
         "",
-        f"`{report['command']}` — {report['date']}, {report['machine']}, load `{report['uptime']}`.",
+        f"`{report['command']}` — {report['date']}, {report['machine']}, {report['uptime']}.",
         f"{report['num_steps']} steps, {report['num_requests']} requests (copy + chat, chat "
         f"template), up to {mix['max_requests']} in flight (mean {mix['mean_requests']:.1f}), "
         f"{100 * mix['steps_with_drafts']:.0f}% of steps verify drafts, mean step "
@@ -158,6 +173,11 @@ def markdown(report: dict) -> str:
         row("online model (predicted before observing), whole run", report["online"]),
         row("online model, same last part as held-out", report["online_last_part"]),
     ]
+    noise = report["repeatability"]
+    lines.append(
+        f"| noise floor: one step shape timed {noise['n'] // 3} times, deviation from its median "
+        f"| {noise['n']} | {100 * noise['median']:.1f}% | {100 * noise['p90']:.1f}% |"
+    )
     if "profile_only" in report:
         source = report["seed_source"]
         if source == "profile":
@@ -204,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     random.Random(args.seed).shuffle(texts)
     chat = [[{"role": "user", "content": text}] for text in texts]
     prompts = [engine.tokenizer.apply_chat_template(messages) for messages in chat]
+    noise = repeatability(engine)
     recorder = StepRecorder(engine.spec.cost_model)
     num_requests = run_workload(engine, prompts, args)
     report = evaluate(recorder.steps, seed_params, args.train_fraction)
@@ -218,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         seed_seconds=seed.seconds if seed else 0.0,
         mix=step_mix(recorder.steps),
         wall_seconds=time.perf_counter() - start,
+        repeatability=noise,
         steps=[[*dataclasses.astuple(f), s, p] for f, s, p in recorder.steps],
     )
     print(json.dumps(report, indent=2))

@@ -24,6 +24,12 @@ then. Only verified tokens count: the next catch-up re-feeds the accepted drafts
 chunk) rather than trusting K/V written for draft rows, so rejected drafts, trimmed blocks and
 tree branches need no tracking. A changed block id (copy-on-write) cuts the valid prefix at
 that block; preemption drops the state (SpecDriver calls release).
+
+Known limitation: a self-draft reads the target's cache before the runner performs this step's
+copy-on-write block copies, so in the one step where a request's root block is copied (the
+first write after an n > 1 fork) its drafts attend to an uncopied block and are poor. Only
+acceptance suffers: the draft writes nothing outside the reserved slots, and verification is
+unaffected.
 """
 
 from __future__ import annotations

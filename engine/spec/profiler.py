@@ -218,9 +218,7 @@ def seed_cost_model(
         logger.exception("cost model: start-up profile failed; learning online")
         return SeedReport("failed", key)
     seconds = time.perf_counter() - start
-    saved = cache is not None and num_steps > 0
-    if saved:
-        cache.save(key, cost_model.to_params())
+    saved = cache is not None and num_steps > 0 and _save(cache, key, cost_model)
     logger.info(
         "cost model: profiled %d steps (%d shapes) in %.1f s, median in-sample error %.0f%%%s",
         num_steps,
@@ -232,8 +230,21 @@ def seed_cost_model(
     return SeedReport("profile", key, num_steps, seconds, str(cache.path) if saved else None)
 
 
+def _save(cache: CostModelCache, key: str, cost_model: OnlineLinearCostModel) -> bool:
+    try:
+        cache.save(key, cost_model.to_params())
+    except OSError as exc:  # e.g. a read-only home in a container: profile again next start
+        logger.warning("cost model: cannot write the cache %s (%s)", cache.path, exc)
+        return False
+    return True
+
+
 def _load_cached(cost_model: OnlineLinearCostModel, cache: CostModelCache, key: str) -> bool:
-    params = cache.load(key)
+    try:
+        params = cache.load(key)
+    except OSError as exc:
+        logger.warning("cost model: cannot read the cache %s (%s); profiling", cache.path, exc)
+        return False
     if params is None:
         return False
     try:

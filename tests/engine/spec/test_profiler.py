@@ -174,6 +174,16 @@ def test_a_corrupt_cache_entry_is_profiled_again(tiny_model_dir, tmp_path):
     assert json.loads((tmp_path / "cost_models.json").read_text())[key]["features"] != ["other"]
 
 
+def test_an_unwritable_cache_only_costs_a_warning(tiny_model_dir, tmp_path, caplog):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the cache directory should be")
+    config = engine_config(tiny_model_dir, tmp_path, spec_cost_cache=str(blocker / "c.json"))
+    engine = LLMEngine.from_config(config)
+    report = engine.spec.seed_report
+    assert report.source == "profile" and report.cache_path is None
+    assert engine.spec.cost_model.fitted and "cannot write the cache" in caplog.text
+
+
 def test_zero_seconds_skips_profile_and_cache(tiny_model_dir, tmp_path):
     engine = LLMEngine.from_config(engine_config(tiny_model_dir, tmp_path, spec_profile_seconds=0))
     assert engine.spec.seed_report.source == "skipped"

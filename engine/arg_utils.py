@@ -21,7 +21,11 @@ _FLAGS: tuple[tuple[str, type, str], ...] = (
     ("--max-num-batched-tokens", int, "token budget of one step (default 512)"),
     ("--max-num-seqs", int, "running requests at once (default 64)"),
     ("--speculative-proposer", str, "none | ngram | recycle | draft"),
-    ("--draft-model", str, "draft model path (with --speculative-proposer draft)"),
+    (
+        "--draft-model",
+        str,
+        "draft model path, or self:N = the target's first N layers (with --speculative-proposer draft)",
+    ),
     ("--num-speculative-tokens", int, "maximum draft tokens per step (default 4)"),
     ("--spec-tree-nodes", int, "tree node budget (0 = chains)"),
     ("--spec-policy", str, "off | fixed:K | goodput (default goodput when a proposer is set)"),

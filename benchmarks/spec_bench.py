@@ -186,7 +186,7 @@ def summarize(runs: list[dict], args: argparse.Namespace) -> list[dict]:
 
 def markdown(results: dict) -> str:
     args = results["args"]
-    quick = args["num_prompts"] < 4 or args["max_tokens"] < 128
+    quick = args["num_prompts"] < 3 or args["max_tokens"] < 128
     lines = [
         "## Speculative decoding (batch 1)" + (" — quick smoke run, not a result" if quick else ""),
         "",

@@ -26,6 +26,7 @@ from engine.llm import LLM
 from engine.outputs import EngineStats
 from engine.sampling_params import SamplingParams
 from tests.conftest import build_tiny_llama
+from tests.stats import chi_square
 
 VOCAB = 32
 TEMPERATURE = 0.5
@@ -34,7 +35,6 @@ NUM_MEASURED = 3  # tokens whose joint law is tested
 K = 3
 TREE_NODES = 6  # ~half of the n-gram trees branch (3 nodes: < 10%; the budget goes deep first)
 ALPHA = 1e-3  # significance: a correct engine fails with probability 1e-3 per test (seed-fixed)
-MIN_EXPECTED = 5.0  # outcomes expected fewer times than this are merged into one bin
 PROMPT_LEN = 32
 ATTENTION_SCALE = 0.01
 
@@ -154,27 +154,6 @@ def run_engine(
     stats = llm.engine.stats()
     assert stats.num_free_blocks == stats.num_total_blocks  # no KV block leaked
     return counts, stats
-
-
-def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> tuple[float, int, float]:
-    """Pearson's statistic, degrees of freedom and p-value of counts against probs.
-
-    Outcomes expected fewer than MIN_EXPECTED times share one bin (the usual validity rule).
-    The p-value is the chi-square survival function, the regularised upper incomplete gamma
-    function Q(df / 2, stat / 2).
-    """
-    expected = probs * counts.sum()
-    big = expected >= MIN_EXPECTED
-    observed_bins = torch.cat([counts[big], counts[~big].sum()[None]])
-    expected_bins = torch.cat([expected[big], expected[~big].sum()[None]])
-    keep = expected_bins > 0
-    observed_bins, expected_bins = observed_bins[keep], expected_bins[keep]
-    statistic = float(((observed_bins - expected_bins) ** 2 / expected_bins).sum())
-    dof = int(keep.sum()) - 1
-    p_value = torch.special.gammaincc(
-        torch.tensor(dof / 2, dtype=torch.float64), torch.tensor(statistic / 2, dtype=torch.float64)
-    )
-    return statistic, dof, float(p_value)
 
 
 def test_chi_square_rejects_a_slightly_wrong_law(exact_joint):

@@ -27,13 +27,13 @@ from engine.llm import LLM
 from engine.sampling_params import SamplingParams
 from tests.conftest import build_tiny_llama
 from tests.engine.spec.test_draft_model import noisy_copy
+from tests.stats import chi_square_pvalue
 
 VOCAB = 16
 PROMPT = [5]
 TEMPERATURE = 0.8
 NUM_MEASURED = 3
 NUM_REQUESTS = 20_000
-MIN_EXPECTED = 5
 ALPHA = 1e-3
 BUG_ALPHA = 1e-6
 MAX_TOKENS = 4  # after the first token, up to 2 drafts fit: chains of 2, trees of 2 nodes
@@ -106,16 +106,6 @@ def sample_counts(llm: LLM, num_requests: int) -> torch.Tensor:
     stats = llm.engine.stats()
     assert stats.num_free_blocks == stats.num_total_blocks  # no KV block leaked
     return counts
-
-
-def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
-    expected = probs * counts.sum()
-    big = expected >= MIN_EXPECTED
-    observed = torch.cat([counts[big], counts[~big].sum()[None]])
-    expected = torch.cat([expected[big], expected[~big].sum()[None]])
-    statistic = ((observed - expected) ** 2 / expected).sum()
-    dof = torch.tensor(len(observed) - 1, dtype=torch.float64)
-    return torch.special.gammaincc(dof / 2, statistic / 2).item()
 
 
 @pytest.mark.slow  # ~35-50 s each on a shared 2-core CPU

@@ -17,6 +17,7 @@ import torch
 import engine.spec.verify as verify
 from engine.spec.tree import path_to
 from kernels.sampling import inverse_cdf, sample_from_probs
+from tests.stats import chi_square_pvalue
 
 VOCAB = 8
 ROOT = 3
@@ -35,18 +36,6 @@ def markov(seed: int, scale: float) -> torch.Tensor:
 
 TARGET = markov(0, 1.0)
 DRAFT = markov(1, 1.0)
-
-
-def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
-    """Survival function of chi-square(dof) at the statistic: gammaincc(dof / 2, stat / 2)."""
-    counts, expected = counts.double(), probs.double() * counts.sum()
-    small = expected < 5
-    if small.any():
-        counts = torch.cat([counts[~small], counts[small].sum(dim=0, keepdim=True)])
-        expected = torch.cat([expected[~small], expected[small].sum(dim=0, keepdim=True)])
-    stat = ((counts - expected) ** 2 / expected).sum()
-    dof = torch.tensor(len(counts) - 1, dtype=torch.float64)
-    return torch.special.gammaincc(dof / 2, stat / 2).item()
 
 
 def _joint_probs() -> torch.Tensor:

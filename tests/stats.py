@@ -1,0 +1,32 @@
+"""Pearson's chi-square goodness-of-fit test, shared by the statistical losslessness tests."""
+
+from __future__ import annotations
+
+import torch
+
+MIN_EXPECTED = 5.0  # outcomes expected fewer times share one bin (the usual validity rule)
+
+
+def chi_square(
+    counts: torch.Tensor, probs: torch.Tensor, min_expected: float = MIN_EXPECTED
+) -> tuple[float, int, float]:
+    """Statistic, degrees of freedom and p-value of observed counts against probabilities.
+
+    The p-value is the chi-square survival function, the regularised upper incomplete gamma
+    function Q(dof / 2, stat / 2).
+    """
+    counts = counts.double()
+    expected = probs.double() * counts.sum()
+    big = expected >= min_expected
+    observed_bins = torch.cat([counts[big], counts[~big].sum()[None]])
+    expected_bins = torch.cat([expected[big], expected[~big].sum()[None]])
+    keep = expected_bins > 0
+    observed_bins, expected_bins = observed_bins[keep], expected_bins[keep]
+    statistic = float(((observed_bins - expected_bins) ** 2 / expected_bins).sum())
+    dof = int(keep.sum()) - 1
+    half = torch.tensor([dof / 2, statistic / 2], dtype=torch.float64)
+    return statistic, dof, float(torch.special.gammaincc(half[0], half[1]))
+
+
+def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    return chi_square(counts, probs)[2]

@@ -46,19 +46,27 @@ def timed(fn) -> float:
 
 def ours(llm: LLM, prompt: list[int], batch: list[list[int]], new_tokens: int) -> dict:
     def run(prompts, n):
-        llm.generate(prompts, SamplingParams(max_tokens=n, temperature=0, ignore_eos=True), use_tqdm=False)
+        llm.generate(
+            prompts, SamplingParams(max_tokens=n, temperature=0, ignore_eos=True), use_tqdm=False
+        )
 
     run([prompt], 4)  # warm-up
     t1 = min(timed(lambda: run([prompt], 1)) for _ in range(2))
     tn = timed(lambda: run([prompt], new_tokens))
     tb = timed(lambda: run(batch, new_tokens))
-    return {"decode_tok_s": (new_tokens - 1) / (tn - t1), "batch_tok_s": len(batch) * new_tokens / tb, "batch_seconds": tb}
+    return {
+        "decode_tok_s": (new_tokens - 1) / (tn - t1),
+        "batch_tok_s": len(batch) * new_tokens / tb,
+        "batch_seconds": tb,
+    }
 
 
 def hf(model_path: Path, prompt: list[int], batch: list[list[int]], new_tokens: int) -> dict:
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_path.parent, gguf_file=model_path.name, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(
+        model_path.parent, gguf_file=model_path.name, dtype=torch.float32
+    ).eval()
     pad = model.config.eos_token_id if isinstance(model.config.eos_token_id, int) else 0
 
     def run(prompts, n):
@@ -66,18 +74,31 @@ def hf(model_path: Path, prompt: list[int], batch: list[list[int]], new_tokens: 
         ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
         with torch.inference_mode():
-            model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=pad)
+            model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=n,
+                min_new_tokens=n,
+                do_sample=False,
+                pad_token_id=pad,
+            )
 
     run([prompt], 4)
     t1 = min(timed(lambda: run([prompt], 1)) for _ in range(2))
     tn = timed(lambda: run([prompt], new_tokens))
     tb = timed(lambda: run(batch, new_tokens))
-    return {"decode_tok_s": (new_tokens - 1) / (tn - t1), "batch_tok_s": len(batch) * new_tokens / tb, "batch_seconds": tb}
+    return {
+        "decode_tok_s": (new_tokens - 1) / (tn - t1),
+        "batch_tok_s": len(batch) * new_tokens / tb,
+        "batch_seconds": tb,
+    }
 
 
 def profile_decode(llm: LLM, prompt: list[int], steps: int = 16) -> list[tuple[str, float]]:
     engine = llm.engine
-    engine.add_request("profile", prompt, SamplingParams(max_tokens=steps + 2, temperature=0, ignore_eos=True))
+    engine.add_request(
+        "profile", prompt, SamplingParams(max_tokens=steps + 2, temperature=0, ignore_eos=True)
+    )
     engine.step()  # prefill
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         for _ in range(steps):
@@ -90,7 +111,9 @@ def profile_decode(llm: LLM, prompt: list[int], steps: int = 16) -> list[tuple[s
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--new-tokens", type=int, default=128)
@@ -100,15 +123,30 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="write JSON results here")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    llm = LLM(config=EngineConfig.from_flat({"model": args.model, "dtype": "float32", "threads": args.threads, "max_num_seqs": max(64, args.concurrency)}))
+    llm = LLM(
+        config=EngineConfig.from_flat(
+            {
+                "model": args.model,
+                "dtype": "float32",
+                "threads": args.threads,
+                "max_num_seqs": max(64, args.concurrency),
+            }
+        )
+    )
     prompt = llm.tokenizer.encode("The history of the printing press")
     batch = load_prompts(llm.tokenizer, args.concurrency, args.prompt_len)
-    results = {"date": str(date.today()), "machine": f"{platform.machine()} {torch.get_num_threads()} threads, torch {torch.__version__}", "args": vars(args)}
+    results = {
+        "date": str(date.today()),
+        "machine": f"{platform.machine()} {torch.get_num_threads()} threads, torch {torch.__version__}",
+        "args": vars(args),
+    }
     results["goodspeed"] = ours(llm, prompt, batch, args.new_tokens)
     results["profile_top_ops_pct"] = profile_decode(llm, prompt)
     if not args.skip_hf:
         results["hf"] = hf(llm.engine.runner.model_path, prompt, batch, args.new_tokens)
-        results["ratio_decode"] = results["goodspeed"]["decode_tok_s"] / results["hf"]["decode_tok_s"]
+        results["ratio_decode"] = (
+            results["goodspeed"]["decode_tok_s"] / results["hf"]["decode_tok_s"]
+        )
         results["ratio_batch"] = results["goodspeed"]["batch_tok_s"] / results["hf"]["batch_tok_s"]
     text = json.dumps(results, indent=2)
     print(text)

@@ -44,12 +44,8 @@ def timed(fn) -> float:
     return time.perf_counter() - start
 
 
-def ours(llm: LLM, prompt: list[int], batch: list[list[int]], new_tokens: int) -> dict:
-    def run(prompts, n):
-        llm.generate(
-            prompts, SamplingParams(max_tokens=n, temperature=0, ignore_eos=True), use_tqdm=False
-        )
-
+def measure(run, prompt: list[int], batch: list[list[int]], new_tokens: int) -> dict:
+    """run(prompts, n) generates n tokens for each prompt; the same protocol for both engines."""
     run([prompt], 4)  # warm-up
     t1 = min(timed(lambda: run([prompt], 1)) for _ in range(2))
     tn = timed(lambda: run([prompt], new_tokens))
@@ -59,6 +55,15 @@ def ours(llm: LLM, prompt: list[int], batch: list[list[int]], new_tokens: int) -
         "batch_tok_s": len(batch) * new_tokens / tb,
         "batch_seconds": tb,
     }
+
+
+def ours(llm: LLM, prompt: list[int], batch: list[list[int]], new_tokens: int) -> dict:
+    def run(prompts, n):
+        llm.generate(
+            prompts, SamplingParams(max_tokens=n, temperature=0, ignore_eos=True), use_tqdm=False
+        )
+
+    return measure(run, prompt, batch, new_tokens)
 
 
 def hf(model_path: Path, prompt: list[int], batch: list[list[int]], new_tokens: int) -> dict:
@@ -83,15 +88,7 @@ def hf(model_path: Path, prompt: list[int], batch: list[list[int]], new_tokens: 
                 pad_token_id=pad,
             )
 
-    run([prompt], 4)
-    t1 = min(timed(lambda: run([prompt], 1)) for _ in range(2))
-    tn = timed(lambda: run([prompt], new_tokens))
-    tb = timed(lambda: run(batch, new_tokens))
-    return {
-        "decode_tok_s": (new_tokens - 1) / (tn - t1),
-        "batch_tok_s": len(batch) * new_tokens / tb,
-        "batch_seconds": tb,
-    }
+    return measure(run, prompt, batch, new_tokens)
 
 
 def profile_decode(llm: LLM, prompt: list[int], steps: int = 16) -> list[tuple[str, float]]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 MIN_EXPECTED = 5.0  # outcomes expected fewer times share one bin (the usual validity rule)
@@ -30,3 +32,17 @@ def chi_square(
 
 def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
     return chi_square(counts, probs)[2]
+
+
+def joint_counts(
+    token_id_lists: Sequence[Sequence[int]], vocab_size: int, num_measured: int
+) -> torch.Tensor:
+    """Counts [vocab_size ** num_measured] of the first num_measured tokens of each sequence,
+    indexed as base-vocab_size numbers (first token most significant)."""
+    counts = torch.zeros(vocab_size**num_measured, dtype=torch.float64)
+    for token_ids in token_id_lists:
+        index = 0
+        for token_id in token_ids[:num_measured]:
+            index = index * vocab_size + token_id
+        counts[index] += 1
+    return counts

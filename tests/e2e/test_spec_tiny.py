@@ -26,7 +26,7 @@ from engine.llm import LLM
 from engine.outputs import EngineStats
 from engine.sampling_params import SamplingParams
 from tests.conftest import build_tiny_llama
-from tests.stats import chi_square
+from tests.stats import chi_square, joint_counts
 
 VOCAB = 32
 TEMPERATURE = 0.5
@@ -145,12 +145,7 @@ def run_engine(
         for seed in range(num_requests)
     ]
     outputs = llm.generate([prompt] * num_requests, params, use_tqdm=False)
-    counts = torch.zeros(VOCAB**NUM_MEASURED, dtype=torch.float64)
-    for output in outputs:
-        index = 0
-        for token_id in output.output_token_ids[:NUM_MEASURED]:
-            index = index * VOCAB + token_id
-        counts[index] += 1
+    counts = joint_counts([o.output_token_ids for o in outputs], VOCAB, NUM_MEASURED)
     stats = llm.engine.stats()
     assert stats.num_free_blocks == stats.num_total_blocks  # no KV block leaked
     return counts, stats

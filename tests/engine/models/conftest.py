@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from kernels.attention import AttentionMetadata
+from tests.conftest import TINY_CONFIG
 
 
 class PagedDriver:
@@ -77,19 +78,10 @@ class PagedDriver:
         return output
 
 
-TINY = dict(
-    vocab_size=256,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=256,
-    rms_norm_eps=1e-5,
-    rope_theta=10000.0,
-    bos_token_id=1,
-    eos_token_id=2,
-)
+# The shared tiny config, with a shorter context and transformers' default tying.
+TINY = {k: v for k, v in TINY_CONFIG.items() if k != "tie_word_embeddings"} | {
+    "max_position_embeddings": 256
+}
 
 
 def build_hf_model(path, model_type: str = "llama", seed: int = 0, **overrides):

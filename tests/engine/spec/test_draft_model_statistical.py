@@ -27,7 +27,7 @@ from engine.llm import LLM
 from engine.sampling_params import SamplingParams
 from tests.conftest import build_tiny_llama
 from tests.engine.spec.test_draft_model import noisy_copy
-from tests.stats import chi_square_pvalue
+from tests.stats import chi_square_pvalue, joint_counts
 
 VOCAB = 16
 PROMPT = [5]
@@ -97,12 +97,7 @@ def sample_counts(llm: LLM, num_requests: int) -> torch.Tensor:
         for seed in range(num_requests)
     ]
     outputs = llm.generate([PROMPT] * num_requests, params, use_tqdm=False)
-    counts = torch.zeros(VOCAB**NUM_MEASURED, dtype=torch.float64)
-    for output in outputs:
-        index = 0
-        for token_id in output.output_token_ids[:NUM_MEASURED]:
-            index = index * VOCAB + token_id
-        counts[index] += 1
+    counts = joint_counts([o.output_token_ids for o in outputs], VOCAB, NUM_MEASURED)
     stats = llm.engine.stats()
     assert stats.num_free_blocks == stats.num_total_blocks  # no KV block leaked
     return counts

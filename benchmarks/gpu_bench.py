@@ -1,13 +1,17 @@
-"""Decode throughput on a GPU: reference attention vs FlashInfer (eager) vs FlashInfer + CUDA graphs.
+"""Decode throughput on a GPU: reference attention vs FlashInfer (eager) vs FlashInfer + CUDA
+graphs vs HF transformers `generate`.
 
-Model: Llama-3.2-1B-shaped, random bf16 weights built in memory (16 layers, hidden 2048, 32 query
-/ 8 KV heads of 64, FFN 8192, vocab 128256: 1.24 B parameters); engine/models/llama.py with the
-backend under test. For each batch size B, B requests whose KV history is already --context
-tokens long (the cache contents do not change the work) decode --steps tokens each; every step
-plans the batch, runs the model, takes the argmax and copies it to the host (the engine's one
-sync per step). Reported: B * steps / seconds, and prefill tok/s of one --prefill-tokens prompt.
+Model (--model): `llama1b` = Llama-3.2-1B-shaped, random bf16 weights built in memory (16
+layers, hidden 2048, 32 query / 8 KV heads of 64, FFN 8192, vocab 128256: 1.24 B parameters),
+or a .gguf file / HF directory (SmolLM2). engine/models/llama.py runs with the backend under
+test: for each batch size B, B requests whose KV history is already --context tokens long (the
+cache contents do not change the work) decode --steps tokens each; every step plans the batch,
+runs the model, takes the argmax and copies it to the host (the engine's one sync per step).
+Reported: B * steps / seconds; prefill tok/s of one --prefill-tokens prompt; and the batch-1
+bounds (gpu_bounds.py): HBM roofline (weight bytes / measured copy bandwidth) and launch bound
+(kernels of one eager step x the measured time per node of a replayed graph).
 
-Run by benchmarks/gpu_bench.sh; writes gpu_bench.json and gpu_bench.md into --out.
+Run by benchmarks/gpu_bench.sh; writes gpu_bench[_NAME].json and .md into --out.
 """
 
 from __future__ import annotations
@@ -15,16 +19,21 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import sys
 import time
 from pathlib import Path
 
 import torch
 
-from engine.models.arch_config import ModelArchConfig
-from engine.models.llama import LlamaForCausalLM
-from kernels.attention import AttentionMetadata
-from kernels.cuda_graphs import DecodeGraphRunner
-from kernels.registry import make_attention_backend
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import gpu_bounds  # noqa: E402
+from engine.models.arch_config import ModelArchConfig  # noqa: E402
+from engine.models.llama import LlamaForCausalLM  # noqa: E402
+from engine.models.loader import load_model  # noqa: E402
+from kernels.attention import AttentionMetadata  # noqa: E402
+from kernels.cuda_graphs import DecodeGraphRunner  # noqa: E402
+from kernels.registry import make_attention_backend  # noqa: E402
 
 BLOCK_SIZE = 16
 DEVICE = torch.device("cuda")  # --device cpu: a quick dry run of this script without a GPU
@@ -45,7 +54,9 @@ LLAMA_1B = dict(
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--backends", default="reference,flashinfer,flashinfer+graphs")
+    parser.add_argument("--model", default="llama1b", help="llama1b, or a .gguf / HF dir path")
+    parser.add_argument("--name", default="", help="suffix of the output files")
+    parser.add_argument("--backends", default="reference,flashinfer,flashinfer+graphs,hf")
     parser.add_argument("--batch-sizes", default="1,2,4,8,16,32,64")
     parser.add_argument("--context", type=int, default=512)
     parser.add_argument("--steps", type=int, default=32)
@@ -56,9 +67,11 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def build_model(backend, num_layers: int, dtype: torch.dtype) -> LlamaForCausalLM:
-    """Random weights (std 0.02, norms 1) without a checkpoint; same build path as the loader."""
-    config = ModelArchConfig(**{**LLAMA_1B, "num_layers": num_layers})
+def build_model(backend, args, dtype: torch.dtype) -> LlamaForCausalLM:
+    """The checkpoint at --model, or random weights (std 0.02, norms 1) for llama1b."""
+    if args.model != "llama1b":
+        return load_model(args.model, dtype, DEVICE, backend)[0]
+    config = ModelArchConfig(**{**LLAMA_1B, "num_layers": args.num_layers})
     with torch.device("meta"):
         model = LlamaForCausalLM(config, backend).to(dtype)
     model.to_empty(device=DEVICE)
@@ -75,12 +88,12 @@ def build_model(backend, num_layers: int, dtype: torch.dtype) -> LlamaForCausalL
 class DecodeBatch:
     """batch_size requests, each owning a contiguous run of pages_per_request blocks."""
 
-    def __init__(self, batch_size: int, context: int, pages_per_request: int) -> None:
+    def __init__(self, batch_size: int, context: int, pages_per_request: int, vocab: int) -> None:
         self.batch_size, self.context = batch_size, context
         self.pages = pages_per_request
         blocks = torch.arange(batch_size * pages_per_request, dtype=torch.int32)
         self.block_tables = blocks.view(batch_size, pages_per_request).to(DEVICE)
-        self.tokens = [1] * batch_size
+        self.tokens = torch.randint(3, vocab, (batch_size,)).tolist()
 
     def inputs(self, step: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         """Input ids, positions and metadata of decode step `step` (history context + step)."""
@@ -161,25 +174,84 @@ def prefill_tok_s(model: LlamaForCausalLM, num_tokens: int, repeats: int = 3) ->
 
 
 def run_backend(name: str, args, batch_sizes: tuple[int, ...]) -> dict:
+    if name == "hf":
+        return run_hf(args, batch_sizes)
     dtype = torch.bfloat16
     backend = make_attention_backend(name.split("+")[0], DEVICE, dtype)
-    model = build_model(backend, args.num_layers, dtype)
+    model = build_model(backend, args, dtype)
+    vocab = model.config.vocab_size
     pages = -(-(args.context + args.warmup + args.steps + 1) // BLOCK_SIZE)
     num_blocks = max(batch_sizes) * pages + 1
     backend.allocate(model.kv_cache_spec(num_blocks, BLOCK_SIZE, dtype, DEVICE))
     step = graph_step(model, batch_sizes) if name.endswith("+graphs") else eager_step(model)
     result = {"prefill_tok_s": prefill_tok_s(model, args.prefill_tokens), "decode_tok_s": {}}
     for size in batch_sizes:
-        batch = DecodeBatch(size, args.context, pages)
+        batch = DecodeBatch(size, args.context, pages, vocab)
         result["decode_tok_s"][size] = decode_tok_s(step, batch, args.steps, args.warmup)
         print(f"{name:18s} batch {size:3d}: {result['decode_tok_s'][size]:9.1f} tok/s", flush=True)
-    del model, backend, step
     if DEVICE.type == "cuda":
-        torch.cuda.empty_cache()
+        result["host_ms"] = host_ms(step, DecodeBatch(1, args.context, pages, vocab))
+    if name == "flashinfer" and DEVICE.type == "cuda":
+        inputs = DecodeBatch(1, args.context, pages, vocab).inputs(0)
+        result["kernels_per_step"] = gpu_bounds.count_kernels(step, inputs)
+        result["weight_bytes"] = gpu_bounds.weight_bytes(model)
     return result
 
 
-def markdown(results: dict, meta: dict) -> str:
+@torch.inference_mode()
+def host_ms(step, batch: DecodeBatch, repeats: int = 20) -> dict:
+    """Batch-1 host time (ms, median): building the inputs, and the step call itself before
+    its GPU work is waited for (plan + launches / graph replay)."""
+    inputs_times, step_times = [], []
+    for i in range(repeats):
+        sync()
+        start = time.perf_counter()
+        inputs = batch.inputs(i)
+        middle = time.perf_counter()
+        step(*inputs)
+        end = time.perf_counter()
+        sync()
+        inputs_times.append(middle - start)
+        step_times.append(end - middle)
+    median = lambda xs: 1e3 * sorted(xs)[len(xs) // 2]  # noqa: E731
+    return {"inputs": median(inputs_times), "step_call": median(step_times)}
+
+
+def run_hf(args, batch_sizes: tuple[int, ...]) -> dict:
+    model = gpu_bounds.hf_model_for(
+        args.model, torch.bfloat16, {**LLAMA_1B, "num_layers": args.num_layers}
+    )
+    vocab = model.config.vocab_size
+    result = {"decode_tok_s": {}}
+    for size in batch_sizes:
+        tok_s = gpu_bounds.hf_decode_tok_s(model, size, args.context, args.steps, vocab)
+        result["decode_tok_s"][size] = tok_s
+        print(f"{'hf':18s} batch {size:3d}: {tok_s:9.1f} tok/s", flush=True)
+    del model
+    torch.cuda.empty_cache()
+    return result
+
+
+def bounds(results: dict) -> dict:
+    """Batch-1 step times: measured (graphs), HBM roofline, launch bound (see gpu_bounds)."""
+    eager = results.get("flashinfer", {})
+    graphs = results.get("flashinfer+graphs", {})
+    if "weight_bytes" not in eager or 1 not in graphs.get("decode_tok_s", {}):
+        return {}
+    bandwidth = gpu_bounds.hbm_bandwidth()
+    node_seconds = gpu_bounds.graph_node_seconds()
+    return {
+        "hbm_bytes_per_s": bandwidth,
+        "weight_bytes": eager["weight_bytes"],
+        "roofline_ms": 1e3 * eager["weight_bytes"] / bandwidth,
+        "kernels_per_step": eager["kernels_per_step"],
+        "graph_node_us": 1e6 * node_seconds,
+        "launch_bound_ms": 1e3 * eager["kernels_per_step"] * node_seconds,
+        "graphs_step_ms": 1e3 / graphs["decode_tok_s"][1],
+    }
+
+
+def markdown(results: dict, meta: dict, limits: dict) -> str:
     names = list(results)
     sizes = list(next(iter(results.values()))["decode_tok_s"])
     base = results.get("reference")
@@ -201,8 +273,18 @@ def markdown(results: dict, meta: dict) -> str:
             f"{results[n]['decode_tok_s'][size] / base['decode_tok_s'][size]:.2f}x" for n in others
         ]
         lines.append(f"| {size} | " + " | ".join(cells) + " |")
+    prefill = [n for n in names if "prefill_tok_s" in results[n]]
     lines += ["", "| backend | prefill tok/s |", "|---|---|"]
-    lines += [f"| {n} | {results[n]['prefill_tok_s']:.0f} |" for n in names]
+    lines += [f"| {n} | {results[n]['prefill_tok_s']:.0f} |" for n in prefill]
+    if limits:
+        lines += [
+            "",
+            f"Batch-1 step with graphs: {limits['graphs_step_ms']:.2f} ms. HBM roofline: "
+            f"{limits['weight_bytes'] / 1e9:.2f} GB of weights / {limits['hbm_bytes_per_s'] / 1e12:.2f} "
+            f"TB/s = {limits['roofline_ms']:.2f} ms. Launch bound: {limits['kernels_per_step']} "
+            f"kernels x {limits['graph_node_us']:.2f} us per graph node = "
+            f"{limits['launch_bound_ms']:.2f} ms.",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -216,29 +298,35 @@ def main() -> None:
     for name in args.backends.split(","):
         try:
             results[name] = run_backend(name, args, batch_sizes)
+            if DEVICE.type == "cuda":
+                torch.cuda.empty_cache()
         except Exception as exc:  # one failing backend must not lose the others' numbers
             print(f"{name}: FAILED {type(exc).__name__}: {exc}", flush=True)
+    limits = bounds(results) if DEVICE.type == "cuda" else {}
     try:
         import flashinfer
 
         fi_version = flashinfer.__version__
     except Exception:
         fi_version = "not importable"
+    model = f"Llama-1B-shaped random bf16, {args.num_layers} layers"
     meta = {
         "date": datetime.date.today().isoformat(),
         "device": torch.cuda.get_device_name() if DEVICE.type == "cuda" else "cpu",
         "torch": torch.__version__,
         "flashinfer": fi_version,
-        "model": f"Llama-1B-shaped random bf16, {args.num_layers} layers",
+        "model": model if args.model == "llama1b" else f"{Path(args.model).name} in bf16",
         "context": args.context,
         "steps": args.steps,
-        "command": "bash benchmarks/gpu_bench.sh bench",
+        "command": f"bash benchmarks/gpu_bench.sh bench --model {args.model}",
     }
-    (args.out / "gpu_bench.json").write_text(
-        json.dumps({"meta": meta, "results": results}, indent=1)
-    )
+    suffix = f"_{args.name}" if args.name else ""
+    payload = {"meta": meta, "results": results, "bounds": limits}
+    (args.out / f"gpu_bench{suffix}.json").write_text(json.dumps(payload, indent=1))
     if results:
-        (args.out / "gpu_bench.md").write_text(markdown(results, meta))
+        text = markdown(results, meta, limits)
+        (args.out / f"gpu_bench{suffix}.md").write_text(text)
+        print(text)
 
 
 if __name__ == "__main__":

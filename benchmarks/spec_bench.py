@@ -57,6 +57,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--draft-model", default="self:8", help="draft for draft-*: self:N or path")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--device", default="cpu", help="cpu | cuda")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--data", default=str(DATA), help="folder of the workload files")
     parser.add_argument("--out", default=str(ROOT / "docs" / "bench_spec_batch1.json"))
     parser.add_argument("--markdown", default=str(ROOT / "docs" / "bench_spec_batch1.md"))
     args = parser.parse_args(argv)
@@ -76,7 +79,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def config_flat(name: str, args: argparse.Namespace) -> dict:
     """Flat EngineConfig fields for a config name such as 'ngram-tree'."""
     # 128 blocks of 16 tokens hold one prompt (< 600 tokens) + max_tokens + drafts.
-    flat = dict(model=args.model, dtype="float32", threads=args.threads, num_kv_blocks=128)
+    flat = dict(model=args.model, dtype=args.dtype, threads=args.threads, num_kv_blocks=128)
+    flat.update(device=args.device)
     if name == "off":
         return flat
     proposer, shape = name.split("-")
@@ -89,8 +93,8 @@ def config_flat(name: str, args: argparse.Namespace) -> dict:
     return flat
 
 
-def load_prompts(llm: LLM, workload: str, count: int) -> list[list[int]]:
-    path = DATA / WORKLOADS[workload]
+def load_prompts(llm: LLM, workload: str, count: int, data_dir: str) -> list[list[int]]:
+    path = Path(data_dir) / WORKLOADS[workload]
     if not path.exists():
         sys.exit(f"{path} is missing: the shared workloads live in ../shared/data beside the repo")
     lines = [line for line in path.read_text().splitlines() if line.strip()][:count]
@@ -129,7 +133,7 @@ def bench(args: argparse.Namespace) -> dict:
     }
     runs = []
     for workload in args.workloads:
-        prompts = load_prompts(engines["off"], workload, args.num_prompts)
+        prompts = load_prompts(engines["off"], workload, args.num_prompts, args.data)
         for llm in engines.values():  # warm-up: first-step costs, lazy allocations
             run_one(llm, prompts[0][:64], 8)
         for index, prompt in enumerate(prompts):
@@ -192,7 +196,8 @@ def markdown(results: dict) -> str:
         "",
         f"`{results['command']}` — {results['date']}, {results['machine']}, "
         f"{results['load_average']} at the end, torch {results['torch']}, "
-        f"{args['threads']} thread(s). SmolLM2-135M-Instruct float32, greedy, "
+        f"{args['threads']} thread(s). {Path(args['model']).name} {args['dtype']} on "
+        f"{args['device']}, greedy, "
         f"{args['max_tokens']} new tokens, {args['num_prompts']} prompt(s) per workload, each "
         f"alone; chains k = {args['k']}, trees {args['tree_nodes']} nodes, policy {args['policy']}, "
         f"draft {args['draft_model']}. Decode tok/s excludes prefill; speedup vs off in the same "
@@ -215,6 +220,8 @@ def markdown(results: dict) -> str:
 
 
 def machine_description() -> str:
+    if torch.cuda.is_available():
+        return f"{torch.cuda.get_device_name()}, {os.cpu_count()} CPU cores"
     try:
         cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
         name = next(line.split(":", 1)[1].strip() for line in cpuinfo if "model name" in line)

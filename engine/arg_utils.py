@@ -47,6 +47,11 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--no-prefix-caching", action="store_true", help="disable automatic prefix caching"
     )
+    group.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="no CUDA graphs for decode steps (FlashInfer on CUDA captures them by default)",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> EngineConfig:
@@ -56,6 +61,8 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
     }
     if getattr(args, "no_prefix_caching", False):
         overrides["enable_prefix_caching"] = False
+    if getattr(args, "enforce_eager", False):
+        overrides["cuda_graphs"] = False
     if args.config:
         return EngineConfig.from_yaml(args.config, overrides)
     return EngineConfig.from_flat(overrides)

@@ -160,6 +160,9 @@ class DeviceConfig:
     device: str = "cpu"  # cpu | cuda | cuda:N
     threads: int | None = None  # torch intra-op threads; None: torch's default
     attention_backend: str = "auto"
+    # Capture decode steps as CUDA graphs (FlashInfer backend on CUDA only; no effect
+    # elsewhere). False = eager, like vLLM's --enforce-eager.
+    cuda_graphs: bool = True
 
     def __post_init__(self) -> None:
         _check(

@@ -45,10 +45,7 @@ class LLMEngine:
         self.tokenizer = tokenizer
         self.model_name = _model_name(config.model.model)
         self.vocab_size = runner.arch.vocab_size
-        self.max_model_len = min(
-            config.model.max_model_len or runner.arch.max_position_embeddings,
-            runner.arch.max_position_embeddings,
-        )
+        self.max_model_len = runner.max_model_len
         self.eos_token_ids = _eos_ids(runner.arch, tokenizer)
         self.scheduler = Scheduler(config.scheduler, config.cache, runner.num_blocks)
         self.outputs = OutputProcessor(tokenizer)

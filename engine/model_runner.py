@@ -42,7 +42,12 @@ class ModelRunner:
             config.device.attention_backend, self.device, dtype=self.dtype
         )
         self.model, self.arch = load_model(self.model_path, self.dtype, self.device, self.backend)
+        self.max_model_len = min(
+            config.model.max_model_len or self.arch.max_position_embeddings,
+            self.arch.max_position_embeddings,
+        )
         self.num_blocks = self._allocate_kv_cache()
+        self.decode_graphs = self._capture_decode_graphs()
         self.sampler = Sampler()
         self.verifier = SpecVerifier(self.sampler)
         self.want_topk = config.spec.proposer == "recycle"
@@ -86,6 +91,33 @@ class ModelRunner:
         )
         return num_blocks
 
+    def _capture_decode_graphs(self):
+        """CUDA graphs of the decode step (FlashInfer on CUDA, unless cuda_graphs is off)."""
+        if not (
+            self.config.device.cuda_graphs
+            and self.device.type == "cuda"
+            and getattr(self.backend, "name", "") == "flashinfer"
+        ):
+            return None
+        from kernels.cuda_graphs import DecodeGraphRunner, graph_batch_sizes
+
+        start = time.perf_counter()
+        graphs = DecodeGraphRunner(
+            self.backend,
+            self.model,
+            num_heads=self.arch.num_heads,
+            max_model_len=self.max_model_len,
+            sm_scale=self.arch.head_dim**-0.5,
+            batch_sizes=graph_batch_sizes(self.config.scheduler.max_num_seqs),
+        )
+        graphs.capture()
+        logger.info(
+            "CUDA graphs: decode captured at batch sizes %s in %.1f s",
+            graphs.batch_sizes,
+            time.perf_counter() - start,
+        )
+        return graphs
+
     # ---- per-request state -------------------------------------------------------------
     def generator(self, request: Request) -> torch.Generator:
         gen = self._generators.get(request.request_id)
@@ -117,8 +149,12 @@ class ModelRunner:
         self.backend.copy_slots(src, dst)
 
     def _forward(self, model_input: ModelInput) -> torch.Tensor:
-        self.backend.plan(model_input.metadata)
-        hidden = self.model(model_input.input_ids, model_input.positions)
+        metadata = model_input.metadata
+        if self.decode_graphs is not None and self.decode_graphs.can_run(metadata):
+            hidden = self.decode_graphs.run(model_input.input_ids, model_input.positions, metadata)
+        else:
+            self.backend.plan(metadata)
+            hidden = self.model(model_input.input_ids, model_input.positions)
         if model_input.logits_indices.numel() == 0:
             return hidden.new_empty(0, self.arch.vocab_size, dtype=torch.float32)
         return self.model.compute_logits(hidden[model_input.logits_indices])

@@ -12,8 +12,9 @@ A batch of n decode requests is padded to the next captured size with dummy requ
 and write only the backend's pad block (kernels.flashinfer_metadata.pad_decode_metadata).
 model_step must not sync with the host nor allocate shapes that depend on data.
 
-Status: written on a CPU-only machine and not yet run on a GPU; the padding arithmetic is
-tested on CPU (tests/kernels/test_flashinfer_metadata.py), capture/replay is not.
+The engine's ModelRunner captures these at start-up when the backend is FlashInfer on CUDA
+(DeviceConfig.cuda_graphs, `--enforce-eager` turns it off). The padding arithmetic is tested on
+CPU (tests/kernels/test_flashinfer_metadata.py), capture and replay by the gpu-marked tests.
 """
 
 from __future__ import annotations
@@ -28,6 +29,13 @@ from kernels.flashinfer_metadata import num_pages, pad_decode_metadata, padded_b
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
 ModelStep = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (ids, positions) -> [n, ...]
+
+
+def graph_batch_sizes(max_num_seqs: int) -> tuple[int, ...]:
+    """The default sizes a batch of up to max_num_seqs requests can be padded to."""
+    sizes = [size for size in DEFAULT_BATCH_SIZES if size < max_num_seqs]
+    larger = [size for size in DEFAULT_BATCH_SIZES if size >= max_num_seqs]
+    return tuple(sizes + larger[:1])
 
 
 def empty_decode_metadata(device: torch.device) -> AttentionMetadata:
@@ -67,6 +75,7 @@ class DecodeGraphRunner:
         self._positions = torch.zeros(max_size, dtype=torch.int64, device=self.device)
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._outputs: dict[int, torch.Tensor] = {}
+        self.num_replays = 0
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -118,4 +127,5 @@ class DecodeGraphRunner:
         self._positions[:num_requests].copy_(positions)
         self._positions[num_requests:size].zero_()
         self._graphs[size].replay()
+        self.num_replays += 1
         return self._outputs[size][:num_requests]

@@ -93,12 +93,14 @@ def attention_stack(backend, tables: list[torch.Tensor], dtype: torch.dtype, sca
 
     def step(input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         q_table, k_table, v_table = tables
-        shift = (positions % 7).to(dtype)[:, None, None]  # positions matter, without a host sync
+        shift = (positions % 7)[:, None, None]  # positions matter, without a host sync
+        # q + shift is rounded to bfloat16 on both sides, so both backends see the same q.
+        q = (q_table[input_ids].float() + shift).to(torch.bfloat16).to(dtype)
         return torch.stack(
             [
                 backend.forward(
                     layer,
-                    q_table[input_ids].to(dtype) + shift,
+                    q,
                     k_table[input_ids].to(dtype),
                     v_table[input_ids].to(dtype),
                     scale,

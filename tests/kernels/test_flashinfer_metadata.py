@@ -191,3 +191,12 @@ def test_registry_refuses_flashinfer_where_it_cannot_run() -> None:
         registry.make_attention_backend("triton", "cpu")
     reason = registry.flashinfer_unavailable_reason(torch.device("cpu"), torch.float32)
     assert reason is not None
+
+
+def test_graph_batch_sizes_cover_max_num_seqs() -> None:
+    from kernels.cuda_graphs import graph_batch_sizes
+
+    assert graph_batch_sizes(64) == (1, 2, 4, 8, 16, 32, 64)
+    assert graph_batch_sizes(5) == (1, 2, 4, 8)
+    assert graph_batch_sizes(1) == (1,)
+    assert graph_batch_sizes(500) == (1, 2, 4, 8, 16, 32, 64)  # larger batches run eagerly

@@ -1,0 +1,74 @@
+"""CPU linear layers that run a GGUF's quantized blocks as stored.
+
+`qlinear(x, weight, bias)` computes x [M, K] @ W^T (+ bias) -> [M, N] float32, where `weight`
+is a QuantizedWeight (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K or Q6_K blocks). Contract of the native path:
+  * effective weights equal gguf.quants.dequantize bit for bit; float32 activations and sums;
+  * batch invariance: each output row depends on its own input row only, with one reduction
+    order for every M and every thread count, so a row is bitwise the same alone or in a batch;
+  * verify-shaped: each block is read and dequantised once per call, whatever M is.
+`fallback` is the pure-PyTorch twin (dequantise with `gguf`, then F.linear); it is used when the
+native library cannot be built (build.py logs one line saying why).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.cpu import fallback
+from kernels.cpu.build import load_native
+from kernels.cpu.formats import NATIVE_TYPES, QuantizedWeight, concat_rows, is_native_type
+
+__all__ = [
+    "NATIVE_TYPES",
+    "QuantizedWeight",
+    "concat_rows",
+    "dequantize",
+    "fast_path_available",
+    "is_native_type",
+    "load_native",
+    "native_available",
+    "qlinear",
+]
+
+# Instruction-set choice passed to the native ops: auto picks AVX2 when the CPU has it.
+ISA = {"auto": 0, "scalar": 1, "avx2": 2}
+
+
+def native_available() -> bool:
+    return load_native() is not None
+
+
+def fast_path_available() -> bool:
+    """The native library loaded and this CPU runs its AVX2 + FMA + F16C path."""
+    ops = load_native()
+    return ops is not None and ops.cpu_has_avx2()
+
+
+def qlinear(
+    x: torch.Tensor,
+    weight: QuantizedWeight,
+    bias: torch.Tensor | None = None,
+    *,
+    out: torch.Tensor | None = None,
+    isa: str = "auto",
+) -> torch.Tensor:
+    """x [M, in_features] float32 -> [M, out_features]; `out` may be a column slice of a wider
+    output (rows need not be contiguous with each other, elements of a row must be)."""
+    ops = load_native()
+    if ops is None:
+        result = fallback.qlinear(x, weight, bias)
+        return result if out is None else out.copy_(result)
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    if out is None:
+        out = torch.empty(x.shape[0], weight.out_features, dtype=torch.float32)
+    ops.qlinear_out(x, weight.data, weight.qtype, bias, out, ISA[isa])
+    return out
+
+
+def dequantize(weight: QuantizedWeight, isa: str = "auto") -> torch.Tensor:
+    """float32 [out_features, in_features]: native when available, else the gguf reference."""
+    ops = load_native()
+    if ops is None:
+        return fallback.dequantize(weight)
+    return ops.dequantize(weight.data, weight.qtype, weight.in_features, ISA[isa])

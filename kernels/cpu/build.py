@@ -1,0 +1,110 @@
+"""Build and load the native CPU kernels (csrc/) once per source version, or say why not.
+
+The extension is compiled with `torch.utils.cpp_extension.load` (g++ and ninja) into
+`$GOODSPEED_KERNEL_CACHE/<hash>` (default `~/.cache/goodspeed/kernels/<hash>`), where the hash
+covers the sources, the compiler flags and the torch and Python versions; a later process
+imports the built library directly, without a compiler. The code is not compiled for the build
+machine's CPU (no -march=native): AVX2 functions carry target attributes and are chosen at run
+time, so a cached library is safe on any x86-64 CPU.
+
+If the build fails (no compiler, no ninja, a compile error) or `GOODSPEED_NATIVE_KERNELS=0`,
+`load_native()` returns None after logging ONE warning that says why; callers then use the
+PyTorch fallback. The outcome is decided once per process.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.machinery
+import importlib.util
+import logging
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+CSRC = Path(__file__).parent / "csrc"
+# No FMA contraction outside explicit intrinsics: the scalar path's arithmetic stays as written.
+CFLAGS = ("-O3", "-std=c++17", "-ffp-contract=off")
+DEFAULT_CACHE = "~/.cache/goodspeed/kernels"
+_DISABLE_ENV = "GOODSPEED_NATIVE_KERNELS"
+_CACHE_ENV = "GOODSPEED_KERNEL_CACHE"
+
+
+def source_hash() -> str:
+    """Identity of a build: sources, flags, torch, Python and machine."""
+    digest = hashlib.sha256()
+    for path in sorted(CSRC.iterdir()):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    for part in (*CFLAGS, torch.__version__, sys.version, platform.machine()):
+        digest.update(part.encode() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def build_dir() -> Path:
+    root = Path(os.environ.get(_CACHE_ENV) or DEFAULT_CACHE).expanduser()
+    return root / source_hash()
+
+
+def _module_name() -> str:
+    # Unique per source version: Python cannot load two libraries under one module name.
+    return f"goodspeed_cpu_{source_hash()}"
+
+
+def _import_built(directory: Path, name: str) -> ModuleType | None:
+    library = directory / f"{name}.so"
+    if not library.is_file():
+        return None
+    loader = importlib.machinery.ExtensionFileLoader(name, str(library))
+    spec = importlib.util.spec_from_file_location(name, library, loader=loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def _compile(directory: Path, name: str) -> ModuleType:
+    from torch.utils.cpp_extension import load
+
+    directory.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    module = load(
+        name=name,
+        sources=[str(CSRC / "qlinear.cpp")],
+        extra_cflags=list(CFLAGS),
+        build_directory=str(directory),
+        verbose=False,
+    )
+    logger.info(
+        "compiled the native CPU kernels in %.1f s into %s", time.perf_counter() - start, directory
+    )
+    return module
+
+
+@functools.cache
+def load_native() -> ModuleType | None:
+    """The compiled extension, or None (after one warning) when it cannot be had."""
+    if os.environ.get(_DISABLE_ENV, "1") == "0":
+        logger.warning("native CPU kernels disabled (%s=0): using the PyTorch path", _DISABLE_ENV)
+        return None
+    directory, name = build_dir(), _module_name()
+    try:
+        return _import_built(directory, name) or _compile(directory, name)
+    except Exception as error:  # noqa: BLE001 - any build failure means "use the fallback"
+        logger.warning(
+            "native CPU kernels unavailable (%s: %s): using the PyTorch path",
+            type(error).__name__,
+            _first_line(error),
+        )
+        return None
+
+
+def _first_line(error: BaseException) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[0][:300] if lines else "no message"

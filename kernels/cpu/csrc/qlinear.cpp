@@ -1,0 +1,113 @@
+// goodspeed CPU quantized linear: out[M, N] = x[M, K] @ W^T (+ bias), W as GGUF blocks.
+//
+// Contract (kernels/cpu/__init__.py has the Python side):
+//  * W is `blocks` [N, K / elems * bytes] uint8, each row the GGUF's blocks as stored.
+//  * Effective weights are exactly gguf.quants.dequantize's; activations and sums are float32.
+//  * Output y[m, n] depends on x[m] and W[n] only, with one reduction order (tiles.h), so a row
+//    is bitwise the same alone or in any batch, with any thread count.
+//  * Work is split over panels of kPanel output columns with at::parallel_for (so
+//    torch.set_num_threads governs it); each weight block is decoded once per call and applied
+//    to all M rows (drivers.h), so weights are read from memory once per call.
+// isa: 0 = best the CPU has, 1 = scalar, 2 = AVX2 + FMA + F16C (error if the CPU lacks it).
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <optional>
+
+#include "drivers.h"
+
+namespace goodspeed {
+namespace {
+
+bool cpu_has_avx2() {
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+         __builtin_cpu_supports("f16c");
+}
+
+bool use_avx2(int64_t isa) {
+  TORCH_CHECK(isa >= 0 && isa <= 2, "isa must be 0 (auto), 1 (scalar) or 2 (avx2), got ", isa);
+  TORCH_CHECK(isa != 2 || cpu_has_avx2(), "isa=2 needs AVX2, FMA and F16C; this CPU lacks them");
+  return isa == 2 || (isa == 0 && cpu_has_avx2());
+}
+
+void check_weight(const at::Tensor& blocks, int64_t format, int64_t K) {
+  const BlockShape shape = block_shape(format);
+  TORCH_CHECK(shape.elems > 0, "unsupported GGUF type ", format,
+              "; supported: Q4_0 (2), Q4_1 (3), Q8_0 (8), Q4_K (12), Q5_K (13), Q6_K (14)");
+  TORCH_CHECK(K % shape.elems == 0, "K = ", K, " is not a multiple of the block size ",
+              shape.elems);
+  TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.dim() == 2 && blocks.is_contiguous(),
+              "blocks must be a contiguous uint8 [N, row_bytes] tensor");
+  TORCH_CHECK(blocks.size(1) == K / shape.elems * shape.bytes, "blocks rows have ",
+              blocks.size(1), " bytes; K = ", K, " needs ", K / shape.elems * shape.bytes);
+}
+
+void qlinear_out(const at::Tensor& x, const at::Tensor& blocks, int64_t format,
+                 const std::optional<at::Tensor>& bias, at::Tensor& out, int64_t isa) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.stride(1) == 1,
+              "x must be float32 [M, K] with contiguous rows");
+  const int64_t M = x.size(0), K = x.size(1), N = blocks.size(0);
+  check_weight(blocks, format, K);
+  TORCH_CHECK(out.scalar_type() == at::kFloat && out.dim() == 2 && out.size(0) == M &&
+                  out.size(1) == N && out.stride(1) == 1,
+              "out must be float32 [M, N] = [", M, ", ", N, "] with contiguous rows");
+  TORCH_CHECK(!bias || (bias->scalar_type() == at::kFloat && bias->is_contiguous() &&
+                        bias->numel() == N),
+              "bias must be a contiguous float32 [N] tensor");
+  const Problem p{x.data_ptr<float>(),
+                  x.stride(0),
+                  M,
+                  K,
+                  N,
+                  blocks.data_ptr<uint8_t>(),
+                  blocks.size(1),
+                  format,
+                  bias ? bias->data_ptr<float>() : nullptr,
+                  out.data_ptr<float>(),
+                  out.stride(0)};
+  if (M == 0 || N == 0) return;
+  const bool avx2 = use_avx2(isa);
+  const int64_t num_panels = (N + kPanel - 1) / kPanel;
+  at::parallel_for(0, num_panels, 1, [&](int64_t begin, int64_t end) {
+    if (!avx2) return run_panels_scalar(p, begin, end);
+    with_format(format, [&](auto f) { run_panels_avx2<decltype(f)>(p, begin, end); });
+  });
+}
+
+at::Tensor dequantize(const at::Tensor& blocks, int64_t format, int64_t K, int64_t isa) {
+  check_weight(blocks, format, K);
+  const int64_t N = blocks.size(0), row_bytes = blocks.size(1);
+  at::Tensor out = at::empty({N, K}, blocks.options().dtype(at::kFloat));
+  const bool avx2 = use_avx2(isa);
+  const uint8_t* src = blocks.data_ptr<uint8_t>();
+  float* dst = out.data_ptr<float>();
+  at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      if (!avx2) {
+        dequant_row_scalar(format, src + n * row_bytes, K, dst + n * K, 8);
+        continue;
+      }
+      with_format(format, [&](auto f) {
+        dequant_row_avx2<decltype(f)>(src + n * row_bytes, K, dst + n * K, 8);
+      });
+    }
+  });
+  return out;
+}
+
+}  // namespace
+}  // namespace goodspeed
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "goodspeed CPU kernels: linear layers over GGUF quantized blocks";
+  m.def("qlinear_out", &goodspeed::qlinear_out, "out = x @ dequant(blocks)^T (+ bias)",
+        pybind11::arg("x"), pybind11::arg("blocks"), pybind11::arg("format"),
+        pybind11::arg("bias"), pybind11::arg("out"), pybind11::arg("isa") = 0);
+  m.def("dequantize", &goodspeed::dequantize, "blocks [N, row_bytes] -> float32 [N, K]",
+        pybind11::arg("blocks"), pybind11::arg("format"), pybind11::arg("K"),
+        pybind11::arg("isa") = 0);
+  m.def("cpu_has_avx2", &goodspeed::cpu_has_avx2, "AVX2, FMA and F16C are usable");
+  m.def("panel_width", []() { return goodspeed::kPanel; });
+}

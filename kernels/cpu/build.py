@@ -7,9 +7,9 @@ imports the built library directly, without a compiler. The code is not compiled
 machine's CPU (no -march=native): AVX2 functions carry target attributes and are chosen at run
 time, so a cached library is safe on any x86-64 CPU.
 
-If the build fails (no compiler, no ninja, a compile error) or `GOODSPEED_NATIVE_KERNELS=0`,
-`load_native()` returns None after logging ONE warning that says why; callers then use the
-PyTorch fallback. The outcome is decided once per process.
+If the build cannot run (no compiler, no ninja: checked first, so torch logs nothing), fails (a
+compile error) or `GOODSPEED_NATIVE_KERNELS=0`, `load_native()` returns None after logging ONE
+warning that says why; callers then use the PyTorch fallback. Decided once per process.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import importlib.util
 import logging
 import os
 import platform
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -59,6 +60,8 @@ def _module_name() -> str:
 
 
 def _import_built(directory: Path, name: str) -> ModuleType | None:
+    if name in sys.modules:  # loaded earlier in this process (e.g. before a cache_clear)
+        return sys.modules[name]
     library = directory / f"{name}.so"
     if not library.is_file():
         return None
@@ -66,12 +69,28 @@ def _import_built(directory: Path, name: str) -> ModuleType | None:
     spec = importlib.util.spec_from_file_location(name, library, loader=loader)
     module = importlib.util.module_from_spec(spec)
     loader.exec_module(module)
+    sys.modules[name] = module
     return module
+
+
+def missing_tool() -> str | None:
+    """Why a build cannot even start (no compiler, no ninja), or None."""
+    from torch.utils.cpp_extension import is_ninja_available
+
+    compiler = os.environ.get("CXX", "c++")
+    if shutil.which(compiler) is None:
+        return f"no C++ compiler: {compiler!r} is not on PATH (install g++ or set CXX)"
+    if not is_ninja_available():
+        return "ninja is not installed (pip install ninja)"
+    return None
 
 
 def _compile(directory: Path, name: str) -> ModuleType:
     from torch.utils.cpp_extension import load
 
+    reason = missing_tool()
+    if reason is not None:
+        raise BuildUnavailable(reason)
     directory.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     module = load(
@@ -81,6 +100,7 @@ def _compile(directory: Path, name: str) -> ModuleType:
         build_directory=str(directory),
         verbose=False,
     )
+    sys.modules[name] = module  # as _import_built does: one library object per process
     logger.info(
         "compiled the native CPU kernels in %.1f s into %s", time.perf_counter() - start, directory
     )
@@ -97,14 +117,19 @@ def load_native() -> ModuleType | None:
     try:
         return _import_built(directory, name) or _compile(directory, name)
     except Exception as error:  # noqa: BLE001 - any build failure means "use the fallback"
-        logger.warning(
-            "native CPU kernels unavailable (%s: %s): using the PyTorch path",
-            type(error).__name__,
-            _first_line(error),
-        )
+        logger.warning("native CPU kernels unavailable (%s): using the PyTorch path", _why(error))
         return None
 
 
-def _first_line(error: BaseException) -> str:
+class BuildUnavailable(RuntimeError):
+    """A tool the build needs is missing."""
+
+
+def _why(error: BaseException) -> str:
+    """One short line: the compiler's first `error:` line when there is one."""
+    if isinstance(error, BuildUnavailable):
+        return str(error)
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return lines[0][:300] if lines else "no message"
+    errors = [line for line in lines if "error:" in line]
+    line = (errors or lines or ["no message"])[0]
+    return f"{type(error).__name__}: {line[:300]}"

@@ -13,6 +13,11 @@ from engine.config import EngineConfig
 _FLAGS: tuple[tuple[str, type, str], ...] = (
     ("--model", str, "HF model dir, .gguf file, or built-in name (default: smollm2-135m-instruct)"),
     ("--dtype", str, "float32 | bfloat16 | float16 (CPU default float32)"),
+    (
+        "--weights",
+        str,
+        "auto | gguf | float32: run a GGUF's quantized blocks (CPU kernels) or dequantise at load",
+    ),
     ("--max-model-len", int, "context length cap (default: the model's)"),
     ("--seed", int, "engine seed"),
     ("--block-size", int, "KV cache block size in tokens (default 16)"),

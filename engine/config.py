@@ -16,6 +16,7 @@ from typing import Any
 DEFAULT_MODEL = "smollm2-135m-instruct"
 DEFAULT_COST_CACHE = "~/.cache/goodspeed/cost_models.json"
 _DTYPES = ("float32", "bfloat16", "float16")
+_WEIGHTS = ("auto", "gguf", "float32")
 _PROPOSERS = ("none", "ngram", "recycle", "draft")
 _BACKENDS = ("auto", "reference", "flashinfer")
 _SIZE_UNITS = {
@@ -52,9 +53,13 @@ class ModelConfig:
     dtype: str = "float32"
     max_model_len: int | None = None  # None: the model's own context length
     seed: int = 0
+    # How a GGUF's quantized linear weights run: gguf = their blocks on the native CPU kernels,
+    # float32 = dequantised at load; auto = gguf for a .gguf on the CPU in float32, else float32.
+    weights: str = "auto"
 
     def __post_init__(self) -> None:
         _check(self.dtype in _DTYPES, f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
+        _check(self.weights in _WEIGHTS, f"weights must be one of {_WEIGHTS}, got {self.weights!r}")
         _check(
             self.max_model_len is None or self.max_model_len > 0,
             f"max_model_len must be > 0, got {self.max_model_len}",

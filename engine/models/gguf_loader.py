@@ -1,7 +1,7 @@
 """GGUF checkpoints (llama.cpp format) -> ModelArchConfig + HF-named float32 tensors.
 
 Tensors are dequantised with `gguf.quants.dequantize` (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K,
-Q6_K, ...). llama.cpp's converter permutes the rows of Llama Q/K projections so that each head's
+Q6_K, ...), or, on the quantized path, linear weights are kept as their blocks (kernels.cpu). llama.cpp's converter permutes the rows of Llama Q/K projections so that each head's
 two rotary halves are interleaved (ggml's "normal" RoPE pairs adjacent elements); our model
 uses the HF rotate-half layout, so `unpermute_qk` undoes it. Qwen2 GGUFs use NeoX-style RoPE
 and are stored unpermuted.
@@ -17,8 +17,9 @@ import numpy as np
 import torch
 
 from engine.models.arch_config import ModelArchConfig
-from engine.models.gguf_file import GGUFFile, read_gguf
+from engine.models.gguf_file import GGUFFile, GGUFTensor, read_gguf
 from engine.models.llama import ROPE_FREQ_FACTORS
+from kernels.cpu import QuantizedWeight, is_native_type
 
 SUPPORTED_GGUF_ARCHS = ("llama", "qwen2")
 # Architectures whose Q/K rows llama.cpp's converter permutes.
@@ -119,22 +120,56 @@ def unpermute_qk(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
 
 
 def iter_gguf_weights(
-    reader: GGUFFile, config: ModelArchConfig
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (HF name, float32 tensor) for every tensor in the file, Q/K unpermuted."""
-    from gguf.constants import GGMLQuantizationType
-    from gguf.quants import dequantize
+    reader: GGUFFile, config: ModelArchConfig, quantized: bool = False
+) -> Iterator[tuple[str, torch.Tensor | QuantizedWeight]]:
+    """Yield (HF name, float32 tensor) for every tensor in the file, Q/K unpermuted.
 
+    quantized=True: linear weights stored in a format the CPU kernels run (kernels.cpu) come
+    as QuantizedWeight (the file's blocks, rows unpermuted) instead; so does the embedding of
+    a tied model, once more as `lm_head.weight`, after its float table for the lookups."""
     permuted = reader.metadata.get("general.architecture") in _PERMUTED_ARCHS
     for tensor in reader.tensors:
         name = hf_name(tensor.name)
-        array = dequantize(tensor.data, GGMLQuantizationType(tensor.ggml_type))
-        if array.size != int(np.prod(tensor.shape)):
-            raise ValueError(f"{tensor.name}: dequantised {array.shape}, expected {tensor.shape}")
-        array = array.reshape(tensor.shape)
-        weight = torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32))
-        if permuted and ".self_attn.q_proj." in name:
-            weight = unpermute_qk(weight, config.num_heads)
-        elif permuted and ".self_attn.k_proj." in name:
-            weight = unpermute_qk(weight, config.num_kv_heads)
-        yield name, weight
+        keep_blocks = quantized and is_native_type(tensor.ggml_type) and len(tensor.shape) == 2
+        if keep_blocks and _is_linear_weight(name):
+            yield name, _unpermuted(_blocks(tensor), name, config, permuted)
+            continue
+        yield name, _unpermuted(_dequantised(tensor), name, config, permuted)
+        if keep_blocks and name == "model.embed_tokens.weight" and config.tie_word_embeddings:
+            yield "lm_head.weight", _blocks(tensor)
+
+
+def _is_linear_weight(name: str) -> bool:
+    in_layer = ".self_attn." in name or ".mlp." in name
+    return name.endswith(".weight") and (in_layer or name == "lm_head.weight")
+
+
+def _dequantised(tensor: GGUFTensor) -> torch.Tensor:
+    from gguf.constants import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    array = dequantize(tensor.data, GGMLQuantizationType(tensor.ggml_type))
+    if array.size != int(np.prod(tensor.shape)):
+        raise ValueError(f"{tensor.name}: dequantised {array.shape}, expected {tensor.shape}")
+    array = array.reshape(tensor.shape)
+    return torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32))
+
+
+def _blocks(tensor: GGUFTensor) -> QuantizedWeight:
+    """The tensor's rows of blocks, copied out of the memory map."""
+    data = torch.from_numpy(np.array(tensor.data, dtype=np.uint8, copy=True))
+    return QuantizedWeight(tensor.ggml_type, data, tensor.shape[1])
+
+
+def _unpermuted(
+    weight: torch.Tensor | QuantizedWeight, name: str, config: ModelArchConfig, permuted: bool
+) -> torch.Tensor | QuantizedWeight:
+    """Undo the Q/K row permutation on a float tensor or on a QuantizedWeight's block rows
+    (a row permutation moves whole rows, so blocks are permuted as they are)."""
+    heads = {".self_attn.q_proj.": config.num_heads, ".self_attn.k_proj.": config.num_kv_heads}
+    for key, num_heads in heads.items():
+        if permuted and key in name:
+            if isinstance(weight, QuantizedWeight):
+                return weight.with_rows(unpermute_qk(weight.data, num_heads))
+            return unpermute_qk(weight, num_heads)
+    return weight

@@ -1,4 +1,7 @@
-"""Linear layers tuned for few-row float32 matmuls on CPU (decode, speculative verify).
+"""Linear layers for CPU decode and speculative verify: float32 and GGUF-quantized.
+
+`Linear`: float weights; few-row float32 matmuls on CPU take the W @ x^T path below.
+`QuantLinear`: the GGUF's blocks as stored, run by the native kernels in kernels/cpu.
 
 Measured on the 2-core AMD EPYC dev machine (torch 2.13, MKL, one thread; SmolLM2's 30 layers
 of weights, 424 MB): `F.linear(x, W)` with x [M, in] takes 38 ms at M=1, 66 ms at M=2 and
@@ -13,6 +16,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from kernels.cpu import QuantizedWeight, concat_rows, dequantize, load_native, qlinear
 
 # Largest row count that takes the W @ x^T path (crossover measured between 4 and 8).
 MAX_ROWS_TRANSPOSED = 5
@@ -38,3 +43,83 @@ class Linear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias)
+
+
+class QuantLinear(nn.Module):
+    """A linear layer whose weight stays as GGUF blocks (kernels.cpu), float32 on the CPU.
+
+    `parts` cover the output rows in order; a fused projection (q|k|v, gate|up) may store its
+    parts in different formats, so each run of one format is its own kernel call writing its
+    column slice of the output. Every output row depends on its own input row only (the
+    kernels' batch invariance).
+    """
+
+    def __init__(self, parts: list[QuantizedWeight], bias: nn.Parameter | None = None) -> None:
+        super().__init__()
+        runs = _merge_same_format(parts)
+        self.in_features = runs[0].in_features
+        self.out_features = sum(run.out_features for run in runs)
+        self.bias = bias
+        self._ops = load_native()
+        self._runs: list[tuple[QuantizedWeight, slice]] = []
+        start = 0
+        for index, run in enumerate(runs):
+            # Buffers, so that module.buffers() accounts for the bytes.
+            self.register_buffer(f"blocks{index}", run.data, persistent=False)
+            self._runs.append((run, slice(start, start + run.out_features)))
+            start += run.out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.stride(-1) != 1:
+            x = x.contiguous()
+        out = torch.empty(x.shape[0], self.out_features, dtype=torch.float32, device=x.device)
+        for weight, columns in self._runs:
+            bias = None if self.bias is None else self.bias[columns]
+            target = out if len(self._runs) == 1 else out[:, columns]
+            if self._ops is None:
+                qlinear(x, weight, bias, out=target)
+            else:
+                self._ops.qlinear_out(x, weight.data, weight.qtype, bias, target, 0)
+        return out
+
+    def extra_repr(self) -> str:
+        formats = "+".join(weight.type_name for weight, _ in self._runs)
+        return f"in_features={self.in_features}, out_features={self.out_features}, {formats}"
+
+
+def _merge_same_format(parts: list[QuantizedWeight]) -> list[QuantizedWeight]:
+    runs: list[list[QuantizedWeight]] = []
+    for part in parts:
+        if runs and (runs[-1][0].qtype, runs[-1][0].in_features) == (part.qtype, part.in_features):
+            runs[-1].append(part)
+        else:
+            runs.append([part])
+    if len({run[0].in_features for run in runs}) != 1:
+        raise ValueError("the parts of one linear layer must have the same input width")
+    return [run[0] if len(run) == 1 else concat_rows(run) for run in runs]
+
+
+def install_quantized(
+    linear_layer: nn.Module | None,
+    parts: list[tuple[slice | None, QuantizedWeight]],
+    shape: tuple[int, int],
+) -> nn.Module:
+    """The layer that should run `parts` (row slice of the layer, or None for all rows) of a
+    weight of `shape` [out, in]. Raises ValueError when a part does not fit its rows.
+
+    If they cover every output row, a QuantLinear carrying the float layer's bias; otherwise
+    (some rows arrived as float tensors) the quantized rows are dequantised into the float
+    layer, which stays. `linear_layer` None: a new head with no float twin (tied embeddings).
+    """
+    ordered = sorted(parts, key=lambda p: 0 if p[0] is None else p[0].start)
+    for row_slice, weight in ordered:
+        rows = range(shape[0])[row_slice or slice(None)]
+        if weight.shape != (len(rows), shape[1]):
+            raise ValueError(f"quantized weight {weight.shape} does not fit rows {row_slice}")
+    if sum(weight.out_features for _, weight in ordered) == shape[0]:
+        bias = None if linear_layer is None else linear_layer.bias
+        return QuantLinear([weight for _, weight in ordered], bias)
+    for row_slice, weight in ordered:
+        target = linear_layer.weight if row_slice is None else linear_layer.weight[row_slice]
+        target.copy_(dequantize(weight))
+    return linear_layer

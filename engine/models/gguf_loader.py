@@ -1,7 +1,8 @@
 """GGUF checkpoints (llama.cpp format) -> ModelArchConfig + HF-named float32 tensors.
 
 Tensors are dequantised with `gguf.quants.dequantize` (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K,
-Q6_K, ...), or, on the quantized path, linear weights are kept as their blocks (kernels.cpu). llama.cpp's converter permutes the rows of Llama Q/K projections so that each head's
+Q6_K, ...); on the quantized path, linear weights keep their blocks instead (kernels.cpu).
+llama.cpp's converter permutes the rows of Llama Q/K projections so that each head's
 two rotary halves are interleaved (ggml's "normal" RoPE pairs adjacent elements); our model
 uses the HF rotate-half layout, so `unpermute_qk` undoes it. Qwen2 GGUFs use NeoX-style RoPE
 and are stored unpermuted.

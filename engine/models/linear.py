@@ -60,7 +60,6 @@ class QuantLinear(nn.Module):
         self.in_features = runs[0].in_features
         self.out_features = sum(run.out_features for run in runs)
         self.bias = bias
-        self._ops = load_native()
         self._runs: list[tuple[QuantizedWeight, slice]] = []
         start = 0
         for index, run in enumerate(runs):
@@ -73,13 +72,14 @@ class QuantLinear(nn.Module):
         if x.stride(-1) != 1:
             x = x.contiguous()
         out = torch.empty(x.shape[0], self.out_features, dtype=torch.float32, device=x.device)
+        ops = load_native()  # cached; None only if the build failed (the loader then avoids us)
         for weight, columns in self._runs:
             bias = None if self.bias is None else self.bias[columns]
             target = out if len(self._runs) == 1 else out[:, columns]
-            if self._ops is None:
+            if ops is None:
                 qlinear(x, weight, bias, out=target)
             else:
-                self._ops.qlinear_out(x, weight.data, weight.qtype, bias, target, 0)
+                ops.qlinear_out(x, weight.data, weight.qtype, bias, target, 0)
         return out
 
     def extra_repr(self) -> str:

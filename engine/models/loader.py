@@ -71,8 +71,9 @@ def read_arch_config(name_or_path: str | Path) -> ModelArchConfig:
 def resolve_weight_format(
     weights: str, path: Path, dtype: torch.dtype, device: torch.device | str
 ) -> str:
-    """ "gguf" or "float32" for the `weights` setting (auto | gguf | float32); see the module
-    docstring. Raises ValueError when "gguf" cannot apply to this model, device or dtype."""
+    """The weight format to load: `gguf` or `float32`, for the `weights` setting (auto | gguf |
+    float32; see the module docstring). ValueError when gguf cannot apply to this model, device
+    or dtype."""
     if weights not in WEIGHT_FORMATS:
         raise ValueError(f"weights must be one of {WEIGHT_FORMATS}, got {weights!r}")
     if weights == "float32":

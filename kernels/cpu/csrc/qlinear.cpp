@@ -46,6 +46,8 @@ void check_weight(const at::Tensor& blocks, int64_t format, int64_t K) {
 
 void qlinear_out(const at::Tensor& x, const at::Tensor& blocks, int64_t format,
                  const std::optional<at::Tensor>& bias, at::Tensor& out, int64_t isa) {
+  TORCH_CHECK(x.is_cpu() && blocks.is_cpu() && out.is_cpu() && (!bias || bias->is_cpu()),
+              "qlinear_out runs on CPU tensors only");
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.stride(1) == 1,
               "x must be float32 [M, K] with contiguous rows");
   const int64_t M = x.size(0), K = x.size(1), N = blocks.size(0);
@@ -77,6 +79,7 @@ void qlinear_out(const at::Tensor& x, const at::Tensor& blocks, int64_t format,
 }
 
 at::Tensor dequantize(const at::Tensor& blocks, int64_t format, int64_t K, int64_t isa) {
+  TORCH_CHECK(blocks.is_cpu(), "dequantize runs on CPU tensors only");
   check_weight(blocks, format, K);
   const int64_t N = blocks.size(0), row_bytes = blocks.size(1);
   at::Tensor out = at::empty({N, K}, blocks.options().dtype(at::kFloat));

@@ -58,13 +58,15 @@ inline float half_to_float(uint16_t h) {
   return f;
 }
 
-// Q4_K / Q5_K: 8 six-bit scales and 8 six-bit mins packed in 12 bytes (ggml's get_scale_min_k4).
-inline void k4_scales(const uint8_t* s, uint8_t sc[8], uint8_t mn[8]) {
-  for (int j = 0; j < 4; ++j) {
-    sc[j] = s[j] & 63;
-    mn[j] = s[j + 4] & 63;
-    sc[j + 4] = (s[j + 8] & 0x0F) | ((s[j] >> 2) & 0x30);
-    mn[j + 4] = (s[j + 8] >> 4) | ((s[j + 4] >> 2) & 0x30);
+// Q4_K / Q5_K: sub-block j's six-bit scale and min, from the 12 packed bytes at s (ggml's
+// get_scale_min_k4; gguf.quants.Q4_K.get_scale_min unpacks the same bits).
+inline void k4_scale(const uint8_t* s, int j, int* sc, int* mn) {
+  if (j < 4) {
+    *sc = s[j] & 63;
+    *mn = s[j + 4] & 63;
+  } else {
+    *sc = (s[j + 4] & 0x0F) | ((s[j - 4] >> 2) & 0x30);
+    *mn = (s[j + 4] >> 4) | ((s[j] >> 2) & 0x30);
   }
 }
 

@@ -80,17 +80,6 @@ struct Q4_1 {
   }
 };
 
-// Sub-block s's six-bit scale and min of a Q4_K / Q5_K super-block (see k4_scales).
-inline void k4_scale(const uint8_t* s, int j, int* sc, int* mn) {
-  if (j < 4) {
-    *sc = s[j] & 63;
-    *mn = s[j + 4] & 63;
-  } else {
-    *sc = (s[j + 4] & 0x0F) | ((s[j - 4] >> 2) & 0x30);
-    *mn = (s[j + 4] >> 4) | ((s[j] >> 2) & 0x30);
-  }
-}
-
 // Q4_K (kFive = false) and Q5_K: (d * sc) * q - dmin * mn per sub-block of 32.
 template <bool kFive>
 struct Q45_K {

@@ -38,12 +38,12 @@ inline void block_q4_1(const uint8_t* b, float* w) {
 // hold sub-blocks 2j (low) and 2j + 1 (high); Q5_K's fifth bit of sub-block s is bit s of qh[l].
 inline void block_q45_k(const uint8_t* b, float* w, bool five_bits) {
   const float d = half_to_float(load_u16(b)), dmin = half_to_float(load_u16(b + 2));
-  uint8_t sc[8], mn[8];
-  k4_scales(b + 4, sc, mn);
   const uint8_t* qh = b + 16;
   const uint8_t* qs = five_bits ? b + 48 : b + 16;
   for (int s = 0; s < 8; ++s) {
-    const float scale = d * (float)sc[s], offset = dmin * (float)mn[s];
+    int sc, mn;
+    k4_scale(b + 4, s, &sc, &mn);
+    const float scale = d * (float)sc, offset = dmin * (float)mn;
     const uint8_t* q = qs + 32 * (s / 2);
     for (int l = 0; l < 32; ++l) {
       int v = (s % 2 == 0) ? (q[l] & 0x0F) : (q[l] >> 4);

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.outputs import Drafts, ScheduledRequest, SchedulerOutput
-from engine.spec.tree import DraftTree
+from engine.speculation.tree import DraftTree
 from kernels.attention import AttentionMetadata
 
 

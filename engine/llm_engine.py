@@ -31,7 +31,7 @@ from engine.outputs import (
 from engine.request import Request, RequestStatus
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
-from engine.spec_driver import SpecDriver
+from engine.speculation.driver import SpecDriver
 
 logger = logging.getLogger(__name__)
 

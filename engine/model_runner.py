@@ -20,7 +20,7 @@ from engine.models.loader import load_model, resolve_model_path
 from engine.outputs import Drafts, ModelOutput, RequestStepOutput, SchedulerOutput
 from engine.request import Request
 from engine.sampler import Sampler
-from engine.spec.batch_verify import SpecVerifier, sampling_rows
+from engine.speculation.batch_verify import SpecVerifier, sampling_rows
 from kernels.attention import KVCacheSpec
 from kernels.registry import make_attention_backend
 

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     import torch
 
     from engine.request import Request
-    from engine.spec.tree import DraftTree
+    from engine.speculation.tree import DraftTree
 
 # request_id -> number of draft tokens (chains) or tree node budget (trees) for this step.
 SpecPlan = dict[str, int]

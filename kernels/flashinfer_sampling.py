@@ -5,7 +5,7 @@
 - chain_speculative_sample: lossless verification of draft chains (Leviathan et al. 2023:
   accept x with probability min(1, p(x)/q(x)), else sample normalize(max(p - q, 0)), bonus
   token after a fully accepted chain) in one kernel. FlashInfer has no tree kernel: trees are
-  verified by our own torch code (engine/spec/verify.py).
+  verified by our own torch code (engine/speculation/verify.py).
 
 Where the torch path is forced (torch_sampling_reason):
 - a request with a per-request seed. Its tokens must not depend on which other requests share

@@ -182,7 +182,7 @@ def test_ngram_sampling_matches_exact_law(model_dir, prompt, exact_joint, spec):
 def test_planted_residual_bug_is_caught(model_dir, prompt, exact_joint, monkeypatch):
     """The same check has power through the engine: with rejections resampling from p instead
     of the residual (a classic bug), even a tenth of the requests fail it by far."""
-    import engine.spec.verify as verify
+    import engine.speculation.verify as verify
 
     monkeypatch.setattr(verify, "residual", lambda p, q: p)
     counts, _ = run_engine(model_dir, prompt, num_requests=NUM_REQUESTS // 10, **CHAIN)

@@ -25,8 +25,8 @@ import numpy as np
 
 from engine.config import SpecConfig
 from engine.outputs import Drafts
-from engine.spec.proposer import ProposeRequest
-from engine.spec.tree import DraftTree
+from engine.speculation.proposer import ProposeRequest
+from engine.speculation.tree import DraftTree
 
 NUM_CANDIDATES = 8
 # Static guess of P(rank-r candidate is accepted | parent accepted); only the order matters much.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.spec.tree import (
+from engine.speculation.tree import (
     DraftTree,
     ancestors,
     children,
@@ -14,7 +14,7 @@ from engine.spec.tree import (
     tree_positions,
     visible_rows,
 )
-from engine.spec.verify import tree_attention_mask
+from engine.speculation.verify import tree_attention_mask
 
 #        root
 #       /    \

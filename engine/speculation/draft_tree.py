@@ -17,7 +17,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 
-from engine.spec.tree import DraftTree
+from engine.speculation.tree import DraftTree
 
 
 class TreeBuilder:

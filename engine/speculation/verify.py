@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.spec.tree import DraftTree, path_to, visible_rows
+from engine.speculation.tree import DraftTree, path_to, visible_rows
 from kernels.sampling import inverse_cdf
 
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import engine.spec.verify as verify
-from engine.spec.tree import path_to
+import engine.speculation.verify as verify
+from engine.speculation.tree import path_to
 from kernels.sampling import inverse_cdf, sample_from_probs
 from tests.stats import chi_square_pvalue
 
@@ -126,7 +126,7 @@ def tree_step(prev, generator, mode: str):
 
 def _tree_emitted(tokens, last_node, next_token):
     """Path tokens of each trial's last node followed by its next token, padded."""
-    from engine.spec.tree import DraftTree
+    from engine.speculation.tree import DraftTree
 
     shape = DraftTree(token_ids=(0,) * len(TREE_PARENTS), parent_ids=TREE_PARENTS)
     paths = [path_to(shape, None)] + [path_to(shape, n) for n in range(len(TREE_PARENTS))]

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from engine.spec.ngram import NgramIndex, NgramProposer, merge_continuations
-from engine.spec.proposer import ProposeRequest
+from engine.speculation.ngram import NgramIndex, NgramProposer, merge_continuations
+from engine.speculation.proposer import ProposeRequest
 
 
 def chain(proposer: NgramProposer, token_ids: list[int], k: int, request_id: str = "r") -> list:

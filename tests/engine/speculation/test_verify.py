@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.spec.tree import DraftTree
-from engine.spec.verify import (
+from engine.speculation.tree import DraftTree
+from engine.speculation.verify import (
     VerifyResult,
     chain_verify_batch,
     residual,

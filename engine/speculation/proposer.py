@@ -70,9 +70,9 @@ class Proposer(Protocol):
 
 # Proposer name -> "module:Class"; the class provides from_config(spec, **runtime).
 _REGISTRY: dict[str, str] = {
-    "ngram": "engine.spec.ngram:NgramProposer",
-    "recycle": "engine.spec.recycle:RecycleProposer",
-    "draft": "engine.spec.draft_model:DraftModelProposer",
+    "ngram": "engine.speculation.ngram:NgramProposer",
+    "recycle": "engine.speculation.recycle:RecycleProposer",
+    "draft": "engine.speculation.draft_model:DraftModelProposer",
 }
 
 

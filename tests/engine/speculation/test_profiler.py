@@ -17,8 +17,8 @@ from engine.llm import LLM
 from engine.llm_engine import LLMEngine
 from engine.request import Request
 from engine.sampling_params import SamplingParams
-from engine.spec.cost_model import StepFeatures, profile_grid
-from engine.spec.profiler import (
+from engine.speculation.cost_model import StepFeatures, profile_grid
+from engine.speculation.profiler import (
     DummyBatchRunner,
     fit_to_pool,
     runner_cache_key,
@@ -150,7 +150,7 @@ def test_profiled_engine_output_equals_an_unprofiled_one(tiny_model_dir, tmp_pat
 
 
 def test_cache_round_trips_through_the_engine(tiny_model_dir, tmp_path, caplog):
-    caplog.set_level(logging.INFO, logger="engine.spec.profiler")
+    caplog.set_level(logging.INFO, logger="engine.speculation.profiler")
     first = LLMEngine.from_config(engine_config(tiny_model_dir, tmp_path))
     assert first.spec.seed_report.source == "profile"
     assert "cost model: profiled" in caplog.text
@@ -170,7 +170,9 @@ def test_a_corrupt_cache_entry_is_profiled_again(tiny_model_dir, tmp_path):
     key = LLMEngine.from_config(config).spec.seed_report.key
     (tmp_path / "cost_models.json").write_text(json.dumps({key: {"features": ["other"]}}))
     engine = LLMEngine.from_config(config)
-    assert engine.spec.seed_report.source == "profile" and engine.spec.cost_model.fitted
+    assert (
+        engine.spec.seed_report.source == "profile" and engine.spec.cost_model.fitted
+    )
     assert json.loads((tmp_path / "cost_models.json").read_text())[key]["features"] != ["other"]
 
 

@@ -7,7 +7,7 @@ at prefix_len - 1 + depth(i) (children of the root have depth 1).
 Rows over a tree (target logits, attention mask, positions) are ordered [root, node 0, node 1,
 ...]: row 0 is the root, row i + 1 is node i. Siblings keep their order: the sampled tree
 verifier tries a node's children in index order. This module stays pure Python (proposers
-import it); the torch attention mask is built in engine.spec.verify.
+import it); the torch attention mask is built in engine.speculation.verify.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from engine.config import EngineConfig
 from engine.llm import LLM
 from engine.sampling_params import SamplingParams
 from tests.conftest import build_tiny_llama
-from tests.engine.spec.test_draft_model import noisy_copy
+from tests.engine.speculation.test_draft_model import noisy_copy
 from tests.stats import chi_square_pvalue, joint_counts
 
 VOCAB = 16

@@ -27,7 +27,7 @@ from engine.config import SchedulerConfig, SpecConfig
 from engine.outputs import Drafts, ScheduledRequest, SchedulerOutput
 from engine.request import Request
 from engine.sampling_params import SamplingParams
-from engine.spec.cost_model import (
+from engine.speculation.cost_model import (
     CostModelCache,
     OnlineLinearCostModel,
     StepFeatures,

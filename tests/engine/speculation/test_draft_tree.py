@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.spec.draft_tree import TreeBuilder
+from engine.speculation.draft_tree import TreeBuilder
 
 
 def test_tree_builder_adds_the_most_probable_nodes_first():

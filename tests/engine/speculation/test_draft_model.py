@@ -20,7 +20,7 @@ import torch
 from engine.config import EngineConfig
 from engine.llm import LLM
 from engine.sampling_params import SamplingParams
-from engine.spec.draft_runner import check_same_vocabulary, parse_self_draft
+from engine.speculation.draft_runner import check_same_vocabulary, parse_self_draft
 from tests.conftest import build_tiny_llama
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
@@ -261,7 +261,7 @@ class ReferenceDraft:
 
 
 def check_drafts(reference: ReferenceDraft, context: list[int], chain, tree) -> None:
-    from engine.spec.tree import children, path_to
+    from engine.speculation.tree import children, path_to
 
     if chain is not None:
         for j, token_id in enumerate(chain):

@@ -5,18 +5,18 @@ Per step (DESIGN §1 step 3), for the requests given draft slots:
           included (a multi-token query, like a chunked prefill), whose last row gives q_0;
           then k - 1 batched single-token forwards, one per draft position, for every request
           still drafting (batched drafting).
-  trees:  the same catch-up, then rounds of best-first expansion (engine.spec.draft_tree):
+  trees:  the same catch-up, then rounds of best-first expansion (engine.speculation.draft_tree):
           each round every request adds its best frontier candidates and one batched forward
           scores the children of the node it chose to expand. That node is fed as the path
           root..node at positions root, root + 1, ..., so the plain causal mask over those
           contiguous positions is exactly the tree's ancestor mask.
 
 Sampling: draft token j is drawn from q_j = Sampler.process(draft logits) with the request's
-own sampling row (engine.spec.batch_verify.sampling_row, with the drafts before j as history),
+own sampling row (engine.speculation.batch_verify.sampling_row, with the drafts before j as history),
 so greedy requests draft the argmax and sampled ones draw an actual sample from q_j with the
 request's own draft generator, derived from its seed but never the target's stream. Sampled
 chains return their q rows; greedy chains and top-k trees return none (the verifier treats
-them as deterministic, which is lossless: engine/spec/verify.py).
+them as deterministic, which is lossless: engine/speculation/verify.py).
 
 Draft K/V state (own cache only; a self-draft shares the target's): the draft's K/V is valid
 for a request's first `num_computed` verified tokens, written through the block table seen
@@ -47,10 +47,10 @@ from engine.config import SpecConfig
 from engine.outputs import Drafts
 from engine.sampler import Sampler, SamplingRow
 from engine.sampling_params import SamplingParams
-from engine.spec.batch_verify import sampling_row
-from engine.spec.draft_runner import DraftQuery, DraftRunner
-from engine.spec.draft_tree import TreeBuilder
-from engine.spec.proposer import ProposeRequest
+from engine.speculation.batch_verify import sampling_row
+from engine.speculation.draft_runner import DraftQuery, DraftRunner
+from engine.speculation.draft_tree import TreeBuilder
+from engine.speculation.proposer import ProposeRequest
 
 _GREEDY = SamplingParams(temperature=0, max_tokens=None)
 _SEED_MULTIPLIER = 0x9E3779B97F4A7C15  # odd: seed -> draft seed is a bijection mod 2**63
@@ -66,7 +66,7 @@ class _RequestState:
 
 @dataclass(frozen=True)
 class _RequestView:
-    """The fields of a Request that engine.spec.batch_verify.sampling_row reads."""
+    """The fields of a Request that engine.speculation.batch_verify.sampling_row reads."""
 
     sampling_params: SamplingParams
     prompt_token_ids: Sequence[int]

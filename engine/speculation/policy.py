@@ -5,7 +5,7 @@ The engine calls `plan` before scheduling, with the running requests that have c
 how long the step took. A request missing from the plan (or planned 0) does not speculate;
 an empty plan means the engine runs no proposer at all this step.
 
-Policies: `off`, `fixed:K` (here) and `goodput` (engine/spec/goodput.py); `make_policy` parses
+Policies: `off`, `fixed:K` (here) and `goodput` (engine/speculation/goodput.py); `make_policy` parses
 the `--spec-policy` string.
 """
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from engine.outputs import SpecPlan
-from engine.spec.cost_model import StepCostModel, StepFeatures
+from engine.speculation.cost_model import StepCostModel, StepFeatures
 
 
 @dataclass(frozen=True)
@@ -125,8 +125,8 @@ def make_policy(
             raise ValueError(f"spec policy {spec!r}: K must be an integer >= 0; {_SPEC_HELP}")
         return FixedPolicy(int(value))
     if text == "goodput":
-        from engine.spec.cost_model import OnlineLinearCostModel
-        from engine.spec.goodput import GoodputPolicy
+        from engine.speculation.cost_model import OnlineLinearCostModel
+        from engine.speculation.goodput import GoodputPolicy
 
         model = cost_model if cost_model is not None else OnlineLinearCostModel()
         return GoodputPolicy(model, max_k, **goodput_options)  # type: ignore[arg-type]

@@ -1,4 +1,4 @@
-"""Glue between the model runner and the verification maths (engine/spec/verify.py).
+"""Glue between the model runner and the verification maths (engine/speculation/verify.py).
 
 For one request with drafts, build the sampling rows of [root, drafts...] — each row's penalty
 history includes the drafts before it, so p is exactly the distribution the request would have
@@ -16,8 +16,8 @@ from engine.input_batch import RequestRows
 from engine.outputs import Drafts
 from engine.request import Request
 from engine.sampler import Sampler, SamplingRow
-from engine.spec.tree import path_to
-from engine.spec.verify import (
+from engine.speculation.tree import path_to
+from engine.speculation.verify import (
     VerifyResult,
     verify_greedy_chain,
     verify_greedy_tree,

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from engine.spec.cost_model import (
+from engine.speculation.cost_model import (
     CostModelCache,
     OnlineLinearCostModel,
     StepFeatures,

@@ -28,8 +28,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from engine.outputs import SpecPlan
-from engine.spec.cost_model import StepCostModel, StepFeatures
-from engine.spec.policy import SpecCandidate, SpecResult
+from engine.speculation.cost_model import StepCostModel, StepFeatures
+from engine.speculation.policy import SpecCandidate, SpecResult
 
 MAX_TREE_NODES = 256  # SpecConfig.spec_tree_nodes upper bound
 _GRID = 100  # tree acceptance is resolved on a grid of 1/_GRID

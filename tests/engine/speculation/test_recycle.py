@@ -7,8 +7,8 @@ import random
 import pytest
 
 from engine.config import SpecConfig
-from engine.spec.proposer import ProposeRequest
-from engine.spec.recycle import DEFAULT_RANK_PRIOR, RecycleProposer, static_tree_template
+from engine.speculation.proposer import ProposeRequest
+from engine.speculation.recycle import DEFAULT_RANK_PRIOR, RecycleProposer, static_tree_template
 
 VOCAB = 64
 

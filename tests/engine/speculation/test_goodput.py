@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from engine.spec.cost_model import StepFeatures
-from engine.spec.goodput import (
+from engine.speculation.cost_model import StepFeatures
+from engine.speculation.goodput import (
     AcceptanceEstimator,
     GoodputPolicy,
     SearchSlot,
@@ -17,7 +17,7 @@ from engine.spec.goodput import (
     tree_acceptance,
     tree_gains,
 )
-from engine.spec.policy import SpecCandidate, SpecResult
+from engine.speculation.policy import SpecCandidate, SpecResult
 
 
 class LinearCost:

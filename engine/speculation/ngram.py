@@ -19,8 +19,8 @@ from typing import Any
 
 from engine.config import SpecConfig
 from engine.outputs import Drafts
-from engine.spec.proposer import ProposeRequest
-from engine.spec.tree import DraftTree
+from engine.speculation.proposer import ProposeRequest
+from engine.speculation.tree import DraftTree
 
 MAX_TREE_CANDIDATES = 8  # distinct match positions merged into one tree
 

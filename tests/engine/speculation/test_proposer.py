@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 
 from engine.config import SpecConfig
-from engine.spec.ngram import NgramProposer
-from engine.spec.proposer import Proposer, ProposeRequest, make_proposer, proposer_names
-from engine.spec.recycle import RecycleProposer
+from engine.speculation.ngram import NgramProposer
+from engine.speculation.proposer import Proposer, ProposeRequest, make_proposer, proposer_names
+from engine.speculation.recycle import RecycleProposer
 
 VOCAB = 50
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine.spec.cost_model import OnlineLinearCostModel, StepFeatures
-from engine.spec.goodput import GoodputPolicy
-from engine.spec.policy import (
+from engine.speculation.cost_model import OnlineLinearCostModel, StepFeatures
+from engine.speculation.goodput import GoodputPolicy
+from engine.speculation.policy import (
     FixedPolicy,
     OffPolicy,
     SpecCandidate,

@@ -9,11 +9,11 @@ import time
 
 from engine.config import SpecConfig
 from engine.outputs import Drafts, ModelOutput, ScheduledRequest, SchedulerOutput, SpecPlan
-from engine.spec.cost_model import OnlineLinearCostModel, StepFeatures
-from engine.spec.goodput import GoodputPolicy
-from engine.spec.policy import SpecCandidate, SpecResult, make_policy
-from engine.spec.profiler import SeedReport, seed_cost_model
-from engine.spec.proposer import ProposeRequest, make_proposer
+from engine.speculation.cost_model import OnlineLinearCostModel, StepFeatures
+from engine.speculation.goodput import GoodputPolicy
+from engine.speculation.policy import SpecCandidate, SpecResult, make_policy
+from engine.speculation.profiler import SeedReport, seed_cost_model
+from engine.speculation.proposer import ProposeRequest, make_proposer
 
 
 class SpecDriver:

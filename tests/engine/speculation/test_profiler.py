@@ -170,9 +170,7 @@ def test_a_corrupt_cache_entry_is_profiled_again(tiny_model_dir, tmp_path):
     key = LLMEngine.from_config(config).spec.seed_report.key
     (tmp_path / "cost_models.json").write_text(json.dumps({key: {"features": ["other"]}}))
     engine = LLMEngine.from_config(config)
-    assert (
-        engine.spec.seed_report.source == "profile" and engine.spec.cost_model.fitted
-    )
+    assert engine.spec.seed_report.source == "profile" and engine.spec.cost_model.fitted
     assert json.loads((tmp_path / "cost_models.json").read_text())[key]["features"] != ["other"]
 
 

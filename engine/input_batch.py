@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.outputs import Drafts, ScheduledRequest, SchedulerOutput
-from engine.speculation.tree import DraftTree
+from engine.speculation.tree import DraftTree, tree_positions, visible_rows
 from kernels.attention import AttentionMetadata
 
 
@@ -44,21 +44,20 @@ class ModelInput:
     requests: tuple[RequestRows, ...]
 
 
-def _slot(block_ids: list[int], index: int, block_size: int) -> int:
+def slot_of(block_ids: list[int], index: int, block_size: int) -> int:
+    """The cache slot of a request's token index (DESIGN §4)."""
     return block_ids[index // block_size] * block_size + index % block_size
 
 
-def _tree_mask(num_real: int, tree: DraftTree) -> torch.Tensor:
-    """[q_len, q_len] bool: real tokens causal; a node sees the real tokens, its ancestors and itself."""
+def tree_attention_mask(num_real: int, tree: DraftTree) -> torch.Tensor:
+    """[q_len, q_len] bool over [real tokens..., nodes...]: real tokens are causal (the last one
+    is the tree's root); a node sees every real token, its ancestors and itself."""
     q_len = num_real + tree.num_nodes
     mask = torch.zeros(q_len, q_len, dtype=torch.bool)
     mask[:num_real, :num_real] = torch.tril(torch.ones(num_real, num_real, dtype=torch.bool))
-    for node, parent in enumerate(tree.parent_ids):
-        row = num_real + node
+    for row, visible in enumerate(visible_rows(tree)[1:], start=num_real):
         mask[row, :num_real] = True
-        if parent is not None:
-            mask[row] |= mask[num_real + parent]
-        mask[row, row] = True
+        mask[row, [num_real - 1 + v for v in visible[1:]]] = True
     return mask
 
 
@@ -94,17 +93,16 @@ def build_model_input(
         input_ids.extend(request.all_token_ids[start : start + num_real])
         input_ids.extend(draft_ids)
         positions.extend(range(start, start + num_real))
-        last_pos = start + num_real - 1
         if tree is not None:
-            positions.extend(last_pos + depth for depth in tree.depths())
+            positions.extend(tree_positions(tree, start + num_real)[1:])
         else:
-            positions.extend(range(last_pos + 1, last_pos + 1 + len(draft_ids)))
+            positions.extend(range(start + num_real, start + num_real + len(draft_ids)))
         q_len = num_real + len(draft_ids)
-        slots.extend(_slot(request.block_ids, start + j, block_size) for j in range(q_len))
+        slots.extend(slot_of(request.block_ids, start + j, block_size) for j in range(q_len))
         cu_query.append(cu_query[-1] + q_len)
         seq_lens.append(start + q_len)
         block_tables.append(request.block_ids)
-        tree_masks.append(_tree_mask(num_real, tree) if tree is not None else None)
+        tree_masks.append(tree_attention_mask(num_real, tree) if tree is not None else None)
         prompt_rows: tuple[int, ...] = ()
         if (
             request.sampling_params.prompt_logprobs is not None

@@ -179,7 +179,6 @@ class LLMEngine:
         return results
 
     def _finish(self, request_id: str) -> None:
-        self.runner.release(request_id)
         self.spec.release(request_id)
         self.outputs.drop(request_id)
 

@@ -2,8 +2,7 @@
 
 Flow of one step:  SpecPlan -> Scheduler.schedule -> SchedulerOutput -> Proposer.propose ->
 Drafts -> ModelRunner.execute -> ModelOutput -> Scheduler.update -> RequestOutput (to callers).
-Everything here is host data; the only tensors are optional draft probabilities, which stay on
-the model's device and are consumed by the verifier.
+Everything here is host data.
 """
 
 from __future__ import annotations
@@ -12,8 +11,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    import torch
-
     from engine.request import Request
     from engine.speculation.tree import DraftTree
 
@@ -63,10 +60,10 @@ class Drafts:
 
     chains: dict[str, list[int]] = field(default_factory=dict)
     trees: dict[str, DraftTree] = field(default_factory=dict)
-    # Draft-model proposers: per request the draft distributions q, one row per draft token
-    # (chains) or per tree node, after the request's sampling transforms. [num_drafts, vocab] f32.
-    probs: dict[str, torch.Tensor] = field(default_factory=dict)
     proposer_time: float = 0.0  # seconds spent proposing (cost-model feature)
+    # How many of the target's top token ids the proposer wants per emitted token (its
+    # Proposer.target_topk; RequestStepOutput.target_topk_ids). 0: none.
+    target_topk: int = 0
 
     def num_drafts(self, request_id: str) -> int:
         if request_id in self.trees:
@@ -92,8 +89,9 @@ class RequestStepOutput:
     logprobs: tuple[TokenLogprobs, ...] = ()  # one per token_ids entry when asked
     prompt_logprobs: tuple[TokenLogprobs | None, ...] = ()  # this chunk's prompt positions
     error: str | None = None  # set when this request's processing failed (others continue)
-    # Token Recycling: per emitted token, the target's top-k ids at the row that produced it.
-    next_token_topk: tuple[tuple[int, ...], ...] = ()
+    # Per emitted token, the target's top ids at the row that produced it, when the step's
+    # Drafts.target_topk asked for them (Token Recycling).
+    target_topk_ids: tuple[tuple[int, ...], ...] = ()
 
 
 @dataclass(frozen=True)

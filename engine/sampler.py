@@ -9,8 +9,9 @@ process() applies, in this order (vLLM / OpenAI semantics):
     4. greedy rows (temperature 0): a one-hot point mass on the processed argmax (ties: the
        lowest token id); other rows: softmax(logits / temperature), then top-k, top-p, min-p.
 The result is float32 probabilities, the `p` that speculative verification compares drafts
-against. A row's result depends only on its own logits and parameters (batch invariance); each
-row samples with its own torch.Generator.
+against. A row's result depends only on its own logits and parameters (batch invariance);
+sample() draws each row's token by inverse CDF at a uniform the caller derives from the
+request's seed and the token's position (engine/rng.py).
 """
 
 from __future__ import annotations
@@ -71,13 +72,12 @@ class Sampler:
         probs[index] = _random_rows_probs(logits[index], [rows[i].params for i in random_index])
         return probs
 
-    def sample(
-        self, probs: torch.Tensor, generators: Sequence[torch.Generator | None]
-    ) -> list[int]:
-        """One token per row of process()'s output; generators[i] None = the global RNG."""
-        if len(generators) != probs.shape[0]:
-            raise ValueError(f"got {probs.shape[0]} rows but {len(generators)} generators")
-        return sample_from_probs(probs, generators).tolist()
+    def sample(self, probs: torch.Tensor, uniforms: torch.Tensor | None) -> torch.Tensor:
+        """One token per row of process()'s output, on the device (no host sync): the inverse
+        CDF at uniforms[i] (float64 [N], engine/rng.py), or the argmax when uniforms is None."""
+        if uniforms is not None and uniforms.shape[0] != probs.shape[0]:
+            raise ValueError(f"got {probs.shape[0]} rows but {uniforms.shape[0]} uniforms")
+        return sample_from_probs(probs, uniforms)
 
     def logprobs(
         self, logits: torch.Tensor, token_ids: Sequence[int], num_top: Sequence[int]

@@ -1,29 +1,47 @@
-"""Glue between the model runner and the verification maths (engine/speculation/verify.py).
+"""BatchVerifier: one batched pass over the step's sample rows, with one host sync (DESIGN §5).
 
-For one request with drafts, build the sampling rows of [root, drafts...] — each row's penalty
-history includes the drafts before it, so p is exactly the distribution the request would have
-sampled from at that position — turn its logits into p, verify, and report which logits rows
-produced the emitted tokens (for logprobs and Token Recycling's top-k).
+Every request whose chunk reaches its last known token owns consecutive sample rows in the
+step's logits: [root] when it decodes plainly (a chain of zero drafts), [root, drafts...] for
+a chain, [root, nodes...] for a tree (engine/input_batch.py lays them out). In one pass:
+  1. each row's distribution p: Sampler.process over all rows at once, every row with its own
+     penalty history (the drafts before it on its path, so p is exactly what the request would
+     sample from at that position);
+  2. each row's target token: argmax for greedy requests, inverse CDF at uniform(seed, t) for
+     sampled ones (t = the position the row predicts; engine/rng.py);
+  3. the one host sync: targets, and the target's top-k ids of every row when a proposer asked
+     for them (Token Recycling);
+  4. per request on the host: accept drafts equal to the target tokens (verify.py).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from engine.input_batch import RequestRows
-from engine.outputs import Drafts
 from engine.request import Request
+from engine.rng import uniforms
 from engine.sampler import Sampler, SamplingRow
 from engine.speculation.tree import path_to
-from engine.speculation.verify import (
-    VerifyResult,
-    verify_greedy_chain,
-    verify_greedy_tree,
-    verify_sampled_chain,
-    verify_sampled_tree,
-)
+from engine.speculation.verify import VerifyResult, verify_chain, verify_tree
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Verified:
+    """One request's outcome of the step."""
+
+    token_ids: tuple[int, ...]  # accepted drafts + the correction / bonus token
+    num_draft_tokens: int
+    num_accepted_tokens: int
+    path_rows: tuple[int, ...]  # logits row that predicted each emitted token
+    accepted_node_ids: tuple[int, ...]  # tree nodes (chains: draft indices) accepted
+    target_topk_ids: tuple[tuple[int, ...], ...] = ()  # per emitted token, when asked for
+    error: str | None = None  # this request's host-side processing failed (the others go on)
 
 
 def sampling_row(request: Request, extra_output: Sequence[int] = ()) -> SamplingRow:
@@ -42,53 +60,101 @@ def sampling_row(request: Request, extra_output: Sequence[int] = ()) -> Sampling
     )
 
 
-def sampling_rows(requests: Sequence[Request]) -> list[SamplingRow]:
-    return [sampling_row(request) for request in requests]
+def _histories(rows: RequestRows) -> list[list[int]]:
+    """The draft tokens before each of the request's rows, on that row's path."""
+    if rows.tree is None:
+        drafts = list(rows.draft_token_ids)
+        return [drafts[:j] for j in range(len(drafts) + 1)]
+    tree = rows.tree
+    return [[]] + [
+        [tree.token_ids[n] for n in path_to(tree, node)] for node in range(tree.num_nodes)
+    ]
 
 
-class SpecVerifier:
+def _depths(rows: RequestRows) -> list[int]:
+    """How far past the root's successor each row predicts: 0 for the root row."""
+    if rows.tree is None:
+        return list(range(len(rows.draft_token_ids) + 1))
+    return [0, *rows.tree.depths()]
+
+
+class BatchVerifier:
     def __init__(self, sampler: Sampler) -> None:
         self.sampler = sampler
 
+    @torch.inference_mode()
     def verify(
-        self,
-        rows: RequestRows,
-        logits: torch.Tensor,
-        drafts: Drafts,
-        generator: torch.Generator | None,
-    ) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """Returns (emitted token ids, logits row of each emitted token)."""
-        request = rows.scheduled.request
-        draft_ids = list(rows.draft_token_ids)
-        index = torch.tensor(rows.logit_rows, device=logits.device)
-        probs = self.sampler.process(logits[index], self._rows(rows, request, draft_ids))
-        q = drafts.probs.get(request.request_id)
-        result = self._verify(rows, probs, draft_ids, q, generator, request.sampling_params.greedy)
-        if rows.tree is None:
-            path_rows = rows.logit_rows[: result.num_accepted + 1]
-        else:
-            path_rows = (
-                rows.logit_rows[0],
-                *(rows.logit_rows[1 + n] for n in result.accepted_node_ids),
+        self, requests: Sequence[RequestRows], logits: torch.Tensor, target_topk: int = 0
+    ) -> dict[str, Verified]:
+        """logits [num_logit_rows, vocab] f32 of the step; requests without sample rows
+        are skipped. target_topk > 0: also report the target's top ids per emitted token."""
+        sampling = [rows for rows in requests if rows.logit_rows]
+        if not sampling:
+            return {}
+        device = logits.device
+        index = torch.tensor([r for rows in sampling for r in rows.logit_rows], device=device)
+        step_logits = logits[index]
+        probs = self.sampler.process(step_logits, self._sampling_rows(sampling))
+        targets = self.sampler.sample(probs, self._uniforms(sampling, device))
+        parts = [targets]
+        if target_topk > 0:
+            parts.append(step_logits.topk(target_topk, dim=-1).indices.flatten())
+        host = torch.cat(parts).tolist()  # the step's one host sync
+        num_rows = len(targets)
+        topk = [host[num_rows + i * target_topk : num_rows + (i + 1) * target_topk]
+                for i in range(num_rows)] if target_topk > 0 else []  # fmt: skip
+        results, first = {}, 0
+        for rows in sampling:
+            count = len(rows.logit_rows)
+            results[rows.scheduled.request_id] = self._accept_or_fail(
+                rows, host[first : first + count], topk[first : first + count]
             )
-        return result.token_ids, tuple(path_rows)
+            first += count
+        return results
+
+    def _accept_or_fail(self, rows: RequestRows, targets: list[int], topk) -> Verified:
+        try:
+            return self._accept(rows, targets, topk)
+        except Exception as exc:  # one request's failure must not take the batch down
+            logger.exception("request %s failed in verification", rows.scheduled.request_id)
+            return Verified((), 0, 0, (), (), error=f"{type(exc).__name__}: {exc}")
 
     @staticmethod
-    def _rows(rows: RequestRows, request: Request, draft_ids: list[int]) -> list[SamplingRow]:
-        if rows.tree is None:
-            return [sampling_row(request, draft_ids[:j]) for j in range(len(draft_ids) + 1)]
-        histories = [[]] + [
-            [rows.tree.token_ids[n] for n in path_to(rows.tree, node)]
-            for node in range(rows.tree.num_nodes)
+    def _sampling_rows(sampling: Sequence[RequestRows]) -> list[SamplingRow]:
+        return [
+            sampling_row(rows.scheduled.request, history)
+            for rows in sampling
+            for history in _histories(rows)
         ]
-        return [sampling_row(request, history) for history in histories]
 
     @staticmethod
-    def _verify(rows: RequestRows, probs, draft_ids, q, generator, greedy: bool) -> VerifyResult:
-        if rows.tree is not None:
-            if greedy:
-                return verify_greedy_tree(rows.tree, probs.argmax(dim=-1).tolist())
-            return verify_sampled_tree(rows.tree, probs, q, generator)
-        if greedy:
-            return verify_greedy_chain(probs.argmax(dim=-1).tolist(), draft_ids)
-        return verify_sampled_chain(probs, draft_ids, q, generator)
+    def _uniforms(sampling: Sequence[RequestRows], device: torch.device) -> torch.Tensor | None:
+        """u(seed, predicted position) per row of sampled requests; None when all are greedy."""
+        if all(rows.scheduled.request.sampling_params.greedy for rows in sampling):
+            return None
+        seeds, positions = [], []
+        for rows in sampling:
+            request = rows.scheduled.request
+            for depth in _depths(rows):
+                seeds.append(request.seed or 0)
+                positions.append(request.num_tokens + depth)
+        return torch.from_numpy(uniforms(seeds, positions)).to(device)
+
+    @staticmethod
+    def _accept(rows: RequestRows, targets: list[int], topk: list[list[int]]) -> Verified:
+        drafts = rows.draft_token_ids
+        result: VerifyResult = (
+            verify_tree(rows.tree, targets) if rows.tree else verify_chain(targets, drafts)
+        )
+        if rows.tree is None:
+            local = list(range(result.num_accepted + 1))
+        else:
+            local = [0, *(1 + node for node in result.accepted_node_ids)]
+        return Verified(
+            token_ids=result.token_ids,
+            num_draft_tokens=len(drafts),
+            num_accepted_tokens=result.num_accepted,
+            path_rows=tuple(rows.logit_rows[i] for i in local),
+            accepted_node_ids=result.accepted_node_ids,
+            target_topk_ids=tuple(tuple(topk[i]) for i in local) if topk else (),
+        )

@@ -12,11 +12,12 @@ Per step (DESIGN §1 step 3), for the requests given draft slots:
           contiguous positions is exactly the tree's ancestor mask.
 
 Sampling: draft token j is drawn from q_j = Sampler.process(draft logits) with the request's
-own sampling row (engine.speculation.batch_verify.sampling_row, with the drafts before j as history),
-so greedy requests draft the argmax and sampled ones draw an actual sample from q_j with the
-request's own draft generator, derived from its seed but never the target's stream. Sampled
-chains return their q rows; greedy chains and top-k trees return none (the verifier treats
-them as deterministic, which is lossless: engine/speculation/verify.py).
+own sampling row (engine.speculation.batch_verify.sampling_row, with the drafts before j as
+history): greedy requests draft the argmax, sampled ones the inverse CDF of q_j at the very
+uniform the target uses for that position (engine/rng.py), so the draft agrees with the
+target's token whenever the two inverse CDFs agree there. Trees add the draft's top-k
+candidates best-first. Verification accepts a draft iff it equals the target's token, which
+is lossless whatever the drafts are (engine/speculation/verify.py).
 
 Draft K/V state (own cache only; a self-draft shares the target's): the draft's K/V is valid
 for a request's first `num_computed` verified tokens, written through the block table seen
@@ -35,7 +36,6 @@ unaffected.
 from __future__ import annotations
 
 import dataclasses
-import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -45,6 +45,7 @@ import torch
 
 from engine.config import SpecConfig
 from engine.outputs import Drafts
+from engine.rng import uniforms
 from engine.sampler import Sampler, SamplingRow
 from engine.sampling_params import SamplingParams
 from engine.speculation.batch_verify import sampling_row
@@ -53,13 +54,10 @@ from engine.speculation.draft_tree import TreeBuilder
 from engine.speculation.proposer import ProposeRequest
 
 _GREEDY = SamplingParams(temperature=0, max_tokens=None)
-_SEED_MULTIPLIER = 0x9E3779B97F4A7C15  # odd: seed -> draft seed is a bijection mod 2**63
-_SEED_OFFSET = 0x2545F4914F6CDD1D  # odd: no request seed maps to itself
 
 
 @dataclass
 class _RequestState:
-    generator: torch.Generator
     num_computed: int = 0  # leading verified tokens whose draft K/V is valid (own cache)
     block_ids: tuple[int, ...] = ()  # the block table those K/V were written through
 
@@ -76,6 +74,7 @@ class _RequestView:
 
 class DraftModelProposer:
     name = "draft"
+    target_topk = 0  # needs none of the target's top ids
 
     def __init__(self, runner: DraftRunner) -> None:
         self.runner = runner
@@ -120,19 +119,15 @@ class DraftModelProposer:
     # ---- chains --------------------------------------------------------------------------
     def _propose_chains(self, asks: list[ProposeRequest], drafts: Drafts) -> None:
         histories: list[list[int]] = [[] for _ in asks]
-        q_rows: list[list[torch.Tensor]] = [[] for _ in asks]
         queries = [self._catch_up(ask) for ask in asks]
         active = list(range(len(asks)))
         while active:
             logits = self.runner.logits(queries)
             picked = [asks[i] for i in active]
             probs = self.sampler.process(logits, self._rows(picked, [histories[i] for i in active]))
-            tokens = self.sampler.sample(
-                probs, [self._states[a.request_id].generator for a in picked]
-            )
+            tokens = self.sampler.sample(probs, self._uniforms(picked, histories, active)).tolist()
             for row, i in enumerate(active):
                 histories[i].append(tokens[row])
-                q_rows[i].append(probs[row])
             active = [i for i in active if len(histories[i]) < asks[i].num_drafts]
             # Draft j (0-based) sits at position num_tokens + j, in a slot reserved for it.
             queries = [
@@ -143,10 +138,19 @@ class DraftModelProposer:
                 )
                 for i in active
             ]
-        for ask, chain, rows in zip(asks, histories, q_rows):
+        for ask, chain in zip(asks, histories):
             drafts.chains[ask.request_id] = chain
-            if not _params(ask).greedy:
-                drafts.probs[ask.request_id] = torch.stack(rows)
+
+    def _uniforms(
+        self, picked: list[ProposeRequest], histories: list[list[int]], active: list[int]
+    ) -> torch.Tensor | None:
+        """The target's own uniform for each drafted position (common random numbers: the
+        draft token agrees with the target's as often as the two distributions allow)."""
+        if all(_params(ask).greedy for ask in picked):
+            return None
+        seeds = [ask.seed or 0 for ask in picked]
+        positions = [len(ask.token_ids) + len(histories[i]) for ask, i in zip(picked, active)]
+        return torch.from_numpy(uniforms(seeds, positions)).to(self.runner.device)
 
     # ---- trees ---------------------------------------------------------------------------
     def _propose_trees(self, asks: list[ProposeRequest], drafts: Drafts) -> None:
@@ -232,12 +236,7 @@ class DraftModelProposer:
         return DraftQuery(ask.token_ids[start:], start, ask.block_ids)
 
     def _state(self, ask: ProposeRequest) -> _RequestState:
-        state = self._states.get(ask.request_id)
-        if state is None:
-            generator = torch.Generator(device=self.runner.device)
-            generator.manual_seed(_draft_seed(ask.seed))
-            state = self._states[ask.request_id] = _RequestState(generator)
-        return state
+        return self._states.setdefault(ask.request_id, _RequestState())
 
     @staticmethod
     def _rows(
@@ -278,11 +277,3 @@ def _num_same(old: Sequence[int], new: Sequence[int]) -> int:
             break
         count += 1
     return count
-
-
-def _draft_seed(seed: int | None) -> int:
-    """The draft generator's seed: reproducible for seeded requests, and never equal to the
-    request's own seed, so drafts never share random numbers with the verifier."""
-    if seed is None:
-        return random.getrandbits(63)
-    return (seed * _SEED_MULTIPLIER + _SEED_OFFSET) % (1 << 63)

@@ -89,15 +89,14 @@ class SpecDriver:
             return Drafts()
         for request_id in sched.preempted_ids:  # blocks freed: per-request KV state is stale
             self.proposer.release(request_id)
+        topk = self.proposer.target_topk
         asks = [self._ask(s) for s in sched.scheduled if s.num_spec_slots > 0 and s.needs_sample]
         if not asks:
-            return Drafts()
+            return Drafts(target_topk=topk)
         start = time.perf_counter()
         drafts = self.proposer.propose(asks)
         elapsed = time.perf_counter() - start
-        return Drafts(
-            chains=drafts.chains, trees=drafts.trees, probs=drafts.probs, proposer_time=elapsed
-        )
+        return Drafts(drafts.chains, drafts.trees, proposer_time=elapsed, target_topk=topk)
 
     def _ask(self, scheduled: ScheduledRequest) -> ProposeRequest:
         request = scheduled.request
@@ -122,7 +121,7 @@ class SpecDriver:
                 continue
             if self.proposer is not None:
                 self.proposer.observe(
-                    scheduled.request_id, step.token_ids, step.next_token_topk or None
+                    scheduled.request_id, step.token_ids, step.target_topk_ids or None
                 )
             if step.num_draft_tokens:
                 results.append(

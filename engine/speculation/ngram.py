@@ -20,7 +20,7 @@ from typing import Any
 from engine.config import SpecConfig
 from engine.outputs import Drafts
 from engine.speculation.proposer import ProposeRequest
-from engine.speculation.tree import DraftTree
+from engine.speculation.tree import DraftTree, trie_of
 
 MAX_TREE_CANDIDATES = 8  # distinct match positions merged into one tree
 
@@ -89,6 +89,7 @@ class NgramProposer:
     """Prompt-lookup drafts, chains or trees, from per-request incremental n-gram indexes."""
 
     name = "ngram"
+    target_topk = 0  # needs none of the target's top ids
 
     def __init__(
         self,
@@ -155,37 +156,4 @@ class NgramProposer:
     def _propose_tree(self, index: NgramIndex, num_nodes: int) -> DraftTree:
         ends = index.candidate_ends(num_nodes, limit=self.max_tree_candidates)
         continuations = [index.token_ids[end : end + num_nodes] for end in ends]
-        return merge_continuations(continuations, num_nodes)
-
-
-def merge_continuations(continuations: Sequence[Sequence[int]], num_nodes: int) -> DraftTree:
-    """A trie of the continuations (shared prefixes stored once) with at most num_nodes nodes.
-
-    Budget split, best candidate first: in a first pass candidate i may add up to
-    max(1, num_nodes >> (i + 1)) new nodes (half the budget for the best, a quarter for the
-    next, ...); a second pass spends what is left extending candidates in the same order.
-    Nodes are created parent-first, so creation order is topological.
-    """
-    token_ids: list[int] = []
-    parent_ids: list[int | None] = []
-    children: dict[tuple[int | None, int], int] = {}  # (parent node, token) -> node
-
-    def insert(continuation: Sequence[int], max_new_nodes: int) -> None:
-        parent: int | None = None
-        for token_id in continuation:
-            node = children.get((parent, token_id))
-            if node is None:
-                if max_new_nodes == 0 or len(token_ids) >= num_nodes:
-                    return
-                node = len(token_ids)
-                children[(parent, token_id)] = node
-                token_ids.append(token_id)
-                parent_ids.append(parent)
-                max_new_nodes -= 1
-            parent = node
-
-    for i, continuation in enumerate(continuations):
-        insert(continuation, max(1, num_nodes >> (i + 1)))
-    for continuation in continuations:
-        insert(continuation, num_nodes)
-    return DraftTree(token_ids=tuple(token_ids), parent_ids=tuple(parent_ids))
+        return trie_of(continuations, num_nodes)

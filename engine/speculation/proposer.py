@@ -41,6 +41,9 @@ class ProposeRequest:
 @runtime_checkable
 class Proposer(Protocol):
     name: str
+    # How many of the target's top token ids observe() wants per verified token (0: none);
+    # the engine passes it to the model runner through Drafts.target_topk.
+    target_topk: int
 
     def propose(self, requests: Sequence[ProposeRequest]) -> Drafts:
         """Drafts per request: a chain of at most num_drafts tokens, or a DraftTree of at most
@@ -56,7 +59,7 @@ class Proposer(Protocol):
         """Newly verified tokens of one request (accepted drafts + the bonus/correction token).
 
         topk_ids[i], when given, is the target's top-k next-token ids from the same logits row
-        that produced token_ids[i] (RequestStepOutput.next_token_topk), so under greedy
+        that produced token_ids[i] (RequestStepOutput.target_topk_ids), so under greedy
         decoding topk_ids[i][0] == token_ids[i]. The row's input token is token_ids[i - 1],
         or the previous root for i == 0.
         """

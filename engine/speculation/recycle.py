@@ -75,6 +75,7 @@ class RecycleProposer:
         _check_args(vocab_size, num_candidates, rank_prior)
         self.vocab_size = vocab_size
         self.num_candidates = num_candidates
+        self.target_topk = num_candidates  # the target's top ids it recycles per token
         # adjacency[t, :row_lengths[t]] are token t's candidates, best first; length 0 = unseen.
         self.adjacency = np.zeros((vocab_size, num_candidates), dtype=np.int32)
         self.row_lengths = np.zeros(vocab_size, dtype=np.uint8)

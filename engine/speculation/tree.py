@@ -7,7 +7,7 @@ at prefix_len - 1 + depth(i) (children of the root have depth 1).
 Rows over a tree (target logits, attention mask, positions) are ordered [root, node 0, node 1,
 ...]: row 0 is the root, row i + 1 is node i. Siblings keep their order: the sampled tree
 verifier tries a node's children in index order. This module stays pure Python (proposers
-import it); the torch attention mask is built in engine.speculation.verify.
+import it); the torch attention mask is built in engine.input_batch from visible_rows.
 """
 
 from __future__ import annotations
@@ -83,26 +83,34 @@ def visible_rows(tree: DraftTree) -> list[list[int]]:
     return rows
 
 
-def tree_from_chains(chains: Sequence[Sequence[int]], max_nodes: int | None = None) -> DraftTree:
-    """A trie of the chains: common prefixes are stored once, so siblings never repeat a token.
+def trie_of(continuations: Sequence[Sequence[int]], num_nodes: int) -> DraftTree:
+    """A trie of the continuations (shared prefixes stored once) with at most num_nodes nodes.
 
-    Chains are inserted in the order given (best first), so earlier chains' tokens come first
-    among siblings and are tried first by the sampled verifier. With max_nodes, insertion stops
-    at the budget; a chain cut short keeps its prefix.
+    Budget split, best candidate first: in a first pass candidate i may add up to
+    max(1, num_nodes >> (i + 1)) new nodes (half the budget for the best, a quarter for the
+    next, ...); a second pass spends what is left extending candidates in the same order.
+    Nodes are created parent-first, so creation order is topological.
     """
     token_ids: list[int] = []
     parent_ids: list[int | None] = []
-    child_of: dict[tuple[int | None, int], int] = {}  # (parent node, token) -> node
-    for chain in chains:
+    children: dict[tuple[int | None, int], int] = {}  # (parent node, token) -> node
+
+    def insert(continuation: Sequence[int], max_new_nodes: int) -> None:
         parent: int | None = None
-        for token_id in chain:
-            node = child_of.get((parent, token_id))
+        for token_id in continuation:
+            node = children.get((parent, token_id))
             if node is None:
-                if max_nodes is not None and len(token_ids) >= max_nodes:
-                    break
+                if max_new_nodes == 0 or len(token_ids) >= num_nodes:
+                    return
                 node = len(token_ids)
-                child_of[(parent, token_id)] = node
+                children[(parent, token_id)] = node
                 token_ids.append(token_id)
                 parent_ids.append(parent)
+                max_new_nodes -= 1
             parent = node
+
+    for i, continuation in enumerate(continuations):
+        insert(continuation, max(1, num_nodes >> (i + 1)))
+    for continuation in continuations:
+        insert(continuation, num_nodes)
     return DraftTree(token_ids=tuple(token_ids), parent_ids=tuple(parent_ids))

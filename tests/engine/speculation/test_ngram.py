@@ -6,8 +6,9 @@ import random
 
 import pytest
 
-from engine.speculation.ngram import NgramIndex, NgramProposer, merge_continuations
+from engine.speculation.ngram import NgramIndex, NgramProposer
 from engine.speculation.proposer import ProposeRequest
+from engine.speculation.tree import trie_of
 
 
 def chain(proposer: NgramProposer, token_ids: list[int], k: int, request_id: str = "r") -> list:
@@ -97,7 +98,7 @@ def test_chains_and_trees_follow_the_index_candidates():
         )
         expected_chain = token_ids[ends[0] : ends[0] + k] if ends else []
         assert drafts.chains.get("c", []) == expected_chain, step
-        expected_tree = merge_continuations([token_ids[e : e + k] for e in ends], k)
+        expected_tree = trie_of([token_ids[e : e + k] for e in ends], k)
         assert drafts.num_drafts("t") == expected_tree.num_nodes
         if expected_tree.num_nodes:
             assert drafts.trees["t"] == expected_tree
@@ -149,9 +150,9 @@ def test_tree_merges_shared_prefixes_within_budget():
 
 
 @pytest.mark.parametrize("budget", [1, 4, 7, 16])
-def test_merge_continuations_budget_split(budget):
+def test_trie_of_budget_split(budget):
     best, second = [1] * 20, [2] * 20
-    tree = merge_continuations([best, second], budget)
+    tree = trie_of([best, second], budget)
     assert_valid_tree(tree, budget)
     assert tree.num_nodes == budget
     depth_of = dict(zip(tree.token_ids, tree.depths(), strict=False))
@@ -159,7 +160,7 @@ def test_merge_continuations_budget_split(budget):
     if budget >= 2:
         assert 2 in tree.token_ids  # the second candidate gets at least one node
         assert tree.token_ids.count(1) >= tree.token_ids.count(2)
-    assert merge_continuations([best], budget).depths() == list(range(1, budget + 1))
+    assert trie_of([best], budget).depths() == list(range(1, budget + 1))
 
 
 def test_release_drops_request_state():

@@ -5,16 +5,22 @@ from __future__ import annotations
 import pytest
 import torch
 
+from engine.input_batch import tree_attention_mask as input_tree_mask
 from engine.speculation.tree import (
     DraftTree,
     ancestors,
     children,
     path_to,
-    tree_from_chains,
     tree_positions,
+    trie_of,
     visible_rows,
 )
-from engine.speculation.verify import tree_attention_mask
+
+
+def tree_attention_mask(tree: DraftTree) -> torch.Tensor:
+    """The mask over [root, nodes...]: the root is the request's one real token."""
+    return input_tree_mask(1, tree)
+
 
 #        root
 #       /    \
@@ -61,18 +67,19 @@ def test_mask_of_a_chain_is_causal():
     assert torch.equal(tree_attention_mask(chain), torch.ones(4, 4, dtype=torch.bool).tril())
 
 
-def test_tree_from_chains_merges_common_prefixes_in_order():
-    tree = tree_from_chains([[5, 6, 7], [5, 6, 8], [9], [5, 1]])
+def test_trie_merges_common_prefixes_in_order():
+    tree = trie_of([[5, 6, 7], [5, 6, 8], [9], [5, 1]], 100)
     assert tree.token_ids == (5, 6, 7, 8, 9, 1)
     assert tree.parent_ids == (None, 0, 1, 1, None, 0)
 
 
-def test_tree_from_chains_dedupes_siblings_and_respects_the_budget():
-    tree = tree_from_chains([[3, 4], [3, 4], [3, 4, 5]])
+def test_trie_dedupes_siblings_and_splits_the_budget():
+    tree = trie_of([[3, 4], [3, 4], [3, 4, 5]], 100)
     assert tree == DraftTree(token_ids=(3, 4, 5), parent_ids=(None, 0, 1))
-    cut = tree_from_chains([[1, 2, 3], [4, 5]], max_nodes=4)
-    assert cut == DraftTree(token_ids=(1, 2, 3, 4), parent_ids=(None, 0, 1, None))
-    assert tree_from_chains([]).num_nodes == 0
+    # 4 nodes: the best chain may add 2 first, the next 1, then the best one is extended.
+    cut = trie_of([[1, 2, 3], [4, 5]], 4)
+    assert cut == DraftTree(token_ids=(1, 2, 4, 3), parent_ids=(None, 0, None, 1))
+    assert trie_of([], 5).num_nodes == 0
 
 
 def test_invalid_parent_order_is_rejected():

@@ -1,62 +1,46 @@
-"""Hand-built verification cases: greedy/sampled chains and trees, on tiny vocabularies."""
+"""Hand-built verification cases: chains and trees against given target tokens (verify.py),
+and the batched pass that computes those targets from logits (batch_verify.py)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from engine.input_batch import RequestRows
+from engine.outputs import ScheduledRequest
+from engine.request import Request
+from engine.rng import uniforms
+from engine.sampler import Sampler
+from engine.sampling_params import SamplingParams
+from engine.speculation.batch_verify import BatchVerifier
 from engine.speculation.tree import DraftTree
-from engine.speculation.verify import (
-    VerifyResult,
-    chain_verify_batch,
-    residual,
-    tree_verify_batch,
-    verify_greedy_chain,
-    verify_greedy_tree,
-    verify_sampled_chain,
-    verify_sampled_tree,
-)
+from engine.speculation.verify import VerifyResult, verify_chain, verify_tree
+from kernels.sampling import inverse_cdf
 
-V = 6
-
-
-def one_hot(*token_ids: int) -> torch.Tensor:
-    return torch.nn.functional.one_hot(torch.tensor(token_ids), V).float()
-
-
-def rows(*dists: list[float]) -> torch.Tensor:
-    return torch.tensor(dists, dtype=torch.float32)
-
-
-def gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
-
-
-# ---- greedy chain ---------------------------------------------------------------------------
+# ---- chains ---------------------------------------------------------------------------
 
 
 def test_greedy_chain_accepts_all_and_adds_bonus():
-    result = verify_greedy_chain([4, 1, 5, 2], [4, 1, 5])
+    result = verify_chain([4, 1, 5, 2], [4, 1, 5])
     assert result == VerifyResult((4, 1, 5, 2), (0, 1, 2))
     assert result.num_accepted == 3
 
 
 def test_greedy_chain_rejects_first():
-    assert verify_greedy_chain([3, 1, 5], [4, 1]) == VerifyResult((3,), ())
+    assert verify_chain([3, 1, 5], [4, 1]) == VerifyResult((3,), ())
 
 
 def test_greedy_chain_rejects_in_the_middle_and_ignores_later_matches():
-    assert verify_greedy_chain([4, 0, 5, 2], [4, 1, 5]).token_ids == (4, 0)
+    assert verify_chain([4, 0, 5, 2], [4, 1, 5]).token_ids == (4, 0)
 
 
-def test_greedy_chain_takes_argmax_of_rows_and_no_drafts():
-    assert verify_greedy_chain(one_hot(2, 3), [2]).token_ids == (2, 3)
-    assert verify_greedy_chain([5], []).token_ids == (5,)
+def test_chain_without_drafts_emits_the_root_target_and_checks_rows():
+    assert verify_chain([5], []).token_ids == (5,)
     with pytest.raises(ValueError, match="target rows"):
-        verify_greedy_chain([1, 2], [1, 2])
+        verify_chain([1, 2], [1, 2])
 
 
-# ---- greedy tree ----------------------------------------------------------------------------
+# ---- trees ----------------------------------------------------------------------------
 #        root
 #       /    \
 #   0:a=1    1:b=2
@@ -70,174 +54,82 @@ TREE = DraftTree(token_ids=(1, 2, 3, 4, 4, 0), parent_ids=(None, None, 0, 1, 1, 
 def test_greedy_tree_picks_the_longest_matching_path():
     # argmax at rows [root, n0..n5]: root -> 2 (b), b -> 4 (d/e), d -> 0 (f), f -> 5 (bonus)
     target = [2, 3, 4, 5, 0, 1, 5]
-    result = verify_greedy_tree(TREE, target)
+    result = verify_tree(TREE, target)
     assert result == VerifyResult((2, 4, 0, 5), (1, 3, 5))
 
 
 def test_greedy_tree_equal_siblings_go_to_the_lower_index():
     target = [2, 3, 4, 5, 1, 3, 5]  # d's child f does not match (d -> 1); d and e tie at depth 2
-    result = verify_greedy_tree(TREE, target)
+    result = verify_tree(TREE, target)
     assert result == VerifyResult((2, 4, 1), (1, 3))
 
 
 def test_greedy_tree_no_match_and_a_shallow_match():
-    assert verify_greedy_tree(TREE, [5, 0, 0, 0, 0, 0, 0]) == VerifyResult((5,), ())
+    assert verify_tree(TREE, [5, 0, 0, 0, 0, 0, 0]) == VerifyResult((5,), ())
     # a matches but its child c does not: emit a, then the target's token after a.
-    assert verify_greedy_tree(TREE, [1, 0, 0, 0, 0, 0, 0]) == VerifyResult((1, 0), (0,))
+    assert verify_tree(TREE, [1, 0, 0, 0, 0, 0, 0]) == VerifyResult((1, 0), (0,))
 
 
-# ---- sampled chain --------------------------------------------------------------------------
+# ---- the batched pass ------------------------------------------------------------------------
+V = 6
 
 
-def test_sampled_chain_accepts_all_when_q_equals_p_and_samples_the_bonus_from_p_k():
-    p = rows([0.5, 0.5, 0, 0, 0, 0], [0, 0.2, 0.8, 0, 0, 0], [0, 0, 0, 0, 0, 1])
-    for seed in range(20):
-        result = verify_sampled_chain(p, [1, 2], p[:2].clone(), gen(seed))
-        assert result == VerifyResult((1, 2, 5), (0, 1))
+def rows_for(request: Request, drafts=(), tree=None, first_row=0) -> RequestRows:
+    num_rows = 1 + (tree.num_nodes if tree else len(drafts))
+    scheduled = ScheduledRequest(request, 1 + num_rows - 1, num_rows - 1, request.num_tokens - 1)
+    draft_ids = tree.token_ids if tree else tuple(drafts)
+    logit_rows = tuple(range(first_row, first_row + num_rows))
+    return RequestRows(scheduled, draft_ids, tree, request.num_tokens - 1, 1, logit_rows, ())
 
 
-def test_sampled_chain_rejects_first_and_corrects_from_the_residual():
-    p = rows([0.5, 0.5, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0])
-    q = rows([0.9, 0.1, 0, 0, 0, 0])  # residual max(p - q, 0) = [0, 0.4, ...] -> token 1
-    outcomes = {verify_sampled_chain(p, [0], q, gen(seed)).token_ids for seed in range(200)}
-    assert outcomes == {(0, 0), (1,)}  # accepted (then bonus 0) or corrected to 1, never (0,)
+def request(request_id: str, temperature: float, seed: int = 7) -> Request:
+    params = SamplingParams(temperature=temperature, max_tokens=16)
+    return Request(request_id, [1, 2, 3], params, seed=seed)
 
 
-def test_sampled_chain_zero_target_mass_always_rejects():
-    p = rows([0, 0, 0, 1, 0, 0], [0, 1, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0])
-    for seed in range(20):
-        assert verify_sampled_chain(p, [2, 1], None, gen(seed)).token_ids == (3,)
+def logits_favouring(*token_ids: int) -> torch.Tensor:
+    logits = torch.zeros(len(token_ids), V)
+    logits[torch.arange(len(token_ids)), torch.tensor(token_ids)] = 5.0
+    return logits
 
 
-def test_sampled_chain_rejects_in_the_middle():
-    p = rows([0, 1, 0, 0, 0, 0], [0, 0, 0.5, 0.5, 0, 0], [1, 0, 0, 0, 0, 0])
-    q = rows([0, 1, 0, 0, 0, 0], [0, 0, 0, 0, 1, 0])  # x1 = 4 has p = 0
-    for seed in range(20):
-        result = verify_sampled_chain(p, [1, 4], q, gen(seed))
-        assert result.accepted_node_ids == (0,)
-        assert result.token_ids[0] == 1 and result.token_ids[1] in (2, 3)
+def test_batch_greedy_chain_tree_and_plain_rows_in_one_pass():
+    tree = DraftTree(token_ids=(4, 2, 5), parent_ids=(None, None, 1))
+    requests = [
+        rows_for(request("plain", 0)),  # row 0
+        rows_for(request("chain", 0), drafts=(3, 1), first_row=1),  # rows 1-3
+        rows_for(request("tree", 0), tree=tree, first_row=4),  # rows 4-7
+    ]
+    # argmax per row: plain 2 | chain 3, 0, 4 | tree root 2, node0 1, node1 5, node2 0
+    logits = logits_favouring(2, 3, 0, 4, 2, 1, 5, 0)
+    done = BatchVerifier(Sampler()).verify(requests, logits, target_topk=2)
+    assert done["plain"].token_ids == (2,) and done["plain"].path_rows == (0,)
+    assert done["chain"].token_ids == (3, 0) and done["chain"].num_accepted_tokens == 1
+    assert done["chain"].num_draft_tokens == 2 and done["chain"].path_rows == (1, 2)
+    assert done["tree"].token_ids == (2, 5, 0) and done["tree"].accepted_node_ids == (1, 2)
+    assert done["tree"].path_rows == (4, 6, 7)
+    assert [ids[0] for ids in done["tree"].target_topk_ids] == [2, 5, 0]  # top-1 = greedy target
 
 
-def test_deterministic_vs_draft_probability_q():
-    """p(x) = 0.5: a point-mass proposer keeps x half the time; a draft with q(x) = 0.5 always."""
-    p = rows([0.5, 0.25, 0.25, 0, 0, 0], [0, 0, 0, 0, 0, 1])
-    q = rows([0.5, 0, 0, 0.5, 0, 0])
-    deterministic = [verify_sampled_chain(p, [0], None, gen(s)).num_accepted for s in range(400)]
-    with_q = [verify_sampled_chain(p, [0], q, gen(s)).num_accepted for s in range(400)]
-    assert all(with_q)
-    assert 0.4 < sum(deterministic) / 400 < 0.6  # binomial(400, 0.5): sd 0.025
-    # After rejecting a point mass on 0, the correction is 1 or 2, never the rejected token.
-    corrections = {verify_sampled_chain(p, [0], None, gen(s)).token_ids for s in range(400)}
-    assert corrections == {(0, 5), (1,), (2,)}
+def test_batch_sampled_targets_use_the_uniform_of_the_predicted_position():
+    torch.manual_seed(0)
+    logits = torch.randn(3, V)
+    req = request("s", 1.0, seed=11)  # 3 prompt tokens: rows predict positions 3, 4, 5
+    done = BatchVerifier(Sampler()).verify([rows_for(req, drafts=(0, 0))], logits)
+    probs = torch.softmax(logits, dim=-1)
+    expected = inverse_cdf(probs, torch.from_numpy(uniforms([11] * 3, [3, 4, 5]))).tolist()
+    assert done["s"].token_ids == tuple(verify_chain(expected, [0, 0]).token_ids)
 
 
-def test_sampled_chain_is_reproducible_per_seed_and_checks_shapes():
-    p = torch.softmax(torch.randn(4, V, generator=gen(0)), -1)
-    first = [verify_sampled_chain(p, [1, 2, 3], None, gen(s)) for s in range(10)]
-    assert first == [verify_sampled_chain(p, [1, 2, 3], None, gen(s)) for s in range(10)]
-    assert len({r.token_ids for r in first}) > 1
-    with pytest.raises(ValueError, match="draft_probs rows"):
-        verify_sampled_chain(p, [1, 2, 3], p[:2], gen(0))
+def test_batch_verify_skips_requests_without_sample_rows():
+    req = request("prefill", 0)
+    quiet = RequestRows(ScheduledRequest(req, 2, 0, 0), (), None, 0, 2, (), ())
+    assert BatchVerifier(Sampler()).verify([quiet], torch.zeros(0, V)) == {}
 
 
-def test_public_chain_runs_the_batched_core_with_the_generator_draws():
-    """The statistical tests exercise chain_verify_batch; this ties it to verify_sampled_chain."""
-    for seed in range(30):
-        p = torch.softmax(2 * torch.randn(4, V, generator=gen(100 + seed)), -1)
-        q = torch.softmax(2 * torch.randn(3, V, generator=gen(200 + seed)), -1)
-        drafts = torch.multinomial(q, 1, generator=gen(seed)).squeeze(-1)
-        result = verify_sampled_chain(p, drafts.tolist(), q, gen(seed))
-        uniforms = torch.rand((1, 4), dtype=torch.float64, generator=gen(seed))
-        num_accepted, token = chain_verify_batch(p[None], drafts[None], q[None], uniforms)
-        assert result.num_accepted == num_accepted.item()
-        assert result.token_ids[-1] == token.item()
-
-
-def test_chain_equals_tree_on_a_path():
-    """A chain is a tree with one child per node: both verifiers agree draw for draw."""
-    path = DraftTree(token_ids=(1, 2, 3), parent_ids=(None, 0, 1))
-    for seed in range(50):
-        p = torch.softmax(2 * torch.randn(4, V, generator=gen(seed)), -1)
-        q = torch.softmax(2 * torch.randn(3, V, generator=gen(seed + 1000)), -1)
-        for draft_probs in (q, None):
-            chain = verify_sampled_chain(p, [1, 2, 3], draft_probs, gen(seed))
-            tree = verify_sampled_tree(path, p, draft_probs, gen(seed))
-            assert chain == tree
-
-
-def test_residual_subtracts_and_falls_back_to_p():
-    p = torch.tensor([[0.5, 0.5, 0.0], [0.2, 0.8, 0.0]])
-    q = torch.tensor([[0.9, 0.1, 0.0], [0.2, 0.8, 0.0]])
-    assert torch.allclose(residual(p, q), torch.tensor([[0.0, 1.0, 0.0], [0.2, 0.8, 0.0]]))
-
-
-# ---- sampled tree ---------------------------------------------------------------------------
-
-
-def test_sampled_tree_tries_siblings_in_order_with_the_residual():
-    tree = DraftTree(token_ids=(0, 1), parent_ids=(None, None))
-    # p at root: half on 0, half on 1. Child 0 is accepted w.p. 1/2; if rejected, the
-    # residual is a point mass on 1, so child 1 is always accepted. The bonus after 1 is 4.
-    p = rows([0.5, 0.5, 0, 0, 0, 0], [0, 0, 0, 1, 0, 0], [0, 0, 0, 0, 1, 0])
-    results = {verify_sampled_tree(tree, p, None, gen(s)) for s in range(100)}
-    assert results == {VerifyResult((0, 3), (0,)), VerifyResult((1, 4), (1,))}
-
-
-def test_sampled_tree_repeated_sibling_token_is_never_accepted_twice():
-    tree = DraftTree(token_ids=(0, 0), parent_ids=(None, None))
-    p = rows([0.5, 0.5, 0, 0, 0, 0], [0, 0, 0, 1, 0, 0], [0, 0, 0, 0, 1, 0])
-    results = {verify_sampled_tree(tree, p, None, gen(s)) for s in range(100)}
-    assert results == {VerifyResult((0, 3), (0,)), VerifyResult((1,), ())}
-
-
-def test_sampled_tree_descends_and_samples_the_bonus_at_a_leaf():
-    tree = DraftTree(token_ids=(2, 1, 3), parent_ids=(None, None, 1))
-    p = rows(
-        [0, 1, 0, 0, 0, 0],  # root -> 1: node 0 (2) rejected, node 1 (1) accepted
-        [0, 0, 0, 0, 0, 1],  # after node 0 (unused)
-        [0, 0, 0, 1, 0, 0],  # after node 1 -> 3: node 2 accepted
-        [0, 0, 0, 0, 1, 0],  # after node 2 (a leaf): bonus 4
-    )
-    q = rows([0, 0, 1, 0, 0, 0], [0, 1, 0, 0, 0, 0], [0, 0, 0, 1, 0, 0])
-    for draft_probs in (None, q):
-        assert verify_sampled_tree(tree, p, draft_probs, gen(0)) == VerifyResult((1, 3, 4), (1, 2))
-
-
-def test_sampled_tree_with_greedy_target_matches_the_greedy_tree():
-    for seed in range(20):
-        argmax = torch.randint(0, 5, (TREE.num_nodes + 1,), generator=gen(seed))
-        sampled = verify_sampled_tree(TREE, one_hot(*argmax.tolist()), None, gen(seed))
-        assert sampled == verify_greedy_tree(TREE, argmax.tolist())
-
-
-def test_tree_batch_handles_trials_with_different_tokens():
-    parents = (None, None)
-    tokens = torch.tensor([[0, 1], [1, 0]])
-    p = torch.stack([rows([0, 1, 0, 0, 0, 0], [0, 0, 1, 0, 0, 0], [0, 0, 0, 1, 0, 0])] * 2)
-    uniforms = torch.full((2, 3), 0.5, dtype=torch.float64)
-    last_node, next_token = tree_verify_batch(p, parents, tokens, None, uniforms)
-    assert last_node.tolist() == [1, 0]  # the node holding token 1
-    assert next_token.tolist() == [3, 2]
-
-
-def test_point_mass_tree_fast_path_equals_the_literal_rule():
-    """q = None takes a scalar shortcut; it must decide exactly like explicit one-hot q rows."""
-    parents = (None, None, None, 0, 0, 1, 3, 3, 2)
-    batch, vocab = 2000, 4  # a small vocabulary makes repeated sibling tokens common
-    g = gen(0)
-    target = torch.softmax(2 * torch.randn(batch, len(parents) + 1, vocab, generator=g), -1)
-    tokens = torch.randint(0, vocab, (batch, len(parents)), generator=g)
-    uniforms = torch.rand(batch, len(parents) + 1, dtype=torch.float64, generator=g)
-    one_hot_q = torch.nn.functional.one_hot(tokens, vocab).float()
-    fast = tree_verify_batch(target, parents, tokens, None, uniforms)
-    literal = tree_verify_batch(target, parents, tokens, one_hot_q, uniforms)
-    assert torch.equal(fast[0], literal[0]) and torch.equal(fast[1], literal[1])
-    assert len(set(fast[0].tolist())) == len(parents) + 1  # every node ends some trial
-
-
-def test_no_drafts_samples_from_the_first_row():
-    p = rows([0, 0, 1, 0, 0, 0])
-    assert verify_sampled_chain(p, [], None, gen(0)) == VerifyResult((2,), ())
-    empty = DraftTree(token_ids=(), parent_ids=())
-    assert verify_sampled_tree(empty, p, None, gen(0)) == VerifyResult((2,), ())
-    assert verify_greedy_tree(empty, [4]) == VerifyResult((4,), ())
+def test_uniforms_depend_on_seed_and_position_only():
+    a = uniforms([5, 5, 6], [10, 11, 10])
+    assert a.shape == (3,) and ((a >= 0) & (a < 1)).all()
+    assert len(set(a.tolist())) == 3
+    assert (uniforms([5], [11]) == a[1:2]).all()
+    assert (uniforms([5 + (1 << 63)], [10]) == a[:1]).all()  # seeds are taken mod 2**63

@@ -8,7 +8,7 @@ slot in order (start + row offset), so tree nodes occupy distinct slots; after v
 runner copies the accepted path down into the contiguous slots (DESIGN §4).
 
 Logit rows: a request that reaches its last known token needs logits for that token and for
-every draft (1 + num_drafts rows, in row order); prompt logprobs need every real row.
+every draft (1 + num_draft_tokens rows, in row order); prompt logprobs need every real row.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def build_model_input(
     for scheduled in scheduler_output.scheduled:
         request = scheduled.request
         start = scheduled.start
-        num_real = scheduled.num_new_tokens - scheduled.num_spec_slots
+        num_real = scheduled.num_new_tokens - scheduled.num_draft_tokens
         tree = drafts.trees.get(request.request_id) if scheduled.needs_sample else None
         chain = (
             ()
@@ -84,10 +84,10 @@ def build_model_input(
             else tuple(drafts.chains.get(request.request_id, ()))
         )
         draft_ids = tree.token_ids if tree is not None else chain
-        draft_ids = tuple(draft_ids[: scheduled.num_spec_slots])
+        draft_ids = tuple(draft_ids[: scheduled.num_draft_tokens])
         if tree is not None and len(draft_ids) < tree.num_nodes:
             raise ValueError(
-                f"request {request.request_id}: tree of {tree.num_nodes} nodes exceeds {scheduled.num_spec_slots} slots"
+                f"request {request.request_id}: tree of {tree.num_nodes} nodes exceeds {scheduled.num_draft_tokens} slots"
             )
         row0 = len(input_ids)
         input_ids.extend(request.all_token_ids[start : start + num_real])

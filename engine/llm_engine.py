@@ -28,7 +28,7 @@ from engine.outputs import (
     RequestStepOutput,
     SchedulerOutput,
 )
-from engine.request import Request, RequestStatus
+from engine.request import Request, RequestStatus, check_prompt
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.speculation.driver import SpecDriver
@@ -98,25 +98,7 @@ class LLMEngine:
     ) -> None:
         if request_id in self._groups or self.scheduler.get_request(request_id) is not None:
             raise ValueError(f"request_id {request_id!r} is already in use")
-        if not prompt_token_ids:
-            raise ValueError("prompt must not be empty")
-        bad = [
-            t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size
-        ]
-        if bad:
-            raise ValueError(
-                f"prompt token ids must be integers in [0, {self.vocab_size}); got {bad[:5]}"
-            )
-        max_tokens = params.max_tokens or 0
-        if len(prompt_token_ids) + max_tokens > self.max_model_len:
-            raise ValueError(
-                f"max_tokens: prompt ({len(prompt_token_ids)} tokens) + max_tokens ({max_tokens}) "
-                f"must be <= the context length {self.max_model_len}"
-            )
-        if len(prompt_token_ids) >= self.max_model_len:
-            raise ValueError(
-                f"prompt ({len(prompt_token_ids)} tokens) must be shorter than the context length {self.max_model_len}"
-            )
+        check_prompt(prompt_token_ids, params.max_tokens, self.vocab_size, self.max_model_len)
 
     def abort_request(self, request_id: str) -> None:
         ids = self._groups.pop(request_id, [request_id])
@@ -131,10 +113,6 @@ class LLMEngine:
         aborted, self._aborted = self._aborted, []
         plan = self.spec.plan()
         sched = self.scheduler.schedule(plan)
-        now = time.monotonic()
-        for scheduled in sched.scheduled:
-            if scheduled.request.first_scheduled_time is None:
-                scheduled.request.first_scheduled_time = now
         if sched.is_empty:
             empty = ModelOutput(outputs={})
             return self._collect(aborted + self.scheduler.update(sched, empty), empty)

@@ -22,14 +22,16 @@ SpecPlan = dict[str, int]
 class ScheduledRequest:
     """One request's share of a step.
 
-    The step computes K/V for all_token_ids[start : start + num_new_tokens - num_spec_slots]
-    followed by num_spec_slots draft tokens (filled in by the proposer). When the chunk reaches
+    The step computes K/V for all_token_ids[start : start + num_new_tokens - num_draft_tokens]
+    followed by num_draft_tokens draft tokens (filled in by the proposer). When the chunk reaches
     the request's last known token (`needs_sample`), the runner samples or verifies.
     """
 
     request: Request
     num_new_tokens: int  # prefill chunk, or 1 + reserved draft slots
-    num_spec_slots: int = 0  # draft tokens reserved for this step (<= plan[k]); 0 while prefilling
+    num_draft_tokens: int = (
+        0  # draft tokens reserved for this step (<= plan[k]); 0 while prefilling
+    )
     start: int = 0  # == request.num_computed_tokens when scheduled
 
     @property
@@ -38,7 +40,7 @@ class ScheduledRequest:
 
     @property
     def needs_sample(self) -> bool:
-        return self.start + self.num_new_tokens - self.num_spec_slots >= self.request.num_tokens
+        return self.start + self.num_new_tokens - self.num_draft_tokens >= self.request.num_tokens
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,7 @@ class Drafts:
     # Proposer.target_topk; RequestStepOutput.target_topk_ids). 0: none.
     target_topk: int = 0
 
-    def num_drafts(self, request_id: str) -> int:
+    def num_draft_tokens(self, request_id: str) -> int:
         if request_id in self.trees:
             return self.trees[request_id].num_nodes
         return len(self.chains.get(request_id, ()))

@@ -74,8 +74,7 @@ class Scheduler:
 
     # ---- requests ------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
-        if request.request_id in self._requests:
-            raise ValueError(f"request_id {request.request_id!r} is already in use")
+        """Queue a request the engine validated (its id is unique: LLMEngine._validate)."""
         request.status = RequestStatus.WAITING
         self._requests[request.request_id] = request
         self._arrival_order[request.request_id] = next(self._arrival_counter)
@@ -228,7 +227,6 @@ class Scheduler:
         self.running.remove(request)
         self.block_manager.free(request)
         request.num_computed_tokens = 0
-        request.spec_token_ids.clear()
         request.status = RequestStatus.PREEMPTED
         request.num_preemptions += 1
         self.num_preemptions_total += 1
@@ -255,17 +253,15 @@ class Scheduler:
 
     def _apply(self, scheduled: ScheduledRequest, step_output: RequestStepOutput | None) -> bool:
         request = scheduled.request
-        computed = scheduled.start + scheduled.num_new_tokens - scheduled.num_spec_slots
+        computed = scheduled.start + scheduled.num_new_tokens - scheduled.num_draft_tokens
         self.num_prompt_tokens_computed_total += max(
             0, min(computed, request.num_prompt_tokens) - scheduled.start
         )
-        request.spec_token_ids.clear()
         token_ids = step_output.token_ids if step_output is not None else ()
         if not token_ids:  # mid-prefill chunk (or nothing sampled: feed the last token again)
             request.num_computed_tokens = min(computed, request.num_tokens - 1)
             self.block_manager.cache_full_blocks(request)
             return False
-        request.spec_stats.record(step_output.num_draft_tokens, step_output.num_accepted_tokens)
         status = _append_until_stop(request, token_ids)
         # Accepted drafts' K/V is valid: a chain rollback is just this length (DESIGN §4).
         request.num_computed_tokens = request.num_tokens - 1
@@ -325,12 +321,12 @@ def _check_step_output(
         return None
     if step_output.error is not None:
         return step_output.error
-    if len(step_output.token_ids) > scheduled.num_spec_slots + 1 or (
+    if len(step_output.token_ids) > scheduled.num_draft_tokens + 1 or (
         step_output.token_ids and not scheduled.needs_sample
     ):
         return (
             f"model runner returned {len(step_output.token_ids)} tokens for a step with "
-            f"{scheduled.num_spec_slots} draft slots (needs_sample={scheduled.needs_sample})"
+            f"{scheduled.num_draft_tokens} draft slots (needs_sample={scheduled.needs_sample})"
         )
     return None
 

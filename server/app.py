@@ -142,5 +142,5 @@ def _add_generation_routes(app: FastAPI, ctx: ServingContext) -> None:
         body = await parse_body(request, DetokenizeRequest)
         ctx.check_model(body.model)
         if body.tokens:
-            ctx.check_token_ids(body.tokens, "tokens")
+            ctx.check_prompt(body.tokens, None, "tokens", max_model_len=len(body.tokens) + 1)
         return {"prompt": ctx.tokenizer.decode(body.tokens)}

@@ -16,6 +16,7 @@ from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
 from engine.async_engine import AsyncEngine, EngineDeadError, QueueFullError, RequestStream
+from engine.request import check_prompt
 from engine.sampling_params import SamplingParams
 from server.errors import APIError, bad_request, from_validation_errors, from_value_error
 from server.logprobs import TokenTexts
@@ -82,29 +83,25 @@ class ServingContext:
                 f"messages: cannot apply the chat template: {exc}", "messages"
             ) from None
 
-    def check_token_ids(self, token_ids: Sequence[int], param: str = "prompt") -> None:
-        if not token_ids:
-            raise bad_request(f"{param} must not be empty", param)
-        vocab_size = self.engine.vocab_size
-        bad = [t for t in token_ids if not 0 <= t < vocab_size]
-        if bad:
-            raise bad_request(
-                f"{param}: token ids must be in [0, {vocab_size}), got {bad[:5]}", param
-            )
-
-    def check_context(self, prompt_token_ids: Sequence[int], max_tokens: int | None) -> None:
-        limit = self.engine.max_model_len
-        num_prompt = len(prompt_token_ids)
-        if num_prompt >= limit:
-            raise bad_request(
-                f"prompt is {num_prompt} tokens; the context length is {limit}", "prompt"
-            )
-        if max_tokens is not None and num_prompt + max_tokens > limit:
-            raise bad_request(
-                f"max_tokens: prompt ({num_prompt} tokens) + max_tokens ({max_tokens}) exceeds "
-                f"the context length {limit}; lower max_tokens to at most {limit - num_prompt}",
-                "max_tokens",
-            )
+    def check_prompt(
+        self,
+        prompt_token_ids: Sequence[int],
+        max_tokens: int | None,
+        param: str = "prompt",
+        max_model_len: int | None = None,
+    ) -> None:
+        """The engine's own prompt check (engine.request.check_prompt), before admission, so a
+        multi-prompt request is refused whole; errors about the prompt name `param`.
+        max_model_len: the engine's unless given (/detokenize checks only the ids)."""
+        engine = self.engine
+        limit = max_model_len if max_model_len is not None else engine.max_model_len
+        try:
+            check_prompt(prompt_token_ids, max_tokens, engine.vocab_size, limit)
+        except ValueError as exc:
+            error = from_value_error(exc)
+            if error.param == "prompt":  # named as the client sent it (messages, tokens)
+                error = bad_request(param + str(exc).removeprefix("prompt"), param)
+            raise error from None
 
     # ---- admission ---------------------------------------------------------------------------
     async def admit(

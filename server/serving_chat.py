@@ -50,8 +50,7 @@ async def create_chat_completion(
     params = body.sampling_params(ctx.engine.vocab_size)
     messages = [m.as_template_dict() for m in body.messages]
     prompt = ctx.apply_chat_template(messages, body.add_generation_prompt is not False)
-    ctx.check_token_ids(prompt, "messages")
-    ctx.check_context(prompt, params.max_tokens)
+    ctx.check_prompt(prompt, params.max_tokens, "messages")
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     (stream,) = await ctx.admit(request_id, [prompt], params)
     job = _ChatJob(request_id, model, body, len(prompt), stream)

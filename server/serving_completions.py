@@ -62,7 +62,7 @@ async def create_completion(ctx: ServingContext, body: CompletionRequest, raw: R
     params = body.sampling_params(ctx.engine.vocab_size)
     prompts = [await _to_prompt(ctx, p) for p in body.prompt_list()]
     for prompt in prompts:
-        ctx.check_context(prompt.token_ids, params.max_tokens)
+        ctx.check_prompt(prompt.token_ids, params.max_tokens)
     request_id = f"cmpl-{uuid.uuid4().hex}"
     streams = await ctx.admit(request_id, [p.token_ids for p in prompts], params)
     job = _Job(request_id, model, body, prompts, streams)
@@ -78,7 +78,7 @@ async def create_completion(ctx: ServingContext, body: CompletionRequest, raw: R
 async def _to_prompt(ctx: ServingContext, prompt: str | list[int]) -> _Prompt:
     if isinstance(prompt, str):
         return _Prompt(await ctx.encode(prompt), prompt)
-    ctx.check_token_ids(prompt)
+    ctx.check_prompt(prompt, None)
     text = ctx.engine.tokenizer.decode(prompt) if ctx.engine.tokenizer is not None else ""
     return _Prompt(list(prompt), text)
 

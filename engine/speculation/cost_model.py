@@ -303,15 +303,15 @@ def _nonnegative_ridge(
 def profile_grid(
     max_num_batched_tokens: int = 512,
     max_num_seqs: int = 64,
-    max_k: int = 4,
+    max_draft_tokens: int = 4,
     max_context: int = 2048,
     draft_model: bool = False,
     seed: int = 0,
 ) -> list[StepFeatures]:
     """Synthetic step shapes spanning the features: decode batches of every size with chains
-    of 0..max_k drafts over short and long contexts, plus single prefill chunks."""
+    of 0..max_draft_tokens drafts over short and long contexts, plus single prefill chunks."""
     sizes = [n for n in (1, 2, 4, 8, 16, 32, 64, 128, 256) if n <= max_num_seqs]
-    ks = sorted({0, 1, max_k // 2, max_k})
+    ks = sorted({0, 1, max_draft_tokens // 2, max_draft_tokens})
     contexts = sorted({16, max_context // 8, max_context})
     grid = []
     for size in sizes:

@@ -128,7 +128,7 @@ class DraftModelProposer:
             tokens = self.sampler.sample(probs, self._uniforms(picked, histories, active)).tolist()
             for row, i in enumerate(active):
                 histories[i].append(tokens[row])
-            active = [i for i in active if len(histories[i]) < asks[i].num_drafts]
+            active = [i for i in active if len(histories[i]) < asks[i].num_draft_tokens]
             # Draft j (0-based) sits at position num_tokens + j, in a slot reserved for it.
             queries = [
                 DraftQuery(
@@ -154,7 +154,7 @@ class DraftModelProposer:
 
     # ---- trees ---------------------------------------------------------------------------
     def _propose_trees(self, asks: list[ProposeRequest], drafts: Drafts) -> None:
-        builders = [TreeBuilder(ask.num_drafts) for ask in asks]
+        builders = [TreeBuilder(ask.num_draft_tokens) for ask in asks]
         logits = self.runner.logits([self._catch_up(ask) for ask in asks])
         self._add_children(asks, builders, [None] * len(asks), logits)
         # fed[i]: the path whose K/V sits right after request i's root (positions num_tokens..)
@@ -216,11 +216,13 @@ class DraftModelProposer:
         depth <= k - 1 from the root at num_tokens - 1: both need num_tokens + k - 2 < limit.
         """
         num_tokens = len(ask.token_ids)
-        num_drafts = min(ask.num_drafts, self.runner.max_positions - num_tokens + 1)
-        if num_tokens == 0 or num_drafts <= 0:
+        num_draft_tokens = min(ask.num_draft_tokens, self.runner.max_positions - num_tokens + 1)
+        if num_tokens == 0 or num_draft_tokens <= 0:
             return None
         return (
-            ask if num_drafts == ask.num_drafts else dataclasses.replace(ask, num_drafts=num_drafts)
+            ask
+            if num_draft_tokens == ask.num_draft_tokens
+            else dataclasses.replace(ask, num_draft_tokens=num_draft_tokens)
         )
 
     def _catch_up(self, ask: ProposeRequest) -> DraftQuery:

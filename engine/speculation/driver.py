@@ -22,8 +22,12 @@ class SpecDriver:
         self.scheduler = scheduler
         self.tree = config.spec_tree_nodes > 0
         self.draft_model = config.proposer == "draft"
-        self.max_k = config.spec_tree_nodes if self.tree else config.num_speculative_tokens
-        self.enabled = config.proposer != "none" and config.policy != "off" and self.max_k > 0
+        self.max_draft_tokens = (
+            config.spec_tree_nodes if self.tree else config.num_speculative_tokens
+        )
+        self.enabled = (
+            config.proposer != "none" and config.policy != "off" and self.max_draft_tokens > 0
+        )
         self.cost_model = OnlineLinearCostModel()
         self.proposer = (
             make_proposer(config, vocab_size=runner.arch.vocab_size, runner=runner)
@@ -33,7 +37,7 @@ class SpecDriver:
         self.policy = make_policy(
             config.policy if self.enabled else "off",
             cost_model=self.cost_model,
-            max_k=self.max_k,
+            max_draft_tokens=self.max_draft_tokens,
             # goodput only: node budgets and draft passes change E(k) and T(batch)
             tree=self.tree,
             draft_model=self.draft_model,
@@ -59,7 +63,7 @@ class SpecDriver:
             self.scheduler.block_manager,
             self.config,
             self.scheduler.config,
-            self.max_k,
+            self.max_draft_tokens,
         )
 
     # ---- 1. plan -------------------------------------------------------------------------
@@ -76,9 +80,11 @@ class SpecDriver:
                     0,
                 )
             )
-            max_k = min(self.max_k, request.num_remaining_output_tokens - 1)
-            if caught_up and max_k > 0:
-                candidates.append(SpecCandidate(request.request_id, request.num_tokens, max_k))
+            max_draft_tokens = min(self.max_draft_tokens, request.num_remaining_output_tokens - 1)
+            if caught_up and max_draft_tokens > 0:
+                candidates.append(
+                    SpecCandidate(request.request_id, request.num_tokens, max_draft_tokens)
+                )
         self._base = StepFeatures.from_shapes(shapes, draft_model=self.draft_model)
         self._plan = self.policy.plan(candidates, self._base) if candidates else {}
         return self._plan
@@ -90,7 +96,7 @@ class SpecDriver:
         for request_id in sched.preempted_ids:  # blocks freed: per-request KV state is stale
             self.proposer.release(request_id)
         topk = self.proposer.target_topk
-        asks = [self._ask(s) for s in sched.scheduled if s.num_spec_slots > 0 and s.needs_sample]
+        asks = [self._ask(s) for s in sched.scheduled if s.num_draft_tokens > 0 and s.needs_sample]
         if not asks:
             return Drafts(target_topk=topk)
         start = time.perf_counter()
@@ -103,7 +109,7 @@ class SpecDriver:
         return ProposeRequest(
             request.request_id,
             request.all_token_ids,
-            scheduled.num_spec_slots,
+            scheduled.num_draft_tokens,
             self.tree,
             params=request.sampling_params,
             num_prompt_tokens=request.num_prompt_tokens,
@@ -131,7 +137,7 @@ class SpecDriver:
                 )
                 self._count(step.num_draft_tokens, step.num_accepted_tokens)
         shapes = [
-            (s.start, s.num_new_tokens - s.num_spec_slots, drafts.num_drafts(s.request_id))
+            (s.start, s.num_new_tokens - s.num_draft_tokens, drafts.num_draft_tokens(s.request_id))
             for s in sched.scheduled
         ]
         features = StepFeatures.from_shapes(shapes, draft_model=self.draft_model)

@@ -182,7 +182,7 @@ class _Totals:
     base: StepFeatures
     draft_model: bool
     emitted: float = 0.0
-    num_drafts: int = 0
+    num_draft_tokens: int = 0
     num_spec: int = 0
     steps: int = 0  # deepest draft, i.e. draft-model passes
 
@@ -192,14 +192,14 @@ class _Totals:
         steps = max(self.steps, slot.depths[slot.k]) if added else self.steps
         spec = self.num_spec + (added and slot.k == 0)
         return self.base.with_drafts(
-            self.num_drafts + added, spec, steps if self.draft_model else 0
+            self.num_draft_tokens + added, spec, steps if self.draft_model else 0
         )
 
     def add(self, slot: SearchSlot) -> None:
         self.emitted += slot.gains[slot.k]
         self.num_spec += slot.k == 0
         self.steps = max(self.steps, slot.depths[slot.k])
-        self.num_drafts += 1
+        self.num_draft_tokens += 1
         slot.k += 1
 
 
@@ -212,7 +212,7 @@ def greedy_lengths(
 ) -> SearchResult:
     """Greedy marginal search for sum E_i / T (module docstring); slots start at forced ks."""
     totals = _Totals(base, draft_model, emitted=sum(1.0 + sum(s.gains[: s.k]) for s in slots))
-    totals.num_drafts = sum(s.k for s in slots)
+    totals.num_draft_tokens = sum(s.k for s in slots)
     totals.num_spec = sum(1 for s in slots if s.k > 0)
     totals.steps = max((s.depths[s.k - 1] for s in slots if s.k > 0), default=0)
     seconds = cost_model.predict(totals.features())
@@ -223,7 +223,7 @@ def greedy_lengths(
     heapq.heapify(speculating)
     heapq.heapify(fresh)
     budget = token_budget if token_budget is not None else 1 << 62
-    while (speculating or fresh) and base.num_batched_tokens + totals.num_drafts < budget:
+    while (speculating or fresh) and base.num_batched_tokens + totals.num_draft_tokens < budget:
         options = []
         for heap in (h for h in (speculating, fresh) if h):
             slot = slots[heap[0][1]]
@@ -244,7 +244,7 @@ class GoodputPolicy:
     """Per-request speculation lengths maximising predicted goodput (engine SpecPolicy).
 
     Non-candidate requests in `base` (prefill chunks) are counted as emitting nothing. Until
-    the cost model is fitted, k cycles through 0..max_k so the model sees the draft direction.
+    the cost model is fitted, k cycles through 0..max_draft_tokens so the model sees the draft direction.
     A request that has not speculated for `explore_interval` plans may be given one draft (one
     such request per plan), so an acceptance estimate that fell to ~0 can recover.
     """
@@ -252,7 +252,7 @@ class GoodputPolicy:
     def __init__(
         self,
         cost_model: StepCostModel,
-        max_k: int,
+        max_draft_tokens: int,
         prior: float = 0.5,
         tree: bool = False,
         draft_model: bool = False,
@@ -260,10 +260,12 @@ class GoodputPolicy:
         token_budget: int | None = None,
         decay: float = 0.9,
     ) -> None:
-        if max_k < 0 or (tree and max_k > MAX_TREE_NODES):
-            raise ValueError(f"max_k must be in 0..{MAX_TREE_NODES if tree else 'inf'}: {max_k}")
+        if max_draft_tokens < 0 or (tree and max_draft_tokens > MAX_TREE_NODES):
+            raise ValueError(
+                f"max_draft_tokens must be in 0..{MAX_TREE_NODES if tree else 'inf'}: {max_draft_tokens}"
+            )
         self.cost_model = cost_model
-        self.max_k = max_k
+        self.max_draft_tokens = max_draft_tokens
         self.tree = tree
         self.draft_model = draft_model
         self.explore_interval = explore_interval
@@ -277,7 +279,7 @@ class GoodputPolicy:
         self.last_goodput: float | None = None
 
     def _slot(self, candidate: SpecCandidate) -> SearchSlot:
-        cap = max(0, min(self.max_k, candidate.max_k))
+        cap = max(0, min(self.max_draft_tokens, candidate.max_draft_tokens))
         a = self.acceptance.rate(candidate.request_id)
         if self.tree:
             gains, depths = tree_gains(round(a * _GRID))
@@ -308,7 +310,7 @@ class GoodputPolicy:
             self.last_predicted_step_time = result.predicted_seconds
             self.last_goodput = result.goodput
         else:
-            warmup_k = self._num_plans % (self.max_k + 1)
+            warmup_k = self._num_plans % (self.max_draft_tokens + 1)
             self.last_chosen_k = tuple(min(warmup_k, s.cap) for s in slots)
             self.last_predicted_step_time = self.last_goodput = None
         plan = {c.request_id: k for c, k in zip(candidates, self.last_chosen_k) if k > 0}

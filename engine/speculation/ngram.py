@@ -49,14 +49,14 @@ class NgramIndex:
         for n in range(self.ngram_min, min(self.ngram_max, end) + 1):
             self._ends.setdefault(tuple(tokens[end - n :]), []).append(end)
 
-    def candidate_ends(self, num_drafts: int, limit: int) -> list[int]:
+    def candidate_ends(self, num_draft_tokens: int, limit: int) -> list[int]:
         """Up to `limit` distinct earlier match ends, best first (see the module docstring)."""
         num_tokens = len(self.token_ids)
         chosen: list[int] = []
         top_n = min(self.ngram_max, num_tokens)
         for n in range(top_n, self.ngram_min - 1, -1):
             ends = self._ends.get(tuple(self.token_ids[num_tokens - n :]), ())
-            for end in _order_ends(ends, num_tokens, num_drafts, limit):
+            for end in _order_ends(ends, num_tokens, num_draft_tokens, limit):
                 if end not in chosen:
                     chosen.append(end)
             if len(chosen) >= limit:
@@ -64,18 +64,20 @@ class NgramIndex:
         return chosen[:limit]
 
 
-def _order_ends(ends: Sequence[int], num_tokens: int, num_drafts: int, limit: int) -> list[int]:
+def _order_ends(
+    ends: Sequence[int], num_tokens: int, num_draft_tokens: int, limit: int
+) -> list[int]:
     """Most recent full-length continuations first, then cut-short ones, longest first.
 
     ends[-1] == num_tokens is the suffix itself, not an earlier occurrence, so it is skipped
     (without copying the list). Walks backwards and stops after `limit` full ones; at most
-    num_drafts ends can be cut short (they lie in the last num_drafts positions).
+    num_draft_tokens ends can be cut short (they lie in the last num_draft_tokens positions).
     """
     full: list[int] = []
     short: list[int] = []
     for i in range(len(ends) - 2, -1, -1):
         end = ends[i]
-        if end + num_drafts <= num_tokens:
+        if end + num_draft_tokens <= num_tokens:
             full.append(end)
             if len(full) >= limit:
                 break
@@ -113,15 +115,15 @@ class NgramProposer:
         chains: dict[str, list[int]] = {}
         trees: dict[str, DraftTree] = {}
         for request in requests:
-            if request.num_drafts <= 0:
+            if request.num_draft_tokens <= 0:
                 continue
             index = self._index(request)
             if request.tree:
-                tree = self._propose_tree(index, request.num_drafts)
+                tree = self._propose_tree(index, request.num_draft_tokens)
                 if tree.num_nodes:
                     trees[request.request_id] = tree
             else:
-                chain = self._propose_chain(index, request.num_drafts)
+                chain = self._propose_chain(index, request.num_draft_tokens)
                 if chain:
                     chains[request.request_id] = chain
         return Drafts(chains=chains, trees=trees, proposer_time=time.perf_counter() - start)
@@ -147,11 +149,11 @@ class NgramProposer:
         return index
 
     @staticmethod
-    def _propose_chain(index: NgramIndex, num_drafts: int) -> list[int]:
-        ends = index.candidate_ends(num_drafts, limit=1)
+    def _propose_chain(index: NgramIndex, num_draft_tokens: int) -> list[int]:
+        ends = index.candidate_ends(num_draft_tokens, limit=1)
         if not ends:
             return []
-        return index.token_ids[ends[0] : ends[0] + num_drafts]
+        return index.token_ids[ends[0] : ends[0] + num_draft_tokens]
 
     def _propose_tree(self, index: NgramIndex, num_nodes: int) -> DraftTree:
         ends = index.candidate_ends(num_nodes, limit=self.max_tree_candidates)

@@ -25,7 +25,7 @@ class SpecCandidate:
 
     request_id: str
     context_len: int  # tokens already in the KV cache
-    max_k: int  # cap from the remaining output tokens, the context length and the config
+    max_draft_tokens: int  # cap from the remaining output tokens, the context length and the config
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ class OffPolicy:
 
 
 class FixedPolicy:
-    """The same k for every candidate (capped by the candidate's max_k): classic speculation."""
+    """The same k for every candidate (capped by the candidate's max_draft_tokens): classic speculation."""
 
     last_predicted_step_time: float | None = None
     last_goodput: float | None = None
@@ -88,7 +88,7 @@ class FixedPolicy:
         self.last_chosen_k: tuple[int, ...] = ()
 
     def plan(self, candidates: Sequence[SpecCandidate], base: StepFeatures) -> SpecPlan:
-        self.last_chosen_k = tuple(max(0, min(self.k, c.max_k)) for c in candidates)
+        self.last_chosen_k = tuple(max(0, min(self.k, c.max_draft_tokens)) for c in candidates)
         plan = zip(candidates, self.last_chosen_k, strict=True)
         return {c.request_id: k for c, k in plan if k > 0}
 
@@ -107,12 +107,12 @@ _SPEC_HELP = "use 'off', 'fixed:K' with an integer K >= 0, or 'goodput'"
 def make_policy(
     spec: str,
     cost_model: StepCostModel | None = None,
-    max_k: int = 4,
+    max_draft_tokens: int = 4,
     **goodput_options: object,
 ) -> SpecPolicy:
     """Parse a policy spec: 'off' | 'fixed:K' | 'goodput'.
 
-    `max_k` caps the goodput policy (tokens per chain, or nodes per tree with tree=True);
+    `max_draft_tokens` caps the goodput policy (tokens per chain, or nodes per tree with tree=True);
     `goodput_options` go to GoodputPolicy. Without a cost model, goodput gets a fresh
     OnlineLinearCostModel that it warms up online.
     """
@@ -129,5 +129,5 @@ def make_policy(
         from engine.speculation.goodput import GoodputPolicy
 
         model = cost_model if cost_model is not None else OnlineLinearCostModel()
-        return GoodputPolicy(model, max_k, **goodput_options)  # type: ignore[arg-type]
+        return GoodputPolicy(model, max_draft_tokens, **goodput_options)  # type: ignore[arg-type]
     raise ValueError(f"unknown spec policy {spec!r}; {_SPEC_HELP}")

@@ -53,18 +53,23 @@ def shapes_for(features: StepFeatures) -> list[Shape]:
     first num_spec_requests requests."""
     num_requests = features.num_requests
     num_spec = min(features.num_spec_requests, num_requests)
-    num_drafts = features.num_draft_tokens
-    num_new = features.num_batched_tokens - num_drafts
+    num_draft_tokens = features.num_draft_tokens
+    num_new = features.num_batched_tokens - num_draft_tokens
     num_context = features.num_kv_tokens - features.num_batched_tokens
-    if num_requests == 0 or num_new < num_requests or num_context < 0 or num_drafts < num_spec:
+    if (
+        num_requests == 0
+        or num_new < num_requests
+        or num_context < 0
+        or num_draft_tokens < num_spec
+    ):
         raise ValueError(f"no batch has these features: {features}")
-    if num_drafts and not num_spec:
+    if num_draft_tokens and not num_spec:
         raise ValueError(f"no batch has these features (drafts, no spec requests): {features}")
     return [
         (
             _share(num_context, num_requests, i),
             _share(num_new, num_requests, i),
-            _share(num_drafts, num_spec, i) if i < num_spec else 0,
+            _share(num_draft_tokens, num_spec, i) if i < num_spec else 0,
         )
         for i in range(num_requests)
     ]
@@ -91,7 +96,7 @@ def fit_to_pool(
 
 def startup_grid(
     scheduler_config: SchedulerConfig,
-    max_k: int,
+    max_draft_tokens: int,
     num_blocks: int,
     block_size: int,
     max_model_len: int,
@@ -103,7 +108,7 @@ def startup_grid(
             scheduler_config.max_num_batched_tokens, PROFILE_MAX_BATCHED_TOKENS
         ),
         max_num_seqs=min(scheduler_config.max_num_seqs, PROFILE_MAX_SEQS),
-        max_k=max(1, max_k),
+        max_draft_tokens=max(1, max_draft_tokens),
         max_context=min(max_model_len, PROFILE_MAX_CONTEXT),
         seed=seed,
     )
@@ -187,7 +192,7 @@ def seed_cost_model(
     block_manager: BlockManager,
     spec_config: SpecConfig,
     scheduler_config: SchedulerConfig,
-    max_k: int,
+    max_draft_tokens: int,
 ) -> SeedReport:
     """Load the cached fit, or profile and cache it; logs one line saying which."""
     if spec_config.spec_profile_seconds <= 0:
@@ -200,7 +205,7 @@ def seed_cost_model(
         return SeedReport("cache", key, cache_path=str(cache.path))
     grid = startup_grid(
         scheduler_config,
-        max_k,
+        max_draft_tokens,
         block_manager.num_total_blocks,
         block_manager.block_size,
         _max_model_len(runner),

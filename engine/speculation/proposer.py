@@ -26,7 +26,7 @@ class ProposeRequest:
 
     request_id: str
     token_ids: Sequence[int]  # prompt + verified output; the last one is the root of the drafts
-    num_drafts: int  # chain length budget, or tree node budget when tree=True
+    num_draft_tokens: int  # chain length budget, or tree node budget when tree=True
     tree: bool = False
     # Added for draft-model proposers (model-free proposers ignore them). A draft model samples
     # with the request's own sampling transforms and writes its K/V through the request's
@@ -46,8 +46,8 @@ class Proposer(Protocol):
     target_topk: int
 
     def propose(self, requests: Sequence[ProposeRequest]) -> Drafts:
-        """Drafts per request: a chain of at most num_drafts tokens, or a DraftTree of at most
-        num_drafts nodes when tree=True. A request with nothing to propose is left out."""
+        """Drafts per request: a chain of at most num_draft_tokens tokens, or a DraftTree of at most
+        num_draft_tokens nodes when tree=True. A request with nothing to propose is left out."""
         ...
 
     def observe(

@@ -10,7 +10,7 @@ a fixed, imbalanced template (the paper's static tree idea): template nodes are 
 rank) pairs enumerated best-first by a static prior score, the product over the path of
 rank_prior[rank], so the tree is wide near the root and deep along the top-1 path. A node's
 token is adj[parent token][rank]; template nodes whose parent row was never observed (or whose
-token repeats a sibling's) are dropped with their subtrees, and the first num_drafts surviving
+token repeats a sibling's) are dropped with their subtrees, and the first num_draft_tokens surviving
 nodes form the tree, emitted in breadth-first order.
 """
 
@@ -142,23 +142,23 @@ class RecycleProposer:
                 continue
             root_id = int(request.token_ids[-1])
             self._root_ids[request.request_id] = root_id
-            if request.num_drafts <= 0:
+            if request.num_draft_tokens <= 0:
                 continue
             if request.tree:
-                tree = self.grow_tree(root_id, request.num_drafts)
+                tree = self.grow_tree(root_id, request.num_draft_tokens)
                 if tree.num_nodes:
                     trees[request.request_id] = tree
             else:
-                chain = self.greedy_chain(root_id, request.num_drafts)
+                chain = self.greedy_chain(root_id, request.num_draft_tokens)
                 if chain:
                     chains[request.request_id] = chain
         return Drafts(chains=chains, trees=trees, proposer_time=time.perf_counter() - start)
 
-    def greedy_chain(self, root_id: int, num_drafts: int) -> list[int]:
+    def greedy_chain(self, root_id: int, num_draft_tokens: int) -> list[int]:
         """The top-1 path root -> adj[root][0] -> ..., stopping at an unseen row."""
         chain: list[int] = []
         token_id = root_id
-        while len(chain) < num_drafts:
+        while len(chain) < num_draft_tokens:
             candidates = self.candidates(token_id)
             if not candidates:
                 break

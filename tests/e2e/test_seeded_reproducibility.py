@@ -72,7 +72,7 @@ class RandomK:
         self.rng = random.Random(seed)
 
     def plan(self, candidates, base):
-        plan = {c.request_id: self.rng.randint(0, c.max_k) for c in candidates}
+        plan = {c.request_id: self.rng.randint(0, c.max_draft_tokens) for c in candidates}
         return {request_id: k for request_id, k in plan.items() if k > 0}
 
     def observe(self, results, features, step_seconds) -> None:

@@ -140,7 +140,9 @@ def test_forgetting_follows_a_change_in_step_time():
 
 
 def test_profile_seeds_the_fit_and_picks_the_knee():
-    grid = profile_grid(max_num_batched_tokens=512, max_num_seqs=64, max_k=4, draft_model=True)
+    grid = profile_grid(
+        max_num_batched_tokens=512, max_num_seqs=64, max_draft_tokens=4, draft_model=True
+    )
     model = OnlineLinearCostModel(knee=8)
     measured = model.profile(lambda f: true_seconds(f, knee=128), budget_seconds=5.0, grid=grid)
     assert measured == 4 * len(grid)  # the synthetic step is instant: the grid bound stops it
@@ -163,7 +165,7 @@ def test_profile_respects_its_time_budget():
 
 
 def test_grid_respects_the_token_budget_and_spans_drafts():
-    grid = profile_grid(max_num_batched_tokens=64, max_num_seqs=16, max_k=4)
+    grid = profile_grid(max_num_batched_tokens=64, max_num_seqs=16, max_draft_tokens=4)
     assert all(f.num_batched_tokens <= 64 for f in grid)
     assert {f.num_draft_tokens > 0 for f in grid} == {True, False}
     assert max(f.num_requests for f in grid) == 16

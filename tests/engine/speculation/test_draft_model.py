@@ -93,7 +93,7 @@ def assert_pool_restored(llm: LLM) -> None:
 
 
 class RandomPolicy:
-    """k drawn in 0..max_k per request and step, and never for every third request: requests
+    """k drawn in 0..max_draft_tokens per request and step, and never for every third request: requests
     start and stop speculating, so drafts must catch up over several tokens."""
 
     last_predicted_step_time = None
@@ -107,7 +107,7 @@ class RandomPolicy:
         plan = {}
         for candidate in candidates:
             if int(candidate.request_id.rsplit("-", 1)[-1]) % 3 != 0:
-                plan[candidate.request_id] = self.rng.randint(0, candidate.max_k)
+                plan[candidate.request_id] = self.rng.randint(0, candidate.max_draft_tokens)
         return {request_id: k for request_id, k in plan.items() if k > 0}
 
     def observe(self, results, features, step_seconds) -> None:

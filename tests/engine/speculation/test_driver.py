@@ -83,7 +83,7 @@ def test_goodput_trees_plan_node_budgets_and_are_greedy_lossless(
 ):
     llm = make_llm(tiny_model_dir, tmp_path, speculative_proposer="ngram", spec_tree_nodes=6)
     policy = llm.engine.spec.policy
-    assert isinstance(policy, GoodputPolicy) and policy.tree and policy.max_k == 6
+    assert isinstance(policy, GoodputPolicy) and policy.tree and policy.max_draft_tokens == 6
     assert policy.token_budget == llm.engine.config.scheduler.max_num_batched_tokens
     plans = record_plans(llm)
     assert generate(llm) == reference

@@ -58,8 +58,8 @@ def teach(policy: GoodputPolicy, request_id: str, acceptance: float, rounds: int
         policy.acceptance.update(SpecResult(request_id, 4, accepted))
 
 
-def candidates(*request_ids: str, max_k: int = 8) -> list[SpecCandidate]:
-    return [SpecCandidate(request_id, 200, max_k) for request_id in request_ids]
+def candidates(*request_ids: str, max_draft_tokens: int = 8) -> list[SpecCandidate]:
+    return [SpecCandidate(request_id, 200, max_draft_tokens) for request_id in request_ids]
 
 
 def test_expected_emitted_matches_the_sum_of_prefix_probabilities():
@@ -69,14 +69,18 @@ def test_expected_emitted_matches_the_sum_of_prefix_probabilities():
 
 
 def test_no_speculation_when_verify_cost_grows_steeply():
-    policy = GoodputPolicy(LinearCost(intercept=0.001, per_token=0.05), max_k=8, prior=0.9)
+    policy = GoodputPolicy(
+        LinearCost(intercept=0.001, per_token=0.05), max_draft_tokens=8, prior=0.9
+    )
     assert policy.plan(candidates("a", "b", "c"), decode_base(3)) == {}
     assert policy.last_chosen_k == (0, 0, 0)
     assert policy.last_predicted_step_time == pytest.approx(0.001 + 0.05 * 3)
 
 
 def test_long_chains_when_steps_are_overhead_bound_and_acceptance_high():
-    policy = GoodputPolicy(LinearCost(intercept=0.02, per_token=1e-5), max_k=8, prior=0.9)
+    policy = GoodputPolicy(
+        LinearCost(intercept=0.02, per_token=1e-5), max_draft_tokens=8, prior=0.9
+    )
     teach(policy, "a", 0.95)
     plan = policy.plan(candidates("a"), decode_base(1))
     assert plan == {"a": 8}
@@ -86,7 +90,7 @@ def test_long_chains_when_steps_are_overhead_bound_and_acceptance_high():
 
 
 def test_requests_of_different_acceptance_get_different_k_in_one_batch():
-    policy = GoodputPolicy(LinearCost(intercept=0.01, per_token=2e-3), max_k=8)
+    policy = GoodputPolicy(LinearCost(intercept=0.01, per_token=2e-3), max_draft_tokens=8)
     teach(policy, "good", 0.9)
     teach(policy, "poor", 0.15)
     plan = policy.plan(candidates("good", "poor"), decode_base(2))
@@ -98,10 +102,10 @@ def test_requests_of_different_acceptance_get_different_k_in_one_batch():
 
 def test_k_respects_each_request_cap_and_the_token_budget():
     cost = LinearCost(intercept=0.02, per_token=1e-5)
-    policy = GoodputPolicy(cost, max_k=8, prior=0.9)
+    policy = GoodputPolicy(cost, max_draft_tokens=8, prior=0.9)
     capped = [SpecCandidate("a", 200, 2), SpecCandidate("b", 200, 0), SpecCandidate("c", 200, 9)]
     assert policy.plan(capped, decode_base(3)) == {"a": 2, "c": 8}
-    budgeted = GoodputPolicy(cost, max_k=8, prior=0.9, token_budget=3 + 5)
+    budgeted = GoodputPolicy(cost, max_draft_tokens=8, prior=0.9, token_budget=3 + 5)
     assert sum(budgeted.plan(candidates("a", "b", "c"), decode_base(3)).values()) == 5
 
 
@@ -150,7 +154,9 @@ def test_prior_cannot_collapse_and_new_requests_start_from_it():
 
 
 def test_a_request_whose_acceptance_fell_to_zero_is_retried_now_and_then():
-    policy = GoodputPolicy(LinearCost(0.01, 2e-3), max_k=4, prior=0.1, explore_interval=5)
+    policy = GoodputPolicy(
+        LinearCost(0.01, 2e-3), max_draft_tokens=4, prior=0.1, explore_interval=5
+    )
     for _ in range(50):
         policy.acceptance.update(SpecResult("dead", 4, 0))
     plans = [policy.plan(candidates("dead"), decode_base(1)) for _ in range(20)]
@@ -160,7 +166,9 @@ def test_a_request_whose_acceptance_fell_to_zero_is_retried_now_and_then():
 
 
 def test_exploration_retries_one_idle_request_per_plan():
-    policy = GoodputPolicy(LinearCost(0.01, 0.05), max_k=4, prior=0.9, explore_interval=3)
+    policy = GoodputPolicy(
+        LinearCost(0.01, 0.05), max_draft_tokens=4, prior=0.9, explore_interval=3
+    )
     batch = candidates(*(f"r{i}" for i in range(6)))
     plans = [policy.plan(batch, decode_base(6)) for _ in range(12)]
     assert all(len(plan) <= 1 for plan in plans)  # steep cost: only the forced retry speculates
@@ -170,7 +178,7 @@ def test_exploration_retries_one_idle_request_per_plan():
 
 def test_observe_feeds_the_cost_model_and_acceptance_and_release_forgets():
     cost = LinearCost(0.01, 1e-3)
-    policy = GoodputPolicy(cost, max_k=4)
+    policy = GoodputPolicy(cost, max_draft_tokens=4)
     features = decode_base(2).with_drafts(3, 1)
     policy.observe([SpecResult("a", 3, 3), SpecResult("b", 0, 0)], features, 0.015)
     assert cost.observed == [(features, 0.015)]
@@ -183,15 +191,17 @@ def test_until_the_cost_model_is_fitted_k_cycles_to_excite_it():
     class Unfitted(LinearCost):
         fitted = False
 
-    policy = GoodputPolicy(Unfitted(0.01, 1e-3), max_k=3)
+    policy = GoodputPolicy(Unfitted(0.01, 1e-3), max_draft_tokens=3)
     ks = [policy.plan(candidates("a"), decode_base(1)).get("a", 0) for _ in range(8)]
     assert sorted(set(ks)) == [0, 1, 2, 3]
     assert policy.last_predicted_step_time is None
 
 
 def test_costly_draft_steps_shorten_chains():
-    cheap = GoodputPolicy(LinearCost(0.01, 1e-4), max_k=8, prior=0.8, draft_model=True)
-    costly = GoodputPolicy(LinearCost(0.01, 1e-4, 4e-3), max_k=8, prior=0.8, draft_model=True)
+    cheap = GoodputPolicy(LinearCost(0.01, 1e-4), max_draft_tokens=8, prior=0.8, draft_model=True)
+    costly = GoodputPolicy(
+        LinearCost(0.01, 1e-4, 4e-3), max_draft_tokens=8, prior=0.8, draft_model=True
+    )
     k_cheap = cheap.plan(candidates("a"), decode_base(1))["a"]
     k_costly = costly.plan(candidates("a"), decode_base(1)).get("a", 0)
     assert k_cheap == 8 and 0 < k_costly < k_cheap
@@ -208,11 +218,11 @@ def test_tree_gains_are_sorted_path_probabilities_and_beat_a_chain():
 
 
 def test_tree_mode_plans_node_budgets_from_tree_results():
-    policy = GoodputPolicy(LinearCost(0.01, 1e-3), max_k=32, tree=True, prior=0.5)
+    policy = GoodputPolicy(LinearCost(0.01, 1e-3), max_draft_tokens=32, tree=True, prior=0.5)
     for _ in range(40):
         policy.acceptance.update(SpecResult("good", 16, 6))
         policy.acceptance.update(SpecResult("poor", 16, 2))
         policy.acceptance.update(SpecResult("dead", 16, 0))
-    plan = policy.plan(candidates("good", "poor", "dead", max_k=64), decode_base(3))
+    plan = policy.plan(candidates("good", "poor", "dead", max_draft_tokens=64), decode_base(3))
     assert 0 < plan["poor"] < plan["good"] <= 32 and "dead" not in plan
     assert policy.acceptance_rates()["good"] > policy.acceptance_rates()["poor"]

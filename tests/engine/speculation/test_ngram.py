@@ -63,7 +63,7 @@ def test_no_match_or_no_budget_gives_no_drafts():
         ]
     )
     assert drafts.chains == {} and drafts.trees == {}
-    assert drafts.num_drafts("fresh") == 0
+    assert drafts.num_draft_tokens("fresh") == 0
 
 
 def test_incremental_index_equals_brute_force_rescan():
@@ -99,7 +99,7 @@ def test_chains_and_trees_follow_the_index_candidates():
         expected_chain = token_ids[ends[0] : ends[0] + k] if ends else []
         assert drafts.chains.get("c", []) == expected_chain, step
         expected_tree = trie_of([token_ids[e : e + k] for e in ends], k)
-        assert drafts.num_drafts("t") == expected_tree.num_nodes
+        assert drafts.num_draft_tokens("t") == expected_tree.num_nodes
         if expected_tree.num_nodes:
             assert drafts.trees["t"] == expected_tree
 

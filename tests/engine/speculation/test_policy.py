@@ -40,9 +40,13 @@ def test_make_policy_parses_every_spec():
     fixed = make_policy(" Fixed:5 ")
     assert isinstance(fixed, FixedPolicy) and fixed.k == 5
     model = OnlineLinearCostModel()
-    goodput = make_policy("goodput", cost_model=model, max_k=6, explore_interval=4)
+    goodput = make_policy("goodput", cost_model=model, max_draft_tokens=6, explore_interval=4)
     assert isinstance(goodput, GoodputPolicy)
-    assert goodput.cost_model is model and goodput.max_k == 6 and goodput.explore_interval == 4
+    assert (
+        goodput.cost_model is model
+        and goodput.max_draft_tokens == 6
+        and goodput.explore_interval == 4
+    )
     assert isinstance(make_policy("goodput").cost_model, OnlineLinearCostModel)
 
 

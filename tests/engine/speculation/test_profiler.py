@@ -52,7 +52,7 @@ def pool_state(engine: LLMEngine) -> tuple:
 # ---- shapes -------------------------------------------------------------------------------
 def test_shapes_for_inverts_from_shapes():
     rng = random.Random(0)
-    cases = profile_grid(max_num_batched_tokens=512, max_num_seqs=64, max_k=6)
+    cases = profile_grid(max_num_batched_tokens=512, max_num_seqs=64, max_draft_tokens=6)
     for _ in range(200):  # uneven batches: prefill chunks, decodes with and without drafts
         shapes = [
             (rng.randint(0, 900), rng.choice([1, 1, rng.randint(2, 300)]), rng.randint(0, 5))
@@ -80,7 +80,9 @@ def test_shapes_for_rejects_impossible_features(features):
 
 
 def test_fit_to_pool_clips_contexts_and_drops_what_cannot_fit():
-    grid = profile_grid(max_num_batched_tokens=512, max_num_seqs=64, max_k=4, max_context=2048)
+    grid = profile_grid(
+        max_num_batched_tokens=512, max_num_seqs=64, max_draft_tokens=4, max_context=2048
+    )
     fitted = fit_to_pool(grid, num_blocks=40, block_size=16, max_model_len=300)
     assert fitted and len(set(fitted)) == len(fitted)
     for features in fitted:

@@ -95,7 +95,7 @@ def test_batched_tree_proposals_respect_each_budget(name):
     assert not drafts.chains
     for request in requests:
         tree = drafts.trees[request.request_id]
-        assert 1 <= tree.num_nodes <= request.num_drafts
+        assert 1 <= tree.num_nodes <= request.num_draft_tokens
         siblings = list(zip(tree.parent_ids, tree.token_ids, strict=True))
         assert len(set(siblings)) == len(siblings)
         first_child = tree.token_ids[tree.parent_ids.index(None)]

@@ -273,10 +273,7 @@ class GoodputPolicy:
         self.acceptance = AcceptanceEstimator(prior, tree=tree, decay=decay)
         self._num_plans = 0
         self._last_speculated: dict[str, int] = {}
-        # For metrics (EngineStats.last_chosen_k etc.).
-        self.last_chosen_k: tuple[int, ...] = ()
-        self.last_predicted_step_time: float | None = None
-        self.last_goodput: float | None = None
+        self.last_predicted_step_time: float | None = None  # for metrics
 
     def _slot(self, candidate: SpecCandidate) -> SearchSlot:
         cap = max(0, min(self.max_draft_tokens, candidate.max_draft_tokens))
@@ -306,14 +303,13 @@ class GoodputPolicy:
             result = greedy_lengths(
                 slots, base, self.cost_model, self.draft_model, self.token_budget
             )
-            self.last_chosen_k = result.ks
+            ks = result.ks
             self.last_predicted_step_time = result.predicted_seconds
-            self.last_goodput = result.goodput
         else:
             warmup_k = self._num_plans % (self.max_draft_tokens + 1)
-            self.last_chosen_k = tuple(min(warmup_k, s.cap) for s in slots)
-            self.last_predicted_step_time = self.last_goodput = None
-        plan = {c.request_id: k for c, k in zip(candidates, self.last_chosen_k) if k > 0}
+            ks = tuple(min(warmup_k, s.cap) for s in slots)
+            self.last_predicted_step_time = None
+        plan = {c.request_id: k for c, k in zip(candidates, ks) if k > 0}
         for request_id in plan:
             self._last_speculated[request_id] = self._num_plans
         return plan

@@ -38,11 +38,8 @@ class SpecResult:
 
 
 class SpecPolicy(Protocol):
-    # For metrics, about the last plan: k per candidate (0 = none), the cost model's step
-    # time and the expected emitted tokens per second (None where the policy has no model).
-    last_chosen_k: tuple[int, ...]
+    # For metrics: the cost model's step time for the last plan (None without a model).
     last_predicted_step_time: float | None
-    last_goodput: float | None
 
     def plan(self, candidates: Sequence[SpecCandidate], base: StepFeatures) -> SpecPlan: ...
 
@@ -57,13 +54,8 @@ class OffPolicy:
     """Never speculate."""
 
     last_predicted_step_time: float | None = None
-    last_goodput: float | None = None
-
-    def __init__(self) -> None:
-        self.last_chosen_k: tuple[int, ...] = ()
 
     def plan(self, candidates: Sequence[SpecCandidate], base: StepFeatures) -> SpecPlan:
-        self.last_chosen_k = (0,) * len(candidates)
         return {}
 
     def observe(
@@ -79,18 +71,15 @@ class FixedPolicy:
     """The same k for every candidate (capped by the candidate's max_draft_tokens): classic speculation."""
 
     last_predicted_step_time: float | None = None
-    last_goodput: float | None = None
 
     def __init__(self, k: int) -> None:
         if k < 0:
             raise ValueError(f"fixed speculation length must be >= 0, got {k}")
         self.k = k
-        self.last_chosen_k: tuple[int, ...] = ()
 
     def plan(self, candidates: Sequence[SpecCandidate], base: StepFeatures) -> SpecPlan:
-        self.last_chosen_k = tuple(max(0, min(self.k, c.max_draft_tokens)) for c in candidates)
-        plan = zip(candidates, self.last_chosen_k, strict=True)
-        return {c.request_id: k for c, k in plan if k > 0}
+        ks = (min(self.k, c.max_draft_tokens) for c in candidates)
+        return {c.request_id: k for c, k in zip(candidates, ks) if k > 0}
 
     def observe(
         self, results: Sequence[SpecResult], features: StepFeatures, step_seconds: float

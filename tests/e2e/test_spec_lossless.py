@@ -100,25 +100,21 @@ def reference_run() -> tuple[list[list[int]], list[list[int]]]:
 
 
 class ScriptedPolicy:
-    """A SpecPolicy whose k comes from `choose(request_id, max_draft_tokens)`; it records what it chose
-    and what was verified, per request."""
+    """A SpecPolicy whose k comes from `choose(request_id, max_draft_tokens)`; it records what it
+    chose and what was verified, per request."""
 
     last_predicted_step_time: float | None = None
-    last_goodput: float | None = None
 
     def __init__(self, choose: Callable[[str, int], int]) -> None:
         self.choose = choose
-        self.last_chosen_k: tuple[int, ...] = ()
         self.num_draft_tokens: dict[str, int] = {}
         self.num_accepted_tokens: dict[str, int] = {}
         self.chosen_k: set[int] = set()
 
     def plan(self, candidates: Sequence[SpecCandidate], base: StepFeatures) -> SpecPlan:
-        self.last_chosen_k = tuple(
-            self.choose(c.request_id, c.max_draft_tokens) for c in candidates
-        )
-        self.chosen_k.update(self.last_chosen_k)
-        plan = zip(candidates, self.last_chosen_k, strict=True)
+        chosen = tuple(self.choose(c.request_id, c.max_draft_tokens) for c in candidates)
+        self.chosen_k.update(chosen)
+        plan = zip(candidates, chosen, strict=True)
         return {c.request_id: k for c, k in plan if k > 0}
 
     def observe(

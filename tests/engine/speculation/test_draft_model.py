@@ -97,8 +97,6 @@ class RandomPolicy:
     start and stop speculating, so drafts must catch up over several tokens."""
 
     last_predicted_step_time = None
-    last_goodput = None
-    last_chosen_k = ()
 
     def __init__(self, seed: int = 0) -> None:
         self.rng = random.Random(seed)

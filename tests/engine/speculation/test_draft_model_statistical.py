@@ -12,9 +12,9 @@ chi-square goodness-of-fit test: outcomes expected fewer than MIN_EXPECTED times
 into one bin, and the p-value is the chi-square survival function Q(dof / 2, stat / 2).
 
 Lossless runs must give p > ALPHA (fixed seeds make each run repeatable; a correct engine
-fails one such test with probability ALPHA). The planted bug (draft tokens taken as the
-draft's argmax while q still claims they were sampled from the draft's distribution) must
-give p < BUG_ALPHA, which shows the check can fail.
+fails one such test with probability ALPHA). The planted bug (the verifier's target tokens
+taken as the target's argmax instead of its sample, so accepted drafts are judged against the
+wrong token) must give p < BUG_ALPHA, which shows the check can fail.
 """
 
 from __future__ import annotations
@@ -116,13 +116,13 @@ def test_sampled_draft_speculation_matches_the_target(models, exact_probs, mode)
 
 
 @pytest.mark.slow
-def test_check_rejects_drafts_that_are_not_samples_from_q(models, exact_probs):
+def test_check_rejects_targets_that_are_not_samples_from_p(models, exact_probs):
     llm = make_llm(models, "chain")
-    proposer = llm.engine.spec.proposer
+    verifier_sampler = llm.engine.runner.verifier.sampler
 
-    def argmax(probs, generators):  # planted bug: q claims a sample, the draft is the mode
-        return probs.argmax(dim=-1).tolist()
+    def argmax(probs, uniforms):  # planted bug: the target's mode stands in for its sample
+        return probs.argmax(dim=-1)
 
-    proposer.sampler.sample = argmax
+    verifier_sampler.sample = argmax
     counts = sample_counts(llm, NUM_REQUESTS // 4)
     assert chi_square_pvalue(counts, exact_probs) < BUG_ALPHA

@@ -21,7 +21,7 @@ CANDIDATES = [SpecCandidate("a", 100, 8), SpecCandidate("b", 100, 2), SpecCandid
 def test_off_never_speculates():
     policy = OffPolicy()
     assert policy.plan(CANDIDATES, BASE) == {}
-    assert policy.last_chosen_k == (0, 0, 0) and policy.last_goodput is None
+    assert policy.last_predicted_step_time is None
     policy.observe([SpecResult("a", 3, 1)], BASE, 0.01)
     policy.release("a")
     assert policy.plan(CANDIDATES, BASE) == {}
@@ -30,7 +30,7 @@ def test_off_never_speculates():
 def test_fixed_gives_k_capped_by_each_request_and_omits_zero():
     fixed = FixedPolicy(3)
     assert fixed.plan(CANDIDATES, BASE) == {"a": 3, "b": 2}
-    assert fixed.last_chosen_k == (3, 2, 0) and fixed.last_predicted_step_time is None
+    assert fixed.last_predicted_step_time is None
     assert FixedPolicy(0).plan(CANDIDATES, BASE) == {}
     assert FixedPolicy(3).plan([], BASE) == {}
 

@@ -1,11 +1,8 @@
-"""LLMEngine: one step of continuous batching with optional speculation (DESIGN §1).
-
-    plan = policy.plan(...)            # k per request (empty when speculation is off)
-    sched = scheduler.schedule(plan)   # token budget, KV blocks, preemption
-    drafts = proposer.propose(sched)   # only for requests given slots
-    out = runner.execute(sched, drafts)
-    changed = scheduler.update(sched, out)
-    policy.observe(...)                # acceptance + step-time feedback
+"""LLMEngine: one step of continuous batching with optional speculation (DESIGN §1), and the
+one owner of a request's lifecycle: add_request validates and registers it with the
+scheduler and the output processor; when it finishes for any reason (stop, length, abort,
+error) _release fans out once to the speculation driver and the output processor (the
+scheduler has already freed its blocks; the model runner keeps no per-request state).
 Not thread-safe: AsyncEngine calls it from a single thread.
 """
 
@@ -31,7 +28,7 @@ from engine.outputs import (
 from engine.request import Request, RequestStatus, check_prompt
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
-from engine.speculation.driver import SpecDriver
+from engine.speculation.driver import build_spec_driver
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +46,7 @@ class LLMEngine:
         self.eos_token_ids = _eos_ids(runner.arch, tokenizer)
         self.scheduler = Scheduler(config.scheduler, config.cache, runner.num_blocks)
         self.outputs = OutputProcessor(tokenizer)
-        self.spec = SpecDriver(config.spec, runner, self.scheduler)
+        self.spec = build_spec_driver(config.spec, runner, self.scheduler)
         self._groups: dict[str, list[str]] = {}
         self._aborted: list = []
         self._num_steps = 0
@@ -110,37 +107,39 @@ class LLMEngine:
 
     # ---- the step ------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        aborted, self._aborted = self._aborted, []
-        plan = self.spec.plan()
-        sched = self.scheduler.schedule(plan)
-        if sched.is_empty:
-            empty = ModelOutput(outputs={})
-            return self._collect(aborted + self.scheduler.update(sched, empty), empty)
-        drafts = self.spec.propose(sched)
-        model_output = self._execute(sched, drafts)
-        changed = self.scheduler.update(sched, model_output)
-        self.spec.observe(sched, drafts, model_output)
-        self._num_steps += 1
-        self._last_step_time = model_output.step_time + drafts.proposer_time
-        return self._collect(aborted + changed, model_output)
+        plan = self.spec.plan(self.scheduler.running)  # 1. k per request (goodput)
+        sched = self.scheduler.schedule(plan)  # 2. token budget, KV blocks, preemption
+        drafts = self.spec.propose(sched)  # 3. chains or trees for the planned requests
+        out = self._execute(sched, drafts)  # 4. one forward + batched verification
+        changed = self.scheduler.update(sched, out)  # 5. append, roll back, finish, free
+        self.spec.observe(sched, drafts, out)  # 6. acceptance + step-time feedback
+        return self._collect(changed, out)
 
     def _execute(self, sched: SchedulerOutput, drafts: Drafts) -> ModelOutput:
         """Run the model; if the whole forward fails, fail this step's requests, not the engine."""
+        if sched.is_empty:
+            return ModelOutput(outputs={})
+        self._num_steps += 1
         try:
-            return self.runner.execute(sched, drafts)
+            out = self.runner.execute(sched, drafts)
         except Exception as exc:
             logger.exception(
                 "model step failed; failing the %d requests in it", len(sched.scheduled)
             )
             message = f"{type(exc).__name__}: {exc}"
-            return ModelOutput(
+            out = ModelOutput(
                 outputs={
                     s.request_id: RequestStepOutput(s.request_id, (), error=message)
                     for s in sched.scheduled
                 }
             )
+        self._last_step_time = out.step_time + drafts.proposer_time
+        return out
 
     def _collect(self, changed: list[Request], model_output: ModelOutput) -> list[RequestOutput]:
+        """RequestOutputs for the requests aborted since the last step and those that changed."""
+        changed = self._aborted + changed
+        self._aborted = []
         for step_output in model_output.outputs.values():
             self.outputs.record_step(step_output)
         results: list[RequestOutput] = []
@@ -152,11 +151,11 @@ class LLMEngine:
                 continue
             self._generation_tokens += len(output.new_token_ids)
             if output.finished:
-                self._finish(request.request_id)
+                self._release(request.request_id)
             results.append(output)
         return results
 
-    def _finish(self, request_id: str) -> None:
+    def _release(self, request_id: str) -> None:
         self.spec.release(request_id)
         self.outputs.drop(request_id)
 

@@ -1,39 +1,65 @@
 """SpecDriver: the engine's speculation steps (plan, propose, observe) around one proposer
 and one policy (DESIGN §1 steps 1, 3 and 6). With no proposer configured every call is a no-op
 and the plan is empty, so the scheduler never reserves draft slots.
+
+The driver holds no engine objects: plan() gets the running requests, propose() and observe()
+the step's contracts. build_spec_driver() is where the runner and scheduler are needed once,
+to build the proposer (a draft model mirrors the target's KV layout) and to seed the goodput
+cost model with a start-up profile of the real model.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from engine.config import SpecConfig
 from engine.outputs import Drafts, ModelOutput, ScheduledRequest, SchedulerOutput, SpecPlan
+from engine.request import Request
 from engine.speculation.cost_model import OnlineLinearCostModel, StepFeatures
 from engine.speculation.goodput import GoodputPolicy
 from engine.speculation.policy import SpecCandidate, SpecResult, make_policy
 from engine.speculation.profiler import SeedReport, seed_cost_model
-from engine.speculation.proposer import ProposeRequest, make_proposer
+from engine.speculation.proposer import Proposer, ProposeRequest, make_proposer
+
+if TYPE_CHECKING:
+    from engine.model_runner import ModelRunner
+    from engine.scheduler import Scheduler
+
+
+def build_spec_driver(config: SpecConfig, runner: ModelRunner, scheduler: Scheduler) -> SpecDriver:
+    """The proposer built for the target, the cost model seeded (goodput only)."""
+    proposer = (
+        make_proposer(config, vocab_size=runner.arch.vocab_size, runner=runner)
+        if config.proposer != "none"
+        else None
+    )
+    driver = SpecDriver(config, proposer, scheduler.config.max_num_batched_tokens)
+    if driver.enabled and isinstance(driver.policy, GoodputPolicy):
+        # Before any request exists, as the profiler's safety invariant requires.
+        driver.seed_report = seed_cost_model(
+            driver.cost_model,
+            runner,
+            scheduler.block_manager,
+            config,
+            scheduler.config,
+            driver.max_draft_tokens,
+        )
+    return driver
 
 
 class SpecDriver:
-    def __init__(self, config: SpecConfig, runner, scheduler) -> None:
+    def __init__(self, config: SpecConfig, proposer: Proposer | None, token_budget: int) -> None:
         self.config = config
-        self.scheduler = scheduler
         self.tree = config.spec_tree_nodes > 0
         self.draft_model = config.proposer == "draft"
         self.max_draft_tokens = (
             config.spec_tree_nodes if self.tree else config.num_speculative_tokens
         )
-        self.enabled = (
-            config.proposer != "none" and config.policy != "off" and self.max_draft_tokens > 0
-        )
+        self.enabled = proposer is not None and config.policy != "off" and self.max_draft_tokens > 0
         self.cost_model = OnlineLinearCostModel()
-        self.proposer = (
-            make_proposer(config, vocab_size=runner.arch.vocab_size, runner=runner)
-            if config.proposer != "none"
-            else None
-        )
+        self.proposer = proposer
         self.policy = make_policy(
             config.policy if self.enabled else "off",
             cost_model=self.cost_model,
@@ -41,9 +67,9 @@ class SpecDriver:
             # goodput only: node budgets and draft passes change E(k) and T(batch)
             tree=self.tree,
             draft_model=self.draft_model,
-            token_budget=scheduler.config.max_num_batched_tokens,
+            token_budget=token_budget,
         )
-        self.seed_report = self._seed_cost_model(runner)
+        self.seed_report: SeedReport | None = None
         self._plan: SpecPlan = {}
         self._base = StepFeatures()
         self.num_drafts_total = 0
@@ -52,26 +78,12 @@ class SpecDriver:
         self.accepted_per_position_total: list[int] = []
         self.last_goodput = 0.0
 
-    def _seed_cost_model(self, runner) -> SeedReport | None:
-        """Goodput only: seed the step-time model from the cache or a start-up profile. Runs
-        in __init__, before any request exists, as the profiler's safety invariant requires."""
-        if not self.enabled or not isinstance(self.policy, GoodputPolicy):
-            return None
-        return seed_cost_model(
-            self.cost_model,
-            runner,
-            self.scheduler.block_manager,
-            self.config,
-            self.scheduler.config,
-            self.max_draft_tokens,
-        )
-
     # ---- 1. plan -------------------------------------------------------------------------
-    def plan(self) -> SpecPlan:
+    def plan(self, running: Sequence[Request]) -> SpecPlan:
         if not self.enabled:
             return {}
         candidates, shapes = [], []
-        for request in self.scheduler.running:
+        for request in running:
             caught_up = request.num_computed_tokens == request.num_tokens - 1
             shapes.append(
                 (
@@ -120,6 +132,8 @@ class SpecDriver:
 
     # ---- 6. observe ----------------------------------------------------------------------
     def observe(self, sched: SchedulerOutput, drafts: Drafts, out: ModelOutput) -> None:
+        if sched.is_empty:
+            return
         results = []
         for scheduled in sched.scheduled:
             step = out.outputs.get(scheduled.request_id)

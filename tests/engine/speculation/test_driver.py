@@ -43,8 +43,8 @@ def record_plans(llm: LLM) -> list[dict[str, int]]:
     plans: list[dict[str, int]] = []
     original = llm.engine.spec.plan
 
-    def plan():
-        result = original()
+    def plan(running):
+        result = original(running)
         plans.append(dict(result))
         return result
 

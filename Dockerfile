@@ -35,6 +35,7 @@ COPY pyproject.toml README.md ./
 COPY engine ./engine
 COPY kernels ./kernels
 COPY server ./server
+COPY goodspeed ./goodspeed
 # torch is already satisfied, so this adds only the server's pure-Python dependencies.
 RUN pip install /src
 
@@ -83,6 +84,7 @@ COPY pyproject.toml README.md ./
 COPY engine ./engine
 COPY kernels ./kernels
 COPY server ./server
+COPY goodspeed ./goodspeed
 # The gpu extra adds flashinfer (paged attention, tree-verification masks, sampling kernels).
 RUN pip install "/src[gpu]"
 

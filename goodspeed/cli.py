@@ -58,15 +58,8 @@ def run_generate(args: argparse.Namespace) -> int:
 
 
 def _add_serve(subparsers) -> None:
-    try:
-        from server.cli import add_serve_arguments, run_serve
-    except ImportError as exc:  # the server package is optional at import time
-        reason = str(exc)
-        parser = subparsers.add_parser("serve", help=f"unavailable: {reason}")
-        parser.set_defaults(
-            func=lambda _args: print(f"error: serve unavailable: {reason}", file=sys.stderr) or 2
-        )
-        return
+    from server.cli import add_serve_arguments, run_serve
+
     parser = subparsers.add_parser("serve", help="run the OpenAI-compatible HTTP server")
     add_serve_arguments(parser)
     parser.set_defaults(func=run_serve)

@@ -42,6 +42,20 @@ class ScheduledRequest:
     def needs_sample(self) -> bool:
         return self.start + self.num_new_tokens - self.num_draft_tokens >= self.request.num_tokens
 
+    def check(self, step_output: RequestStepOutput | None) -> str | None:
+        """The error that finishes this request given its step output, if any."""
+        if step_output is None:
+            return None
+        if step_output.error is not None:
+            return step_output.error
+        num_tokens = len(step_output.token_ids)
+        if num_tokens > self.num_draft_tokens + 1 or (num_tokens and not self.needs_sample):
+            return (
+                f"model runner returned {num_tokens} tokens for a step with "
+                f"{self.num_draft_tokens} draft slots (needs_sample={self.needs_sample})"
+            )
+        return None
+
 
 @dataclass(frozen=True)
 class SchedulerOutput:

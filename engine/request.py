@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from engine.sampling_params import SamplingParams
@@ -94,6 +94,23 @@ class Request:
     @property
     def num_remaining_output_tokens(self) -> int:
         return max(0, self.max_output_tokens - self.num_output_tokens)
+
+    def append_until_stop(self, token_ids: Iterable[int]) -> RequestStatus | None:
+        """Append verified tokens in order until a stop condition, whose status is returned;
+        the tokens after it are dropped (truncation)."""
+        params = self.sampling_params
+        for token_id in token_ids:
+            if self.num_output_tokens >= self.max_output_tokens:
+                return RequestStatus.FINISHED_LENGTH
+            self.output_token_ids.append(token_id)
+            if self.num_output_tokens >= params.min_tokens and (
+                (token_id == self.eos_token_id and not params.ignore_eos)
+                or token_id in params.stop_token_ids
+            ):
+                return RequestStatus.FINISHED_STOPPED
+        if self.num_output_tokens >= self.max_output_tokens:
+            return RequestStatus.FINISHED_LENGTH
+        return None
 
 
 def check_prompt(

@@ -19,76 +19,21 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import random
 import statistics
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 
-FEATURE_NAMES = (
-    "intercept",
-    "batched_tokens",
-    "tokens_over_knee",
-    "requests",
-    "kv_tokens",
-    "draft_tokens",
-    "draft_steps",
-    "spec_requests",
-)
+from engine.speculation.step_features import FEATURE_NAMES, StepFeatures, profile_grid
+
 # Fixed feature scales keep the normal equations well conditioned; coefficients() undoes them.
 _SCALES = (1.0, 256.0, 256.0, 16.0, 16384.0, 64.0, 4.0, 16.0)
 _KNEES = (8, 16, 32, 64, 128, 256, 512)
 OUTLIER_FACTOR = 3.0  # log errors beyond this many times the median one are down-weighted
-
-
-@dataclass(frozen=True)
-class StepFeatures:
-    """The shape of one step, as far as its cost is concerned."""
-
-    num_batched_tokens: int = 0  # prefill chunks + (1 + k) per decoding request
-    num_requests: int = 0
-    num_kv_tokens: int = 0  # key/value positions attention reads, summed over requests
-    num_draft_tokens: int = 0
-    num_draft_steps: int = 0  # draft-model forward passes; 0 for model-free proposers
-    num_spec_requests: int = 0  # requests verifying at least one draft token
-
-    @classmethod
-    def from_shapes(
-        cls, shapes: Iterable[tuple[int, int, int]], draft_model: bool = False
-    ) -> StepFeatures:
-        """Build from (context_len, num_new_tokens, k) per request.
-
-        context_len: tokens already in the KV cache; num_new_tokens: the prefill chunk or 1;
-        k: draft tokens. A draft model drafts chains in lock-step, so it runs max(k) passes.
-        """
-        shapes = list(shapes)
-        ks = [k for _, _, k in shapes]
-        return cls(
-            num_batched_tokens=sum(new + k for _, new, k in shapes),
-            num_requests=len(shapes),
-            num_kv_tokens=sum(context + new + k for context, new, k in shapes),
-            num_draft_tokens=sum(ks),
-            num_draft_steps=max(ks, default=0) if draft_model else 0,
-            num_spec_requests=sum(1 for k in ks if k > 0),
-        )
-
-    def with_drafts(
-        self, num_draft_tokens: int, num_spec_requests: int, num_draft_steps: int = 0
-    ) -> StepFeatures:
-        """These features plus drafts (each draft is one more batched and attended token)."""
-        return StepFeatures(
-            num_batched_tokens=self.num_batched_tokens + num_draft_tokens,
-            num_requests=self.num_requests,
-            num_kv_tokens=self.num_kv_tokens + num_draft_tokens,
-            num_draft_tokens=self.num_draft_tokens + num_draft_tokens,
-            num_draft_steps=max(self.num_draft_steps, num_draft_steps),
-            num_spec_requests=self.num_spec_requests + num_spec_requests,
-        )
 
 
 class StepCostModel(Protocol):
@@ -298,34 +243,6 @@ def _nonnegative_ridge(
             break
         free &= theta > 0.0
     return np.maximum(theta, 0.0)
-
-
-def profile_grid(
-    max_num_batched_tokens: int = 512,
-    max_num_seqs: int = 64,
-    max_draft_tokens: int = 4,
-    max_context: int = 2048,
-    draft_model: bool = False,
-    seed: int = 0,
-) -> list[StepFeatures]:
-    """Synthetic step shapes spanning the features: decode batches of every size with chains
-    of 0..max_draft_tokens drafts over short and long contexts, plus single prefill chunks."""
-    sizes = [n for n in (1, 2, 4, 8, 16, 32, 64, 128, 256) if n <= max_num_seqs]
-    ks = sorted({0, 1, max_draft_tokens // 2, max_draft_tokens})
-    contexts = sorted({16, max_context // 8, max_context})
-    grid = []
-    for size in sizes:
-        for k in ks:
-            if size * (1 + k) > max_num_batched_tokens:
-                continue
-            for context in contexts:
-                shape = (context, 1, k)
-                grid.append(StepFeatures.from_shapes([shape] * size, draft_model))
-    for chunk in (16, 64, 128, 256, 512, 1024, 2048):
-        if chunk <= max_num_batched_tokens:
-            grid.append(StepFeatures.from_shapes([(0, chunk, 0)]))
-    random.Random(seed).shuffle(grid)
-    return grid
 
 
 def cache_key(model: str, device: str, dtype: str, threads: int | None) -> str:

@@ -17,11 +17,12 @@ from typing import TYPE_CHECKING
 from engine.config import SpecConfig
 from engine.outputs import Drafts, ModelOutput, ScheduledRequest, SchedulerOutput, SpecPlan
 from engine.request import Request
-from engine.speculation.cost_model import OnlineLinearCostModel, StepFeatures
+from engine.speculation.cost_model import OnlineLinearCostModel
 from engine.speculation.goodput import GoodputPolicy
 from engine.speculation.policy import SpecCandidate, SpecResult, make_policy
 from engine.speculation.profiler import SeedReport, seed_cost_model
 from engine.speculation.proposer import Proposer, ProposeRequest, make_proposer
+from engine.speculation.step_features import StepFeatures
 
 if TYPE_CHECKING:
     from engine.model_runner import ModelRunner

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from engine.outputs import SpecPlan
-from engine.speculation.cost_model import StepCostModel, StepFeatures
+from engine.speculation.cost_model import StepCostModel
+from engine.speculation.step_features import StepFeatures
 
 
 @dataclass(frozen=True)

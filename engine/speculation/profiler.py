@@ -27,13 +27,8 @@ from engine.config import SchedulerConfig, SpecConfig
 from engine.outputs import Drafts, ScheduledRequest, SchedulerOutput
 from engine.request import Request
 from engine.sampling_params import SamplingParams
-from engine.speculation.cost_model import (
-    CostModelCache,
-    OnlineLinearCostModel,
-    StepFeatures,
-    cache_key,
-    profile_grid,
-)
+from engine.speculation.cost_model import CostModelCache, OnlineLinearCostModel, cache_key
+from engine.speculation.step_features import StepFeatures, profile_grid
 
 logger = logging.getLogger(__name__)
 

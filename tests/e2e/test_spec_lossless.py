@@ -28,8 +28,8 @@ from engine.config import EngineConfig
 from engine.llm import LLM
 from engine.outputs import SpecPlan
 from engine.sampling_params import SamplingParams
-from engine.speculation.cost_model import StepFeatures
 from engine.speculation.policy import SpecCandidate, SpecResult
+from engine.speculation.step_features import StepFeatures
 
 pytestmark = pytest.mark.slow
 

@@ -9,13 +9,8 @@ import time
 
 import pytest
 
-from engine.speculation.cost_model import (
-    CostModelCache,
-    OnlineLinearCostModel,
-    StepFeatures,
-    cache_key,
-    profile_grid,
-)
+from engine.speculation.cost_model import CostModelCache, OnlineLinearCostModel, cache_key
+from engine.speculation.step_features import StepFeatures, profile_grid
 
 # Seconds per unit of each feature (raw units), with the hinge at 64 batched tokens.
 TRUE = {

@@ -7,17 +7,15 @@ import random
 
 import pytest
 
-from engine.speculation.cost_model import StepFeatures
-from engine.speculation.goodput import (
+from engine.speculation.acceptance import (
     AcceptanceEstimator,
-    GoodputPolicy,
-    SearchSlot,
     expected_emitted,
-    greedy_lengths,
     tree_acceptance,
     tree_gains,
 )
+from engine.speculation.goodput import GoodputPolicy, SearchSlot, greedy_lengths
 from engine.speculation.policy import SpecCandidate, SpecResult
+from engine.speculation.step_features import StepFeatures
 
 
 class LinearCost:

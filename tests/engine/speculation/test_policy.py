@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.speculation.cost_model import OnlineLinearCostModel, StepFeatures
+from engine.speculation.cost_model import OnlineLinearCostModel
 from engine.speculation.goodput import GoodputPolicy
 from engine.speculation.policy import (
     FixedPolicy,
@@ -13,6 +13,7 @@ from engine.speculation.policy import (
     SpecResult,
     make_policy,
 )
+from engine.speculation.step_features import StepFeatures
 
 BASE = StepFeatures.from_shapes([(100, 1, 0)] * 3)
 CANDIDATES = [SpecCandidate("a", 100, 8), SpecCandidate("b", 100, 2), SpecCandidate("c", 100, 0)]

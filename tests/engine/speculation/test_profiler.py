@@ -17,7 +17,6 @@ from engine.llm import LLM
 from engine.llm_engine import LLMEngine
 from engine.request import Request
 from engine.sampling_params import SamplingParams
-from engine.speculation.cost_model import StepFeatures, profile_grid
 from engine.speculation.profiler import (
     DummyBatchRunner,
     fit_to_pool,
@@ -25,6 +24,7 @@ from engine.speculation.profiler import (
     shapes_for,
     startup_grid,
 )
+from engine.speculation.step_features import StepFeatures, profile_grid
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
 PROMPTS = [[5, 6, 7, 8, 9] * 8, [20, 21, 22, 23] * 9 + [40, 41], [30 + i % 13 for i in range(50)]]

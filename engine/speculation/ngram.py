@@ -13,13 +13,12 @@ rescans the context. Deterministic drafts: the verifier treats q as a point mass
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import Any
 
 from engine.config import SpecConfig
 from engine.outputs import Drafts
-from engine.speculation.proposer import ProposeRequest
+from engine.speculation.proposer import ProposeRequest, collect_drafts
 from engine.speculation.tree import DraftTree, trie_of
 
 MAX_TREE_CANDIDATES = 8  # distinct match positions merged into one tree
@@ -111,22 +110,11 @@ class NgramProposer:
         return cls(ngram_min=config.ngram_min, ngram_max=config.ngram_max)
 
     def propose(self, requests: Sequence[ProposeRequest]) -> Drafts:
-        start = time.perf_counter()
-        chains: dict[str, list[int]] = {}
-        trees: dict[str, DraftTree] = {}
-        for request in requests:
-            if request.num_draft_tokens <= 0:
-                continue
-            index = self._index(request)
-            if request.tree:
-                tree = self._propose_tree(index, request.num_draft_tokens)
-                if tree.num_nodes:
-                    trees[request.request_id] = tree
-            else:
-                chain = self._propose_chain(index, request.num_draft_tokens)
-                if chain:
-                    chains[request.request_id] = chain
-        return Drafts(chains=chains, trees=trees, proposer_time=time.perf_counter() - start)
+        return collect_drafts(
+            requests,
+            lambda r: self._propose_chain(self._index(r), r.num_draft_tokens),
+            lambda r: self._propose_tree(self._index(r), r.num_draft_tokens),
+        )
 
     def observe(
         self,

@@ -10,7 +10,8 @@ imports the draft model's torch stack.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
     from engine.config import SpecConfig
     from engine.outputs import Drafts
     from engine.sampling_params import SamplingParams
+    from engine.speculation.tree import DraftTree
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,32 @@ class Proposer(Protocol):
         """The request finished, was aborted, or was preempted (its KV blocks were freed and
         it will be recomputed): forget its state."""
         ...
+
+
+def collect_drafts(
+    requests: Sequence[ProposeRequest],
+    chain_of: Callable[[ProposeRequest], list[int]],
+    tree_of: Callable[[ProposeRequest], DraftTree],
+) -> Drafts:
+    """Drafts for requests one at a time (model-free proposers): chain_of or tree_of per
+    request with a budget; empty chains and trees are left out. Times itself."""
+    from engine.outputs import Drafts
+
+    start = time.perf_counter()
+    chains: dict[str, list[int]] = {}
+    trees: dict[str, DraftTree] = {}
+    for request in requests:
+        if request.num_draft_tokens <= 0:
+            continue
+        if request.tree:
+            tree = tree_of(request)
+            if tree.num_nodes:
+                trees[request.request_id] = tree
+        else:
+            chain = chain_of(request)
+            if chain:
+                chains[request.request_id] = chain
+    return Drafts(chains=chains, trees=trees, proposer_time=time.perf_counter() - start)
 
 
 # Proposer name -> "module:Class"; the class provides from_config(spec, **runtime).

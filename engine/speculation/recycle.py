@@ -17,7 +17,6 @@ nodes form the tree, emitted in breadth-first order.
 from __future__ import annotations
 
 import heapq
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,7 +24,7 @@ import numpy as np
 
 from engine.config import SpecConfig
 from engine.outputs import Drafts
-from engine.speculation.proposer import ProposeRequest
+from engine.speculation.proposer import ProposeRequest, collect_drafts
 from engine.speculation.tree import DraftTree
 
 NUM_CANDIDATES = 8
@@ -134,25 +133,15 @@ class RecycleProposer:
         self._root_ids.pop(request_id, None)
 
     def propose(self, requests: Sequence[ProposeRequest]) -> Drafts:
-        start = time.perf_counter()
-        chains: dict[str, list[int]] = {}
-        trees: dict[str, DraftTree] = {}
-        for request in requests:
-            if not len(request.token_ids):
-                continue
-            root_id = int(request.token_ids[-1])
-            self._root_ids[request.request_id] = root_id
-            if request.num_draft_tokens <= 0:
-                continue
-            if request.tree:
-                tree = self.grow_tree(root_id, request.num_draft_tokens)
-                if tree.num_nodes:
-                    trees[request.request_id] = tree
-            else:
-                chain = self.greedy_chain(root_id, request.num_draft_tokens)
-                if chain:
-                    chains[request.request_id] = chain
-        return Drafts(chains=chains, trees=trees, proposer_time=time.perf_counter() - start)
+        for request in requests:  # the root is remembered even when nothing is drafted
+            if len(request.token_ids):
+                self._root_ids[request.request_id] = int(request.token_ids[-1])
+        asks = [r for r in requests if len(r.token_ids)]
+        return collect_drafts(
+            asks,
+            lambda r: self.greedy_chain(int(r.token_ids[-1]), r.num_draft_tokens),
+            lambda r: self.grow_tree(int(r.token_ids[-1]), r.num_draft_tokens),
+        )
 
     def greedy_chain(self, root_id: int, num_draft_tokens: int) -> list[int]:
         """The top-1 path root -> adj[root][0] -> ..., stopping at an unseen row."""

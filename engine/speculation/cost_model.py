@@ -2,9 +2,11 @@
 
 The goodput policy divides expected emitted tokens by this prediction (DESIGN §6, SmartSpec
 arXiv 2406.14066), so a prediction must be positive, cheap (hundreds per step) and follow drift.
-The model is linear in a few shape features, with one hinge term for batched tokens beyond a
-knee (below it the matmuls are memory-bound and a token costs almost nothing; above it they are
-compute-bound), refitted on the last `window` steps by weighted ridge least squares:
+The model is linear in a few shape features plus a piecewise-linear term in batched rows (one
+ramp per segment between the knots of step_features.ROW_KNOTS, so a measured jump between two
+row counts, or the change from memory-bound to compute-bound matmuls, is representable), fixed
+costs per speculating request, per draft-model pass and per eager (non-graph) step, refitted on
+the last `window` steps by weighted ridge least squares:
 
     theta = argmin  sum_t w_t (x_t . theta - seconds_t)^2 + ridge |theta - prior|^2,  theta >= 0
 
@@ -16,6 +18,7 @@ faster, which keeps the policy's marginal costs sane. Directions the window does
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import json
 import os
@@ -28,11 +31,18 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from engine.speculation.step_features import FEATURE_NAMES, StepFeatures, profile_grid
+from engine.speculation.step_features import FEATURE_NAMES, ROW_KNOTS, StepFeatures, profile_grid
 
 # Fixed feature scales keep the normal equations well conditioned; coefficients() undoes them.
-_SCALES = (1.0, 256.0, 256.0, 16.0, 16384.0, 64.0, 4.0, 16.0)
-_KNEES = (8, 16, 32, 64, 128, 256, 512)
+_SCALES = (1.0, 256.0, *(1.0,) * (len(ROW_KNOTS) - 1), 16.0, 16384.0, 64.0, 4.0, 16.0, 1.0)
+_NUM_RAMPS = len(ROW_KNOTS) - 1
+
+
+def row_ramps(rows: int) -> list[float]:
+    """How far `rows` has crossed each segment between consecutive knots, in [0, 1]."""
+    return [min(1.0, max(0.0, (rows - lo) / (hi - lo))) for lo, hi in zip(ROW_KNOTS, ROW_KNOTS[1:])]
+
+
 OUTLIER_FACTOR = 3.0  # log errors beyond this many times the median one are down-weighted
 
 
@@ -54,7 +64,6 @@ class OnlineLinearCostModel:
 
     def __init__(
         self,
-        knee: int = 64,
         window: int = 256,
         forgetting: float = 0.99,
         ridge: float = 1e-3,
@@ -64,14 +73,13 @@ class OnlineLinearCostModel:
             raise ValueError(
                 f"need 0 < forgetting <= 1 and window >= 1, got {forgetting}, {window}"
             )
-        self.knee = knee
         self.forgetting = forgetting
         self.ridge = ridge
         self.min_seconds = min_seconds
         self.num_observations = 0
         self._samples: deque[tuple[StepFeatures, float]] = deque(maxlen=window)
         # The same window as a ring buffer: slot i holds observation i mod window.
-        self._x = np.zeros((window, len(FEATURE_NAMES)))  # scaled features, knee applied
+        self._x = np.zeros((window, len(FEATURE_NAMES)))  # scaled features
         self._y = np.zeros(window)  # seconds
         self._robust = np.ones(window)  # outlier weights, refreshed at every refit
         self._count = 0  # observations ever written to the ring
@@ -82,8 +90,8 @@ class OnlineLinearCostModel:
 
     def _vector(self, f: StepFeatures) -> tuple[float, ...]:
         tokens = f.num_batched_tokens
-        raw = (1, tokens, max(0, tokens - self.knee), f.num_requests, f.num_kv_tokens)
-        raw += (f.num_draft_tokens, f.num_draft_steps, f.num_spec_requests)
+        raw = (1, tokens, *row_ramps(tokens), f.num_requests, f.num_kv_tokens)
+        raw += (f.num_draft_tokens, f.num_draft_steps, f.num_spec_requests, f.num_eager_steps)
         return tuple(value / scale for value, scale in zip(raw, _SCALES, strict=True))
 
     def predict(self, features: StepFeatures) -> float:
@@ -91,11 +99,24 @@ class OnlineLinearCostModel:
             self._solve()
         # Written out (not _vector): the policy calls this hundreds of times per step.
         c, f = self._coefficients, features
-        tokens = f.num_batched_tokens
-        seconds = c[0] + c[1] * tokens + c[2] * max(0, tokens - self.knee)
-        seconds += c[3] * f.num_requests + c[4] * f.num_kv_tokens + c[5] * f.num_draft_tokens
-        seconds += c[6] * f.num_draft_steps + c[7] * f.num_spec_requests
+        seconds = self._row_seconds(f.num_batched_tokens)
+        tail = c[2 + _NUM_RAMPS :]
+        seconds += tail[0] * f.num_requests + tail[1] * f.num_kv_tokens
+        seconds += tail[2] * f.num_draft_tokens + tail[3] * f.num_draft_steps
+        seconds += tail[4] * f.num_spec_requests + tail[5] * f.num_eager_steps
         return max(self.min_seconds, seconds)
+
+    def _row_seconds(self, rows: int) -> float:
+        """Intercept + linear + piecewise-linear row cost, from the ramps' running sums."""
+        c = self._coefficients
+        seconds = c[0] + c[1] * rows
+        if rows <= ROW_KNOTS[0]:
+            return seconds
+        if rows >= ROW_KNOTS[-1]:
+            return seconds + self._ramp_sums[-1]
+        segment = bisect.bisect_right(ROW_KNOTS, rows) - 1
+        lo, hi = ROW_KNOTS[segment], ROW_KNOTS[segment + 1]
+        return seconds + self._ramp_sums[segment] + c[2 + segment] * (rows - lo) / (hi - lo)
 
     def observe(self, features: StepFeatures, measured_seconds: float) -> None:
         if measured_seconds <= 0.0:
@@ -146,6 +167,8 @@ class OnlineLinearCostModel:
     def _set_theta(self, theta: np.ndarray) -> None:
         self._theta = tuple(float(v) for v in theta)  # in scaled feature units
         self._coefficients = tuple(v / scale for v, scale in zip(self._theta, _SCALES, strict=True))
+        ramps = self._coefficients[2 : 2 + _NUM_RAMPS]
+        self._ramp_sums = [float(v) for v in np.concatenate([[0.0], np.cumsum(ramps)])]
         self._dirty = False
 
     @property
@@ -170,8 +193,8 @@ class OnlineLinearCostModel:
         """Seed the fit by timing synthetic steps; returns the number of steps measured.
 
         `run_step` executes a dummy batch of the given shape and returns its seconds. The grid
-        is visited in a shuffled order so that a short budget still spans every feature; the
-        knee is then chosen by in-sample error, and the fit becomes the ridge prior.
+        is visited in a shuffled order so that a short budget still spans every feature, and
+        the fit becomes the ridge prior.
         """
         grid = list(grid) if grid is not None else profile_grid()
         run_step(grid[0])  # warm-up (allocator, thread pool, caches); not measured
@@ -182,22 +205,14 @@ class OnlineLinearCostModel:
             samples.append((features, run_step(features)))
         if not samples:
             return 0  # no time to measure anything: stay unfitted and learn online
-        self.fit(samples, knees=[k for k in _KNEES if k < max(f.num_batched_tokens for f in grid)])
+        self.fit(samples)
         return len(samples)
 
-    def fit(self, samples: Sequence[tuple[StepFeatures, float]], knees: Sequence[int] = ()) -> None:
-        """Refit on `samples` (replacing the window), keeping the knee with the lowest median
-        relative error; the fit becomes the prior."""
+    def fit(self, samples: Sequence[tuple[StepFeatures, float]]) -> None:
+        """Refit on `samples` (replacing the window); the fit becomes the prior."""
         samples = [(f, seconds) for f, seconds in samples if seconds > 0.0]
         if not samples:
             raise ValueError("fit needs at least one (features, seconds > 0) sample")
-        errors = {}
-        for knee in list(knees) or [self.knee]:
-            self.knee = knee
-            self._set_samples(samples)
-            self._solve(passes=4, fresh=True)
-            errors[knee] = statistics.median(abs(self.predict(f) - s) / s for f, s in samples)
-        self.knee = min(errors, key=errors.__getitem__)
         self._set_samples(samples)
         self._solve(passes=4, fresh=True)
         self._prior = np.asarray(self._theta)
@@ -208,7 +223,6 @@ class OnlineLinearCostModel:
             self._solve()
         return {
             "features": list(FEATURE_NAMES),
-            "knee": self.knee,
             "theta": list(self._theta),
             "prior": self._prior.tolist(),
             "samples": [[*dataclasses.astuple(f), s] for f, s in self._samples],
@@ -219,7 +233,6 @@ class OnlineLinearCostModel:
         """Restore a saved fit (its window and prior)."""
         if params.get("features") != list(FEATURE_NAMES):
             raise ValueError(f"cost model params are for features {params.get('features')}")
-        self.knee = int(params["knee"])
         self._prior = np.asarray(params["prior"], dtype=float)
         self._set_samples((StepFeatures(*map(int, row[:-1])), row[-1]) for row in params["samples"])
         self.num_observations = int(params["num_observations"])

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from engine.config import SpecConfig
 from engine.outputs import Drafts, ModelOutput, ScheduledRequest, SchedulerOutput, SpecPlan
-from engine.request import Request
+from engine.request import Request, RequestStatus
 from engine.speculation.cost_model import OnlineLinearCostModel
 from engine.speculation.goodput import GoodputPolicy
 from engine.speculation.policy import SpecCandidate, SpecResult, make_policy
@@ -36,7 +36,11 @@ def build_spec_driver(config: SpecConfig, runner: ModelRunner, scheduler: Schedu
         if config.proposer != "none"
         else None
     )
-    driver = SpecDriver(config, proposer, scheduler.config.max_num_batched_tokens)
+    graphs = getattr(runner, "decode_graphs", None) is not None
+    limits = scheduler.config
+    driver = SpecDriver(
+        config, proposer, limits.max_num_batched_tokens, limits.max_num_seqs, graphs
+    )
     if driver.enabled and isinstance(driver.policy, GoodputPolicy):
         # Before any request exists, as the profiler's safety invariant requires.
         driver.seed_report = seed_cost_model(
@@ -51,8 +55,17 @@ def build_spec_driver(config: SpecConfig, runner: ModelRunner, scheduler: Schedu
 
 
 class SpecDriver:
-    def __init__(self, config: SpecConfig, proposer: Proposer | None, token_budget: int) -> None:
+    def __init__(
+        self,
+        config: SpecConfig,
+        proposer: Proposer | None,
+        token_budget: int,
+        max_num_seqs: int = 1 << 30,
+        graphs: bool = False,
+    ) -> None:
+        """graphs: the runner replays captured graphs for decode steps (a verify step is eager)."""
         self.config = config
+        self.token_budget, self.max_num_seqs, self.graphs = token_budget, max_num_seqs, graphs
         self.tree = config.spec_tree_nodes > 0
         self.draft_model = config.proposer == "draft"
         self.max_draft_tokens = (
@@ -69,6 +82,7 @@ class SpecDriver:
             tree=self.tree,
             draft_model=self.draft_model,
             token_budget=token_budget,
+            graphs=graphs,
         )
         self.seed_report: SeedReport | None = None
         self._plan: SpecPlan = {}
@@ -80,27 +94,39 @@ class SpecDriver:
         self.last_goodput = 0.0
 
     # ---- 1. plan -------------------------------------------------------------------------
-    def plan(self, running: Sequence[Request]) -> SpecPlan:
+    def plan(self, running: Sequence[Request], waiting: Sequence[Request] = ()) -> SpecPlan:
+        """k per caught-up running request; the step's base features are what it will run:
+        decodes, prefill chunks clipped to the token budget in order, and the waiting requests
+        the scheduler will admit (while seats and budget last)."""
         if not self.enabled:
             return {}
-        candidates, shapes = [], []
+        candidates = []
         for request in running:
-            caught_up = request.num_computed_tokens == request.num_tokens - 1
-            shapes.append(
-                (
-                    request.num_tokens,
-                    1 if caught_up else request.num_tokens - request.num_computed_tokens,
-                    0,
-                )
-            )
             max_draft_tokens = min(self.max_draft_tokens, request.num_remaining_output_tokens - 1)
+            caught_up = request.num_computed_tokens == request.num_tokens - 1
             if caught_up and max_draft_tokens > 0:
                 candidates.append(
                     SpecCandidate(request.request_id, request.num_tokens, max_draft_tokens)
                 )
-        self._base = StepFeatures.from_shapes(shapes, draft_model=self.draft_model)
+        shapes = self._step_shapes(running, waiting)
+        self._base = StepFeatures.from_shapes(shapes, self.draft_model, self.graphs)
         self._plan = self.policy.plan(candidates, self._base) if candidates else {}
         return self._plan
+
+    def _step_shapes(
+        self, running: Sequence[Request], waiting: Sequence[Request]
+    ) -> list[tuple[int, int, int]]:
+        budget, seats = self.token_budget, self.max_num_seqs - len(running)
+        shapes = []
+        for request in [*running, *waiting]:
+            admitted = request.status is RequestStatus.RUNNING
+            if budget <= 0 or (not admitted and seats <= 0):
+                break
+            chunk = min(request.num_tokens - request.num_computed_tokens, budget)
+            shapes.append((request.num_computed_tokens, chunk, 0))
+            budget -= chunk
+            seats -= not admitted
+        return shapes
 
     # ---- 3. propose ----------------------------------------------------------------------
     def propose(self, sched: SchedulerOutput) -> Drafts:
@@ -151,11 +177,16 @@ class SpecDriver:
                     )
                 )
                 self._count(step.num_draft_tokens, step.num_accepted_tokens)
+            elif scheduled.num_draft_tokens:
+                # Planned, but the proposer found nothing: speculation bought nothing this
+                # step, which the estimate must see (as one rejected draft), or it would keep
+                # reserving slots for a request that never gets drafts.
+                results.append(SpecResult(scheduled.request_id, 1, 0))
         shapes = [
             (s.start, s.num_new_tokens - s.num_draft_tokens, drafts.num_draft_tokens(s.request_id))
             for s in sched.scheduled
         ]
-        features = StepFeatures.from_shapes(shapes, draft_model=self.draft_model)
+        features = StepFeatures.from_shapes(shapes, self.draft_model, self.graphs)
         seconds = out.step_time + drafts.proposer_time
         emitted = sum(len(o.token_ids) for o in out.outputs.values())
         self.last_goodput = emitted / seconds if seconds > 0 else 0.0

@@ -1,112 +1,24 @@
-"""Goodput-driven speculation lengths: a k per request, every step (DESIGN §6).
+"""GoodputPolicy: a draft count per request, every step, maximising expected emitted tokens per
+second of step time (DESIGN §6; SmartSpec, arXiv 2406.14066, picks one count per batch, we
+pick one per request).
 
-SmartSpec (arXiv 2406.14066) picks one speculation length per batch to maximise goodput, the
-expected emitted tokens per second of step time. We pick k_i per request:
-
-    maximise  sum_i E_i(k_i) / T(base + drafts(k))   over  0 <= k_i <= max_k_i
-
-E_i(k) = 1 + sum_{j=1..k} g_i(j), where g_i(j) is the probability that the j-th draft token
-(or tree node, in best-first order) is accepted. Chains, Bernoulli(a_i) per position:
-g_i(j) = a_i^j, so E_i(k) = (1 - a_i^(k+1)) / (1 - a_i). The gains shrink with j, so a greedy
-search that adds one draft where goodput improves most, and closes a request once its next
-draft no longer pays, is cheap (two cost-model calls per draft added or request closed).
-
-Trees: per-node gains come from the rank model in acceptance.py.
+Per request, the acceptance estimate (acceptance.py) gives the gain of each further draft:
+chains a^j, trees the path probability of the j-th best node. The cost model predicts the
+step's seconds from its features; search.py finds the counts. Until the cost model is fitted,
+k cycles through 0..max so the model sees the draft direction, and a request idle for
+`explore_interval` plans is given one draft, so an estimate that fell to ~0 can recover.
 """
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from engine.outputs import SpecPlan
 from engine.speculation.acceptance import GRID, MAX_TREE_NODES, AcceptanceEstimator, tree_gains
 from engine.speculation.cost_model import StepCostModel
 from engine.speculation.policy import SpecCandidate, SpecResult
+from engine.speculation.search import SearchProblem, SearchSlot, best_lengths
 from engine.speculation.step_features import StepFeatures
-
-
-@dataclass
-class SearchSlot:
-    """One candidate during the search: marginal gains/depths of drafts 1..cap, chosen k."""
-
-    gains: Sequence[float]
-    depths: Sequence[int]
-    cap: int
-    k: int = 0
-
-
-@dataclass(frozen=True)
-class SearchResult:
-    ks: tuple[int, ...]
-    predicted_seconds: float
-    goodput: float  # expected emitted tokens per second
-
-
-@dataclass
-class _Totals:
-    """Running totals of the plan being built (the draft side of the step's features)."""
-
-    base: StepFeatures
-    draft_model: bool
-    emitted: float = 0.0
-    num_draft_tokens: int = 0
-    num_spec: int = 0
-    steps: int = 0  # deepest draft, i.e. draft-model passes
-
-    def features(self, slot: SearchSlot | None = None) -> StepFeatures:
-        """The step's features now, or after `slot` gets one more draft."""
-        added = slot is not None
-        steps = max(self.steps, slot.depths[slot.k]) if added else self.steps
-        spec = self.num_spec + (added and slot.k == 0)
-        return self.base.with_drafts(
-            self.num_draft_tokens + added, spec, steps if self.draft_model else 0
-        )
-
-    def add(self, slot: SearchSlot) -> None:
-        self.emitted += slot.gains[slot.k]
-        self.num_spec += slot.k == 0
-        self.steps = max(self.steps, slot.depths[slot.k])
-        self.num_draft_tokens += 1
-        slot.k += 1
-
-
-def greedy_lengths(
-    slots: list[SearchSlot],
-    base: StepFeatures,
-    cost_model: StepCostModel,
-    draft_model: bool = False,
-    token_budget: int | None = None,
-) -> SearchResult:
-    """Greedy marginal search for sum E_i / T (module docstring); slots start at forced ks."""
-    totals = _Totals(base, draft_model, emitted=sum(1.0 + sum(s.gains[: s.k]) for s in slots))
-    totals.num_draft_tokens = sum(s.k for s in slots)
-    totals.num_spec = sum(1 for s in slots if s.k > 0)
-    totals.steps = max((s.depths[s.k - 1] for s in slots if s.k > 0), default=0)
-    seconds = cost_model.predict(totals.features())
-    goodput = totals.emitted / seconds
-    # Two heaps by marginal gain: a request's first draft also pays the per-request cost.
-    speculating = [(-s.gains[s.k], i) for i, s in enumerate(slots) if 0 < s.k < s.cap]
-    fresh = [(-s.gains[0], i) for i, s in enumerate(slots) if s.k == 0 and s.cap > 0]
-    heapq.heapify(speculating)
-    heapq.heapify(fresh)
-    budget = token_budget if token_budget is not None else 1 << 62
-    while (speculating or fresh) and base.num_batched_tokens + totals.num_draft_tokens < budget:
-        options = []
-        for heap in (h for h in (speculating, fresh) if h):
-            slot = slots[heap[0][1]]
-            new_seconds = cost_model.predict(totals.features(slot))
-            options.append(((totals.emitted + slot.gains[slot.k]) / new_seconds, new_seconds, heap))
-        new_goodput, new_seconds, heap = max(options, key=lambda option: option[0])
-        _, index = heapq.heappop(heap)
-        if new_goodput <= goodput * (1.0 + 1e-9):
-            continue  # close: later drafts only raise goodput, so this one never pays again
-        totals.add(slots[index])
-        seconds, goodput = new_seconds, new_goodput
-        if slots[index].k < slots[index].cap:
-            heapq.heappush(speculating, (-slots[index].gains[slots[index].k], index))
-    return SearchResult(tuple(s.k for s in slots), seconds, goodput)
 
 
 class GoodputPolicy:
@@ -128,6 +40,7 @@ class GoodputPolicy:
         explore_interval: int = 16,
         token_budget: int | None = None,
         decay: float = 0.9,
+        graphs: bool = False,
     ) -> None:
         if max_draft_tokens < 0 or (tree and max_draft_tokens > MAX_TREE_NODES):
             raise ValueError(
@@ -137,6 +50,7 @@ class GoodputPolicy:
         self.max_draft_tokens = max_draft_tokens
         self.tree = tree
         self.draft_model = draft_model
+        self.graphs = graphs  # the runner replays decode graphs: a verify step is eager
         self.explore_interval = explore_interval
         self.token_budget = token_budget
         self.acceptance = AcceptanceEstimator(prior, tree=tree, decay=decay)
@@ -147,11 +61,10 @@ class GoodputPolicy:
     def _slot(self, candidate: SpecCandidate) -> SearchSlot:
         cap = max(0, min(self.max_draft_tokens, candidate.max_draft_tokens))
         a = self.acceptance.rate(candidate.request_id)
-        if self.tree:
-            gains, depths = tree_gains(round(a * GRID))
-        else:
-            gains, depths = [a**j for j in range(1, cap + 1)], range(1, cap + 1)
-        return SearchSlot(gains, depths, cap)
+        # A draft model runs one pass per chain position, and one per node it expands in a
+        # tree (a pass expands one node of every request), so k drafts cost k passes.
+        gains = tree_gains(round(a * GRID))[0] if self.tree else [a**j for j in range(1, cap + 1)]
+        return SearchSlot(gains, range(1, cap + 1), cap)
 
     def _explore(self, candidates: Sequence[SpecCandidate], slots: list[SearchSlot]) -> None:
         """Give one draft to the request idle longest, once idle for explore_interval plans.
@@ -162,21 +75,22 @@ class GoodputPolicy:
             if slots[i].cap > 0 and self._num_plans - last >= self.explore_interval:
                 idle.append((last, i))
         if idle:
-            slots[min(idle)[1]].k = 1
+            slots[min(idle)[1]].floor = 1
 
     def plan(self, candidates: Sequence[SpecCandidate], base: StepFeatures) -> SpecPlan:
         self._num_plans += 1
         slots = [self._slot(c) for c in candidates]
         self._explore(candidates, slots)
         if self.cost_model.fitted:
-            result = greedy_lengths(
-                slots, base, self.cost_model, self.draft_model, self.token_budget
+            problem = SearchProblem(
+                slots, base, self.cost_model, self.draft_model, self.graphs, self.token_budget
             )
+            result = best_lengths(problem)
             ks = result.ks
             self.last_predicted_step_time = result.predicted_seconds
         else:
             warmup_k = self._num_plans % (self.max_draft_tokens + 1)
-            ks = tuple(min(warmup_k, s.cap) for s in slots)
+            ks = tuple(max(s.floor, min(warmup_k, s.cap)) for s in slots)
             self.last_predicted_step_time = None
         plan = {c.request_id: k for c, k in zip(candidates, ks) if k > 0}
         for request_id in plan:

@@ -7,15 +7,20 @@ import random
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+# Batched-row knots of the cost model's piecewise-linear row term: a step's cost can jump
+# between two row counts (measured on this CPU: 5 -> 6 rows, where the few-row matmul path
+# ends), so the model gets one ramp per segment between consecutive knots.
+ROW_KNOTS = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024, 2048)
 FEATURE_NAMES = (
     "intercept",
     "batched_tokens",
-    "tokens_over_knee",
+    *(f"rows_{lo}_{hi}" for lo, hi in zip(ROW_KNOTS, ROW_KNOTS[1:])),
     "requests",
     "kv_tokens",
     "draft_tokens",
     "draft_steps",
     "spec_requests",
+    "eager_steps",
 )
 
 
@@ -29,18 +34,27 @@ class StepFeatures:
     num_draft_tokens: int = 0
     num_draft_steps: int = 0  # draft-model forward passes; 0 for model-free proposers
     num_spec_requests: int = 0  # requests verifying at least one draft token
+    # 1 when the step cannot replay a captured CUDA graph although graphs are on (a verify or
+    # prefill step on FlashInfer runs eagerly, ~3x a graph step on an H100); 0 elsewhere.
+    num_eager_steps: int = 0
 
     @classmethod
     def from_shapes(
-        cls, shapes: Iterable[tuple[int, int, int]], draft_model: bool = False
+        cls,
+        shapes: Iterable[tuple[int, int, int]],
+        draft_model: bool = False,
+        graphs: bool = False,
     ) -> StepFeatures:
         """Build from (context_len, num_new_tokens, k) per request.
 
         context_len: tokens already in the KV cache; num_new_tokens: the prefill chunk or 1;
-        k: draft tokens. A draft model drafts chains in lock-step, so it runs max(k) passes.
+        k: draft tokens (tree nodes). A draft model drafts chains in lock-step and expands one
+        tree node per request per pass, so it runs max(k) passes. graphs: the runner replays
+        captured graphs for pure decode steps, so any other step is an eager one.
         """
         shapes = list(shapes)
         ks = [k for _, _, k in shapes]
+        eager = graphs and any(new > 1 or k > 0 for _, new, k in shapes)
         return cls(
             num_batched_tokens=sum(new + k for _, new, k in shapes),
             num_requests=len(shapes),
@@ -48,12 +62,18 @@ class StepFeatures:
             num_draft_tokens=sum(ks),
             num_draft_steps=max(ks, default=0) if draft_model else 0,
             num_spec_requests=sum(1 for k in ks if k > 0),
+            num_eager_steps=int(eager),
         )
 
     def with_drafts(
-        self, num_draft_tokens: int, num_spec_requests: int, num_draft_steps: int = 0
+        self,
+        num_draft_tokens: int,
+        num_spec_requests: int,
+        num_draft_steps: int = 0,
+        graphs: bool = False,
     ) -> StepFeatures:
         """These features plus drafts (each draft is one more batched and attended token)."""
+        eager = self.num_eager_steps or (graphs and num_draft_tokens > 0)
         return StepFeatures(
             num_batched_tokens=self.num_batched_tokens + num_draft_tokens,
             num_requests=self.num_requests,
@@ -61,6 +81,7 @@ class StepFeatures:
             num_draft_tokens=self.num_draft_tokens + num_draft_tokens,
             num_draft_steps=max(self.num_draft_steps, num_draft_steps),
             num_spec_requests=self.num_spec_requests + num_spec_requests,
+            num_eager_steps=int(eager),
         )
 
 

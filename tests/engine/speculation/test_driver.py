@@ -43,8 +43,8 @@ def record_plans(llm: LLM) -> list[dict[str, int]]:
     plans: list[dict[str, int]] = []
     original = llm.engine.spec.plan
 
-    def plan(running):
-        result = original(running)
+    def plan(running, waiting=()):
+        result = original(running, waiting)
         plans.append(dict(result))
         return result
 

@@ -13,22 +13,33 @@ from engine.speculation.acceptance import (
     tree_acceptance,
     tree_gains,
 )
-from engine.speculation.goodput import GoodputPolicy, SearchSlot, greedy_lengths
+from engine.speculation.goodput import GoodputPolicy
 from engine.speculation.policy import SpecCandidate, SpecResult
+from engine.speculation.search import SearchProblem, SearchSlot, best_lengths
 from engine.speculation.step_features import StepFeatures
 
 
 class LinearCost:
-    """A synthetic step-time model: intercept + per batched token + per draft step."""
+    """A synthetic step-time model: intercept + per batched token + fixed costs per draft
+    step (draft-model pass), per speculating request and per eager step."""
 
-    def __init__(self, intercept: float, per_token: float, per_draft_step: float = 0.0) -> None:
+    def __init__(
+        self,
+        intercept: float,
+        per_token: float,
+        per_draft_step: float = 0.0,
+        per_spec_request: float = 0.0,
+        per_eager_step: float = 0.0,
+    ) -> None:
         self.intercept, self.per_token, self.per_draft_step = intercept, per_token, per_draft_step
+        self.per_spec_request, self.per_eager_step = per_spec_request, per_eager_step
         self.num_observations = 0
         self.observed: list[tuple[StepFeatures, float]] = []
 
     def predict(self, f: StepFeatures) -> float:
-        steps = self.per_draft_step * f.num_draft_steps
-        return self.intercept + self.per_token * f.num_batched_tokens + steps
+        fixed = self.per_draft_step * f.num_draft_steps + self.per_eager_step * f.num_eager_steps
+        fixed += self.per_spec_request * f.num_spec_requests
+        return self.intercept + self.per_token * f.num_batched_tokens + fixed
 
     def observe(self, f: StepFeatures, seconds: float) -> None:
         self.observed.append((f, seconds))
@@ -104,20 +115,82 @@ def test_k_respects_each_request_cap_and_the_token_budget():
     assert sum(budgeted.plan(candidates("a", "b", "c"), decode_base(3)).values()) == 5
 
 
-def test_greedy_search_is_near_the_brute_force_optimum():
-    rng = random.Random(0)
-    for _ in range(40):
-        rates = [rng.random() for _ in range(3)]
-        cost = LinearCost(rng.uniform(0.005, 0.03), rng.uniform(1e-4, 5e-3), rng.uniform(0, 3e-3))
-        base = decode_base(3)
-        best = 0.0
-        for ks in itertools.product(range(5), repeat=3):
-            f = base.with_drafts(sum(ks), sum(k > 0 for k in ks), max(ks))
-            emitted = sum(expected_emitted(a, k) for a, k in zip(rates, ks, strict=True))
-            best = max(best, emitted / cost.predict(f))
-        slots = [SearchSlot([a**j for j in range(1, 5)], range(1, 5), 4) for a in rates]
-        result = greedy_lengths(slots, base, cost, draft_model=True)
-        assert result.goodput >= 0.98 * best
+def brute_force(rates, cost, cap: int, draft_model: bool, graphs: bool) -> float:
+    base = decode_base(len(rates))
+    best = 0.0
+    for ks in itertools.product(range(cap + 1), repeat=len(rates)):
+        passes = max(ks) if draft_model else 0
+        f = base.with_drafts(sum(ks), sum(k > 0 for k in ks), passes, graphs)
+        emitted = sum(expected_emitted(a, k) for a, k in zip(rates, ks, strict=True))
+        best = max(best, emitted / cost.predict(f))
+    return best
+
+
+def search(rates, cost, cap: int, draft_model: bool, graphs: bool = False):
+    slots = [SearchSlot([a**j for j in range(1, cap + 1)], range(1, cap + 1), cap) for a in rates]
+    problem = SearchProblem(slots, decode_base(len(rates)), cost, draft_model, graphs)
+    return best_lengths(problem)
+
+
+@pytest.mark.parametrize("draft_model", [False, True])
+def test_search_reaches_the_brute_force_optimum_with_fixed_costs(draft_model):
+    rng = random.Random(int(draft_model))
+    for _ in range(60):
+        rates = [rng.random() for _ in range(rng.randint(1, 4))]
+        cost = LinearCost(
+            rng.uniform(0.005, 0.03),
+            rng.uniform(1e-4, 5e-3),
+            per_draft_step=rng.choice([0.0, rng.uniform(0, 0.02)]),
+            per_spec_request=rng.choice([0.0, rng.uniform(0, 0.02)]),
+            per_eager_step=rng.choice([0.0, rng.uniform(0, 0.03)]),
+        )
+        graphs = rng.random() < 0.5
+        best = brute_force(rates, cost, 4, draft_model, graphs)
+        assert search(rates, cost, 4, draft_model, graphs).goodput >= 0.99 * best
+
+
+def test_a_fixed_cost_per_speculating_request_is_paid_when_speculation_doubles_goodput():
+    # The issue's first case: base 10 ms, 10 ms per speculating request, acceptance 0.9.
+    cost = LinearCost(0.01, 0.0, per_spec_request=0.01)
+    result = search([0.9], cost, 4, draft_model=False)
+    assert result.ks == (4,)
+    assert result.goodput == pytest.approx(expected_emitted(0.9, 4) / 0.02)  # ~204 vs 100 tok/s
+
+
+def test_draft_passes_are_paid_once_for_the_whole_batch():
+    # The issue's second case: 16 requests, 10 ms per draft pass, acceptance 0.8.
+    cost = LinearCost(0.02, 1e-4, per_draft_step=0.01)
+    result = search([0.8] * 16, cost, 4, draft_model=True)
+    assert set(result.ks) == {2} or set(result.ks) == {3}
+    assert result.goodput >= 0.99 * brute_force_uniform([0.8] * 16, cost, 4)
+
+
+def brute_force_uniform(rates, cost, cap: int) -> float:
+    """Uniform k only (16 requests are too many for a full brute force)."""
+    base = decode_base(len(rates))
+    return max(
+        sum(expected_emitted(a, k) for a in rates)
+        / cost.predict(base.with_drafts(k * len(rates), len(rates) if k else 0, k))
+        for k in range(cap + 1)
+    )
+
+
+def test_plans_are_neither_always_max_nor_always_zero():
+    """Catches a policy that always picks k = max, or never speculates, or ignores fixed
+    costs: the right answer moves with acceptance and with each fixed cost."""
+    cheap = LinearCost(0.02, 1e-5)
+    assert search([0.95], cheap, 6, draft_model=False).ks == (6,)  # free drafts, high acceptance
+    assert search([0.05], LinearCost(0.02, 5e-3), 6, draft_model=False).ks == (0,)
+    middle = search([0.6], LinearCost(0.02, 2e-3), 6, draft_model=False).ks[0]
+    assert 0 < middle < 6
+    # The same request refuses speculation once a fixed cost outweighs what it buys ...
+    assert search([0.5], LinearCost(0.01, 0.0, per_spec_request=0.02), 4, False).ks == (0,)
+    # ... and pays it when acceptance is high enough.
+    assert search([0.95], LinearCost(0.01, 0.0, per_spec_request=0.02), 4, False).ks == (4,)
+    # An eager step (no graph) is a fixed cost too: it must be worth it for the batch.
+    eager = LinearCost(0.004, 1e-5, per_eager_step=0.008)
+    assert search([0.4], eager, 4, False, graphs=True).ks == (0,)
+    assert search([0.4], eager, 4, False, graphs=False).ks[0] > 0
 
 
 def test_acceptance_estimate_converges_despite_truncated_chains():

@@ -50,6 +50,7 @@ def build_spec_driver(config: SpecConfig, runner: ModelRunner, scheduler: Schedu
             config,
             scheduler.config,
             driver.max_draft_tokens,
+            draft_runner=getattr(proposer, "runner", None),
         )
     return driver
 

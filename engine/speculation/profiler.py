@@ -75,7 +75,11 @@ def _share(total: int, parts: int, index: int) -> int:
 
 
 def fit_to_pool(
-    grid: Sequence[StepFeatures], num_blocks: int, block_size: int, max_model_len: int
+    grid: Sequence[StepFeatures],
+    num_blocks: int,
+    block_size: int,
+    max_model_len: int,
+    draft_model: bool = False,
 ) -> list[StepFeatures]:
     """The grid with contexts shrunk so each batch fits the KV pool and the context length;
     points that cannot fit at all are dropped, duplicates removed (order kept)."""
@@ -85,7 +89,7 @@ def fit_to_pool(
         per_request = min(num_blocks // len(shapes) * block_size, max_model_len)
         clipped = [(min(c, per_request - n - k), n, k) for c, n, k in shapes]
         if all(c >= 0 for c, _, _ in clipped):
-            fitted[StepFeatures.from_shapes(clipped)] = None
+            fitted[StepFeatures.from_shapes(clipped, draft_model)] = None
     return list(fitted)
 
 
@@ -96,8 +100,10 @@ def startup_grid(
     block_size: int,
     max_model_len: int,
     seed: int = 0,
+    draft_model: bool = False,
 ) -> list[StepFeatures]:
-    """Profile shapes for this engine, cheapest first (profile() warms up on grid[0])."""
+    """Profile shapes for this engine, cheapest first (profile() warms up on grid[0]); with a
+    draft model, steps with k drafts include k draft passes."""
     grid = profile_grid(
         max_num_batched_tokens=min(
             scheduler_config.max_num_batched_tokens, PROFILE_MAX_BATCHED_TOKENS
@@ -105,9 +111,10 @@ def startup_grid(
         max_num_seqs=min(scheduler_config.max_num_seqs, PROFILE_MAX_SEQS),
         max_draft_tokens=max(1, max_draft_tokens),
         max_context=min(max_model_len, PROFILE_MAX_CONTEXT),
+        draft_model=draft_model,
         seed=seed,
     )
-    grid = fit_to_pool(grid, num_blocks, block_size, max_model_len)
+    grid = fit_to_pool(grid, num_blocks, block_size, max_model_len, draft_model)
     cheapest = min(range(len(grid)), key=lambda i: (grid[i].num_kv_tokens, i), default=0)
     return grid[cheapest : cheapest + 1] + grid[:cheapest] + grid[cheapest + 1 :]
 
@@ -115,10 +122,15 @@ def startup_grid(
 class DummyBatchRunner:
     """run_step(features) -> seconds: one synthetic step of that shape through the runner
     (greedy verification of random drafts over random tokens), timed as the engine times a
-    real step (ModelOutput.step_time). See the module docstring for why it is safe."""
+    real step (ModelOutput.step_time), plus its draft-model passes when a draft runner is
+    given (one batched single-token pass per draft position, as chains are drafted). See the
+    module docstring for why it is safe: draft passes too write only borrowed free blocks."""
 
-    def __init__(self, runner, block_manager: BlockManager, seed: int = 0) -> None:
+    def __init__(
+        self, runner, block_manager: BlockManager, seed: int = 0, draft_runner=None
+    ) -> None:
         self.runner = runner
+        self.draft_runner = draft_runner
         self.block_manager = block_manager
         self.block_size = block_manager.block_size
         self.vocab_size = runner.arch.vocab_size
@@ -150,9 +162,28 @@ class DummyBatchRunner:
             if k:
                 chains[request.request_id] = self._tokens(k)
         sched = SchedulerOutput(tuple(scheduled), num_batched_tokens=features.num_batched_tokens)
+        draft_seconds = self._draft_passes(scheduled, features.num_draft_steps)
         output = self.runner.execute(sched, Drafts(chains=chains))
         self.num_steps += 1
-        return output.step_time
+        return output.step_time + draft_seconds
+
+    def _draft_passes(self, scheduled: list[ScheduledRequest], num_passes: int) -> float:
+        if self.draft_runner is None or num_passes == 0:
+            return 0.0
+        from engine.speculation.draft_runner import DraftQuery
+
+        drafting = [s for s in scheduled if s.num_draft_tokens > 0]
+        start = time.perf_counter()
+        for j in range(num_passes):
+            queries = [
+                DraftQuery(self._tokens(1), s.start + s.num_new_tokens - s.num_draft_tokens + j,
+                           s.request.block_ids)
+                for s in drafting
+                if j < s.num_draft_tokens
+            ]  # fmt: skip
+            if queries:
+                self.draft_runner.logits(queries).sum().item()  # synced, as the proposer is
+        return time.perf_counter() - start
 
     def _fake_request(self, index: int, num_tokens: int) -> Request:
         return Request(f"__profile-{self.num_steps}-{index}", self._tokens(num_tokens), _GREEDY)
@@ -188,12 +219,15 @@ def seed_cost_model(
     spec_config: SpecConfig,
     scheduler_config: SchedulerConfig,
     max_draft_tokens: int,
+    draft_runner=None,
 ) -> SeedReport:
     """Load the cached fit, or profile and cache it; logs one line saying which."""
     if spec_config.spec_profile_seconds <= 0:
         logger.info("cost model: no start-up profile (spec_profile_seconds=0); learning online")
         return SeedReport("skipped")
     key = runner_cache_key(runner)
+    if draft_runner is not None:  # its passes are part of the fit
+        key += f"|draft={spec_config.draft_model}"
     path = spec_config.cost_cache_path
     cache = CostModelCache(path) if path else None
     if cache is not None and _load_cached(cost_model, cache, key):
@@ -204,8 +238,11 @@ def seed_cost_model(
         block_manager.num_total_blocks,
         block_manager.block_size,
         _max_model_len(runner),
+        draft_model=draft_runner is not None,
     )
-    run_step = DummyBatchRunner(runner, block_manager, seed=runner.config.model.seed)
+    run_step = DummyBatchRunner(
+        runner, block_manager, seed=runner.config.model.seed, draft_runner=draft_runner
+    )
     start = time.perf_counter()
     try:
         run_step.check_pristine()

@@ -218,3 +218,22 @@ def test_flags_reach_the_spec_config():
     default = EngineConfig().spec
     assert default.spec_profile_seconds == 3.0
     assert default.cost_cache_path == "~/.cache/goodspeed/cost_models.json"
+
+
+def test_a_draft_model_profile_times_its_passes(tiny_model_dir, tmp_path):
+    """With a draft model the grid has draft steps, the dummy steps run the draft's passes
+    (more passes, more seconds), and the cache keys the fit by the draft."""
+    flat = dict(speculative_proposer="draft", draft_model="self:1", spec_profile_seconds=1.0)
+    llm = LLM(config=engine_config(tiny_model_dir, tmp_path, **flat))
+    driver, engine = llm.engine.spec, llm.engine
+    assert driver.seed_report.source == "profile" and "draft=self:1" in driver.seed_report.key
+    assert not engine.has_unfinished_requests()
+    run_step = DummyBatchRunner(
+        engine.runner, engine.scheduler.block_manager, draft_runner=driver.proposer.runner
+    )
+    one, four = (StepFeatures.from_shapes([(32, 1, k)] * 2, draft_model=True) for k in (1, 4))
+    assert one.num_draft_steps == 1 and four.num_draft_steps == 4
+    assert run_step._draft_passes([], 0) == 0.0
+    times = {f.num_draft_steps: min(run_step(f) for _ in range(3)) for f in (one, four)}
+    assert times[4] > times[1]
+    assert pool_state(engine) == (list(range(NUM_BLOCKS)), 0, [0] * NUM_BLOCKS)

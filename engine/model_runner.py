@@ -165,6 +165,7 @@ class ModelRunner:
                 logprobs=logprobs.get(request_id, ()),
                 prompt_logprobs=prompt_logprobs.get(request_id, ()),
                 target_topk_ids=done.target_topk_ids if done else (),
+                draft_topk_ids=done.draft_topk_ids if done else (),
                 error=done.error if done else None,
             )
         return outputs

@@ -81,6 +81,12 @@ class Drafts:
     # Proposer.target_topk; RequestStepOutput.target_topk_ids). 0: none.
     target_topk: int = 0
 
+    def draft_ids(self, request_id: str) -> tuple[int, ...]:
+        """The request's draft tokens in row order (tree nodes in node order)."""
+        if request_id in self.trees:
+            return self.trees[request_id].token_ids
+        return tuple(self.chains.get(request_id, ()))
+
     def num_draft_tokens(self, request_id: str) -> int:
         if request_id in self.trees:
             return self.trees[request_id].num_nodes
@@ -108,6 +114,8 @@ class RequestStepOutput:
     # Per emitted token, the target's top ids at the row that produced it, when the step's
     # Drafts.target_topk asked for them (Token Recycling).
     target_topk_ids: tuple[tuple[int, ...], ...] = ()
+    # The same for every draft token's row (chain tokens or tree nodes, in row order).
+    draft_topk_ids: tuple[tuple[int, ...], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ class Verified:
     path_rows: tuple[int, ...]  # logits row that predicted each emitted token
     accepted_node_ids: tuple[int, ...]  # tree nodes (chains: draft indices) accepted
     target_topk_ids: tuple[tuple[int, ...], ...] = ()  # per emitted token, when asked for
+    draft_topk_ids: tuple[tuple[int, ...], ...] = ()  # per draft row, when asked for
     error: str | None = None  # this request's host-side processing failed (the others go on)
 
 
@@ -157,4 +158,5 @@ class BatchVerifier:
             path_rows=tuple(rows.logit_rows[i] for i in local),
             accepted_node_ids=result.accepted_node_ids,
             target_topk_ids=tuple(tuple(topk[i]) for i in local) if topk else (),
+            draft_topk_ids=tuple(tuple(row) for row in topk[1:]),
         )

@@ -110,6 +110,8 @@ class DraftModelProposer:
         request_id: str,
         token_ids: Sequence[int],
         topk_ids: Sequence[Sequence[int]] | None,
+        draft_ids: Sequence[int] = (),
+        draft_topk_ids: Sequence[Sequence[int]] = (),
     ) -> None:
         return None  # the next catch-up syncs from ProposeRequest.token_ids
 

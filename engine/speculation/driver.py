@@ -23,6 +23,7 @@ from engine.speculation.policy import SpecCandidate, SpecResult, make_policy
 from engine.speculation.profiler import SeedReport, seed_cost_model
 from engine.speculation.proposer import Proposer, ProposeRequest, make_proposer
 from engine.speculation.step_features import StepFeatures
+from engine.speculation.tree_shape import TreeShapeEstimator, accepted_path
 
 if TYPE_CHECKING:
     from engine.model_runner import ModelRunner
@@ -75,6 +76,8 @@ class SpecDriver:
         self.enabled = proposer is not None and config.policy != "off" and self.max_draft_tokens > 0
         self.cost_model = OnlineLinearCostModel()
         self.proposer = proposer
+        # Trees: the shape learned from verified trees, for the proposers and the policy.
+        self.tree_shape = TreeShapeEstimator() if self.tree else None
         self.policy = make_policy(
             config.policy if self.enabled else "off",
             cost_model=self.cost_model,
@@ -84,6 +87,7 @@ class SpecDriver:
             draft_model=self.draft_model,
             token_budget=token_budget,
             graphs=graphs,
+            tree_shape=self.tree_shape,
         )
         self.seed_report: SeedReport | None = None
         self._plan: SpecPlan = {}
@@ -156,7 +160,14 @@ class SpecDriver:
             eos_token_id=request.eos_token_id,
             seed=request.seed,
             block_ids=tuple(request.block_ids),
+            tree_template=self._template(scheduled.num_draft_tokens),
         )
+
+    def _template(self, num_nodes: int) -> tuple:
+        """Twice the node budget: slots a proposer cannot fill are replaced by later ones."""
+        if self.tree_shape is None:
+            return ()
+        return tuple(self.tree_shape.template(2 * num_nodes)[0])
 
     # ---- 6. observe ----------------------------------------------------------------------
     def observe(self, sched: SchedulerOutput, drafts: Drafts, out: ModelOutput) -> None:
@@ -169,8 +180,15 @@ class SpecDriver:
                 continue
             if self.proposer is not None:
                 self.proposer.observe(
-                    scheduled.request_id, step.token_ids, step.target_topk_ids or None
+                    scheduled.request_id,
+                    step.token_ids,
+                    step.target_topk_ids or None,
+                    drafts.draft_ids(scheduled.request_id),
+                    step.draft_topk_ids,
                 )
+            tree = drafts.trees.get(scheduled.request_id)
+            if tree is not None and self.tree_shape is not None:
+                self.tree_shape.observe(tree, accepted_path(tree, step.token_ids))
             if step.num_draft_tokens:
                 results.append(
                     SpecResult(

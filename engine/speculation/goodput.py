@@ -19,6 +19,7 @@ from engine.speculation.cost_model import StepCostModel
 from engine.speculation.policy import SpecCandidate, SpecResult
 from engine.speculation.search import SearchProblem, SearchSlot, best_lengths
 from engine.speculation.step_features import StepFeatures
+from engine.speculation.tree_shape import TreeShapeEstimator
 
 
 class GoodputPolicy:
@@ -41,6 +42,7 @@ class GoodputPolicy:
         token_budget: int | None = None,
         decay: float = 0.9,
         graphs: bool = False,
+        tree_shape: TreeShapeEstimator | None = None,
     ) -> None:
         if max_draft_tokens < 0 or (tree and max_draft_tokens > MAX_TREE_NODES):
             raise ValueError(
@@ -51,6 +53,7 @@ class GoodputPolicy:
         self.tree = tree
         self.draft_model = draft_model
         self.graphs = graphs  # the runner replays decode graphs: a verify step is eager
+        self.tree_shape = tree_shape  # trees: node gains from the learned shape
         self.explore_interval = explore_interval
         self.token_budget = token_budget
         self.acceptance = AcceptanceEstimator(prior, tree=tree, decay=decay)
@@ -63,8 +66,18 @@ class GoodputPolicy:
         a = self.acceptance.rate(candidate.request_id)
         # A draft model runs one pass per chain position, and one per node it expands in a
         # tree (a pass expands one node of every request), so k drafts cost k passes.
-        gains = tree_gains(round(a * GRID))[0] if self.tree else [a**j for j in range(1, cap + 1)]
-        return SearchSlot(gains, range(1, cap + 1), cap)
+        return SearchSlot(self._gains(candidate.request_id, a, cap), range(1, cap + 1), cap)
+
+    def _gains(self, request_id: str, a: float, cap: int) -> Sequence[float]:
+        """Chains: a^j. Trees: the learned shape's node path probabilities, scaled by how this
+        request's acceptance compares with everyone's (rank model, acceptance.py)."""
+        if not self.tree:
+            return [a**j for j in range(1, cap + 1)]
+        if self.tree_shape is None:
+            return tree_gains(round(a * GRID))[0]
+        scale = min(2.0, a / max(self.acceptance.prior(), 1e-3))
+        scores = self.tree_shape.template(cap)[1]
+        return [min(1.0, scale * p) for p in scores] + [0.0] * (cap - len(scores))
 
     def _explore(self, candidates: Sequence[SpecCandidate], slots: list[SearchSlot]) -> None:
         """Give one draft to the request idle longest, once idle for explore_interval plans.

@@ -20,6 +20,7 @@ from engine.config import SpecConfig
 from engine.outputs import Drafts
 from engine.speculation.proposer import ProposeRequest, collect_drafts
 from engine.speculation.tree import DraftTree, trie_of
+from engine.speculation.tree_shape import TemplateNode, fill_template
 
 MAX_TREE_CANDIDATES = 8  # distinct match positions merged into one tree
 
@@ -113,7 +114,7 @@ class NgramProposer:
         return collect_drafts(
             requests,
             lambda r: self._propose_chain(self._index(r), r.num_draft_tokens),
-            lambda r: self._propose_tree(self._index(r), r.num_draft_tokens),
+            lambda r: self._propose_tree(self._index(r), r.num_draft_tokens, r.tree_template),
         )
 
     def observe(
@@ -121,6 +122,8 @@ class NgramProposer:
         request_id: str,
         token_ids: Sequence[int],
         topk_ids: Sequence[Sequence[int]] | None,
+        draft_ids: Sequence[int] = (),
+        draft_topk_ids: Sequence[Sequence[int]] = (),
     ) -> None:
         """Nothing to do: the index syncs from ProposeRequest.token_ids, which carries the
         verified tokens (and the prompt, which observe never sees)."""
@@ -143,7 +146,11 @@ class NgramProposer:
             return []
         return index.token_ids[ends[0] : ends[0] + num_draft_tokens]
 
-    def _propose_tree(self, index: NgramIndex, num_nodes: int) -> DraftTree:
+    def _propose_tree(
+        self, index: NgramIndex, num_nodes: int, template: Sequence[TemplateNode] = ()
+    ) -> DraftTree:
         ends = index.candidate_ends(num_nodes, limit=self.max_tree_candidates)
         continuations = [index.token_ids[end : end + num_nodes] for end in ends]
+        if template:
+            return fill_template(trie_of(continuations, 1 << 30), template, num_nodes)
         return trie_of(continuations, num_nodes)

@@ -38,6 +38,9 @@ class ProposeRequest:
     eos_token_id: int | None = None  # blocked before min_tokens, as in the target's sampler
     seed: int | None = None  # the request's effective seed; a draft RNG is derived from it
     block_ids: tuple[int, ...] = ()  # the request's KV cache blocks this step
+    # Trees: (parent slot, rank) nodes best first, learned from verified trees
+    # (engine/speculation/tree_shape.py); a proposer fills rank r with its r-th candidate.
+    tree_template: tuple[tuple[int | None, int], ...] = ()
 
 
 @runtime_checkable
@@ -57,13 +60,18 @@ class Proposer(Protocol):
         request_id: str,
         token_ids: Sequence[int],
         topk_ids: Sequence[Sequence[int]] | None,
+        draft_ids: Sequence[int] = (),
+        draft_topk_ids: Sequence[Sequence[int]] = (),
     ) -> None:
         """Newly verified tokens of one request (accepted drafts + the bonus/correction token).
 
         topk_ids[i], when given, is the target's top-k next-token ids from the same logits row
         that produced token_ids[i] (RequestStepOutput.target_topk_ids), so under greedy
         decoding topk_ids[i][0] == token_ids[i]. The row's input token is token_ids[i - 1],
-        or the previous root for i == 0.
+        or the previous root for i == 0. draft_ids: this step's drafts (chain tokens or tree
+        nodes, accepted or not); draft_topk_ids[j], when given, the target's top ids at the
+        row whose input was draft j (the token the target predicts after it, in that draft's
+        context).
         """
         ...
 

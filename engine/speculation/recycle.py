@@ -5,10 +5,10 @@ candidates from the last time t was verified (row t is replaced with the latest 
 the paper). It is model-free, training-free and shared by all requests: int32 storage is
 vocab * k * 4 bytes (1.5 MiB for SmolLM2's 49,152 tokens at k = 8, the paper's "<2MB").
 
-Drafts grow from the request's root token. Chains follow the top-1 path adj[t][0]. Trees use
-a fixed, imbalanced template (the paper's static tree idea): template nodes are (parent slot,
-rank) pairs enumerated best-first by a static prior score, the product over the path of
-rank_prior[rank], so the tree is wide near the root and deep along the top-1 path. A node's
+Drafts grow from the request's root token. Chains follow the top-1 path adj[t][0]. Trees fill
+an imbalanced template of (parent slot, rank) nodes enumerated best-first by path probability:
+the engine passes one learned from verified trees (tree_shape.py); without it, the paper's
+static prior over ranks gives one, wide near the root and deep along the top-1 path. A node's
 token is adj[parent token][rank]; template nodes whose parent row was never observed (or whose
 token repeats a sibling's) are dropped with their subtrees, and the first num_draft_tokens surviving
 nodes form the tree, emitted in breadth-first order.
@@ -16,7 +16,6 @@ nodes form the tree, emitted in breadth-first order.
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,37 +25,12 @@ from engine.config import SpecConfig
 from engine.outputs import Drafts
 from engine.speculation.proposer import ProposeRequest, collect_drafts
 from engine.speculation.tree import DraftTree
+from engine.speculation.tree_shape import TemplateNode, best_first_template
 
 NUM_CANDIDATES = 8
 # Static guess of P(rank-r candidate is accepted | parent accepted); only the order matters much.
 DEFAULT_RANK_PRIOR = (0.5, 0.16, 0.08, 0.05, 0.035, 0.025, 0.02, 0.015)
 MAX_TEMPLATE_NODES = 512  # spare template nodes replace dropped ones (spec_tree_nodes <= 256)
-
-TemplateNode = tuple[int | None, int]  # (parent template slot or None for the root, rank)
-
-
-def static_tree_template(rank_prior: Sequence[float], num_nodes: int) -> list[TemplateNode]:
-    """The num_nodes best (parent slot, rank) nodes by prior score, best first.
-
-    Lazy best-first enumeration: popping a node pushes its first child and its next sibling,
-    which (for a non-increasing prior) are the only nodes that can be next best below it.
-    Score order is topological: a child scores below its parent, rank r+1 below rank r.
-    """
-    heap: list[tuple[float, int, int | None, int]] = [(-rank_prior[0], 0, None, 0)]
-    template: list[TemplateNode] = []
-    pushed = 1  # tie-breaker: earlier pushes win, keeping the enumeration deterministic
-    while heap and len(template) < num_nodes:
-        neg_score, _, parent, rank = heapq.heappop(heap)
-        slot = len(template)
-        template.append((parent, rank))
-        successors = [(neg_score * rank_prior[0], slot, 0)]
-        if rank + 1 < len(rank_prior):
-            sibling_score = neg_score / rank_prior[rank] * rank_prior[rank + 1]
-            successors.append((sibling_score, parent, rank + 1))
-        for score, successor_parent, successor_rank in successors:
-            heapq.heappush(heap, (score, pushed, successor_parent, successor_rank))
-            pushed += 1
-    return template
 
 
 class RecycleProposer:
@@ -78,7 +52,10 @@ class RecycleProposer:
         # adjacency[t, :row_lengths[t]] are token t's candidates, best first; length 0 = unseen.
         self.adjacency = np.zeros((vocab_size, num_candidates), dtype=np.int32)
         self.row_lengths = np.zeros(vocab_size, dtype=np.uint8)
-        self._template = static_tree_template(rank_prior[:num_candidates], max_template_nodes)
+        prior = rank_prior[:num_candidates]
+        self._template = best_first_template(
+            lambda depth, rank: prior[rank] if rank < len(prior) else 0.0, max_template_nodes
+        )[0]
         self._root_ids: dict[str, int] = {}  # request_id -> last verified token seen
 
     @classmethod
@@ -104,6 +81,8 @@ class RecycleProposer:
         request_id: str,
         token_ids: Sequence[int],
         topk_ids: Sequence[Sequence[int]] | None,
+        draft_ids: Sequence[int] = (),
+        draft_topk_ids: Sequence[Sequence[int]] = (),
     ) -> None:
         """Row of the input token of each verified position <- that position's top-k.
 
@@ -116,6 +95,9 @@ class RecycleProposer:
                 input_id = previous if i == 0 else token_ids[i - 1]
                 if input_id is not None:
                     self._update_row(int(input_id), topk)
+        # Rejected drafts were verified too: their rows hold the target's top-k after them.
+        for draft_id, topk in zip(draft_ids, draft_topk_ids):
+            self._update_row(int(draft_id), topk)
         if len(token_ids):
             self._root_ids[request_id] = int(token_ids[-1])
 
@@ -140,7 +122,9 @@ class RecycleProposer:
         return collect_drafts(
             asks,
             lambda r: self.greedy_chain(int(r.token_ids[-1]), r.num_draft_tokens),
-            lambda r: self.grow_tree(int(r.token_ids[-1]), r.num_draft_tokens),
+            lambda r: self.grow_tree(
+                int(r.token_ids[-1]), r.num_draft_tokens, r.tree_template or None
+            ),
         )
 
     def greedy_chain(self, root_id: int, num_draft_tokens: int) -> list[int]:
@@ -155,13 +139,16 @@ class RecycleProposer:
             chain.append(token_id)
         return chain
 
-    def grow_tree(self, root_id: int, num_nodes: int) -> DraftTree:
-        """Instantiate the static template from the root (see the module docstring)."""
+    def grow_tree(
+        self, root_id: int, num_nodes: int, template: Sequence[TemplateNode] | None = None
+    ) -> DraftTree:
+        """Instantiate a template from the root: the learned one the engine passes
+        (tree_shape.py), else the static one (see the module docstring)."""
         rows: dict[int, list[int]] = {}
         # Per template slot: (token, parent node) of the surviving nodes, in template order.
         kept: dict[int, tuple[int, int | None]] = {}
         sibling_tokens: dict[int | None, set[int]] = {}
-        for slot, (parent_slot, rank) in enumerate(self._template):
+        for slot, (parent_slot, rank) in enumerate(template or self._template):
             if len(kept) >= num_nodes:
                 break
             if parent_slot is not None and parent_slot not in kept:

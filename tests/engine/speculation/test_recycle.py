@@ -8,7 +8,7 @@ import pytest
 
 from engine.config import SpecConfig
 from engine.speculation.proposer import ProposeRequest
-from engine.speculation.recycle import DEFAULT_RANK_PRIOR, RecycleProposer, static_tree_template
+from engine.speculation.recycle import RecycleProposer
 
 VOCAB = 64
 
@@ -73,21 +73,6 @@ def test_chain_follows_top1_until_an_unseen_row():
     assert propose_one(proposer, [1], 6, tree=False) == [2, 3, 4, 1, 2, 3]
 
 
-def test_template_is_best_first_topological_and_wider_near_the_root():
-    template = static_tree_template(DEFAULT_RANK_PRIOR, 200)
-    scores: list[float] = []
-    children: dict[int | None, list[int]] = {}
-    for slot, (parent, rank) in enumerate(template):
-        assert parent is None or parent < slot
-        scores.append((1.0 if parent is None else scores[parent]) * DEFAULT_RANK_PRIOR[rank])
-        children.setdefault(parent, []).append(rank)
-    assert scores == sorted(scores, reverse=True)
-    for ranks in children.values():
-        assert ranks == list(range(len(ranks)))  # siblings: ranks 0..m-1, in order
-    assert len(children[None]) == max(len(ranks) for ranks in children.values())
-    assert template[:3] == [(None, 0), (0, 0), (None, 1)]
-
-
 def check_tree_against_adjacency(proposer: RecycleProposer, root_id: int, tree) -> None:
     depths = tree.depths()
     assert depths == sorted(depths), "not breadth-first"
@@ -150,3 +135,12 @@ def test_release_forgets_the_root_but_keeps_the_shared_adjacency():
     proposer.release("r")
     proposer.observe("r", [4], [(9,)])  # root forgotten: the first row update is skipped
     assert proposer.candidates(1) == [2, 3] and proposer.candidates(2) == []
+
+
+def test_rejected_drafts_rows_are_recycled_too():
+    """A rejected draft's row still holds the target's top-k after that token."""
+    proposer = RecycleProposer(vocab_size=50)
+    propose_one(proposer, [3], 2, tree=False)  # remember the root
+    proposer.observe("r", [7], [[7, 8]], draft_ids=(20, 21), draft_topk_ids=((30, 31), (40,)))
+    assert proposer.candidates(3) == [7, 8]  # the emitted token's row, as before
+    assert proposer.candidates(20) == [30, 31] and proposer.candidates(21) == [40]

@@ -171,7 +171,7 @@ def check_messages(messages: list[ChatMessage]) -> None:
     for index, message in enumerate(messages):
         if message.content is None:
             param = f"messages.{index}.content"
-            raise bad_request(f"{param} is required (a {message.role} message has none)", param)
+            raise bad_request(f"{param} is required ({message.role} messages need content)", param)
 
 
 class ChatCompletionRequest(_SamplingRequest):

@@ -79,3 +79,75 @@ def sampling_kwargs(draw) -> dict:
     """A random subset of SamplingParams fields, each plausible or hostile."""
     names = draw(st.sets(st.sampled_from(sorted(SAMPLING_FIELDS)), max_size=4))
     return {name: draw(_maybe_bad(SAMPLING_FIELDS[name])) for name in sorted(names)}
+
+
+def from_schema(schema: dict) -> st.SearchStrategy:
+    """Plausible JSON values of a JSON schema (an OpenAPI request body): the right structure
+    and types, leaves in small everyday ranges, no nulls where something else is allowed."""
+    if "anyOf" in schema:
+        branches = [s for s in schema["anyOf"] if s.get("type") != "null"] or schema["anyOf"]
+        return st.one_of([from_schema(s) for s in branches])
+    if "const" in schema or "enum" in schema:
+        return st.sampled_from(schema.get("enum") or [schema["const"]])
+    kind = schema.get("type")
+    if kind == "object":
+        return _object(schema)
+    if kind == "array":
+        return st.lists(from_schema(schema.get("items", {})), min_size=1, max_size=3)
+    return _PLAUSIBLE.get(kind, json_scalars)
+
+
+_PLAUSIBLE = {
+    "number": st.floats(0, 1) | st.integers(0, 2),
+    "integer": st.integers(0, 8),
+    "string": st.text(min_size=1, max_size=12),
+    "boolean": st.booleans(),
+    "null": st.none(),
+}
+
+
+def _object(schema: dict) -> st.SearchStrategy:
+    extra = schema.get("additionalProperties")
+    if isinstance(extra, dict):  # a map such as logit_bias: token ids as keys
+        return st.dictionaries(st.integers(0, 63).map(str), from_schema(extra), max_size=3)
+    properties = schema.get("properties", {})
+    required = set(schema.get("required", ()))
+    return st.fixed_dictionaries(
+        {k: from_schema(v) for k, v in properties.items() if k in required},
+        optional={k: from_schema(v) for k, v in properties.items() if k not in required},
+    )
+
+
+def hostile_value(schema: dict) -> st.SearchStrategy:
+    """A value a hostile client might put where `schema` is expected: an edge number or
+    token-id key, a wrong type, or a plausible value after all."""
+    edges = {"number": numbers, "integer": edge_ints, "string": st.sampled_from(EDGE_STRINGS)}
+    kinds = [schema.get("type")] + [s.get("type") for s in schema.get("anyOf", ())]
+    choices = [edges[k] for k in kinds if k in edges]
+    if any(k == "array" for k in kinds):
+        choices.append(st.lists(edge_ints | numbers, min_size=1, max_size=3))
+    if any(k == "object" for k in kinds):
+        choices.append(st.dictionaries(bias_keys, numbers, min_size=1, max_size=3))
+    return st.one_of(*choices, json_values, from_schema(schema))
+
+
+EDGE_STRINGS = (
+    "",
+    "²",
+    "\x00",
+    "é" * 3,
+    "a" * 300,
+    "</s>",
+    "\ud800".encode("utf-8", "surrogatepass").decode("utf-8", "replace"),
+)
+
+
+@st.composite
+def hostile_bodies(draw, schema: dict, max_hostile: int = 2) -> dict:
+    """A plausible body with up to `max_hostile` of its fields (present or not) made hostile."""
+    body = draw(from_schema(schema))
+    properties = schema.get("properties", {})
+    names = draw(st.lists(st.sampled_from(sorted(properties)), max_size=max_hostile, unique=True))
+    for name in names:
+        body[name] = draw(hostile_value(properties[name]))
+    return body

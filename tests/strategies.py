@@ -40,11 +40,8 @@ json_values = st.recursive(
     max_leaves=6,
 )
 # Keys of logit_bias as a client sends them: digits (ASCII or not), signs, junk.
-bias_keys = (
-    edge_ints.map(str)
-    | st.sampled_from(["²", "١٢", "٣", "0x10", " 5", "5 ", "1e3", "", "-0", "9" * 5000])
-    | st.text(max_size=6)
-)
+_ODD_KEYS = st.sampled_from(["²", "١٢", "٣", "0x10", " 5", "5 ", "1e3", "", "-0", "9" * 5000])
+bias_keys = _ODD_KEYS | _ODD_KEYS | edge_ints.map(str) | st.text(max_size=6)
 token_ids = st.integers(0, 255) | edge_ints
 
 
@@ -127,7 +124,10 @@ def hostile_value(schema: dict) -> st.SearchStrategy:
     if any(k == "array" for k in kinds):
         choices.append(st.lists(edge_ints | numbers, min_size=1, max_size=3))
     if any(k == "object" for k in kinds):
-        choices.append(st.dictionaries(bias_keys, numbers, min_size=1, max_size=3))
+        odd_map = st.dictionaries(
+            bias_keys, numbers | st.integers(-100, 100), min_size=1, max_size=3
+        )
+        choices += [odd_map, odd_map]
     return st.one_of(*choices, json_values, from_schema(schema))
 
 
@@ -147,7 +147,9 @@ def hostile_bodies(draw, schema: dict, max_hostile: int = 2) -> dict:
     """A plausible body with up to `max_hostile` of its fields (present or not) made hostile."""
     body = draw(from_schema(schema))
     properties = schema.get("properties", {})
-    names = draw(st.lists(st.sampled_from(sorted(properties)), max_size=max_hostile, unique=True))
+    names = draw(
+        st.lists(st.sampled_from(sorted(properties)), min_size=1, max_size=max_hostile, unique=True)
+    )
     for name in names:
         body[name] = draw(hostile_value(properties[name]))
     return body

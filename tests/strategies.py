@@ -143,13 +143,17 @@ EDGE_STRINGS = (
 
 
 @st.composite
-def hostile_bodies(draw, schema: dict, max_hostile: int = 2) -> dict:
-    """A plausible body with up to `max_hostile` of its fields (present or not) made hostile."""
-    body = draw(from_schema(schema))
+def hostile_bodies(draw, schema: dict, max_hostile: int = 2, omit: tuple[str, ...] = ()) -> dict:
+    """A plausible body (without the `omit` fields, which are valid only with others) with up
+    to `max_hostile` of its fields, present or not, made hostile."""
+    body = {k: v for k, v in draw(from_schema(schema)).items() if k not in omit}
     properties = schema.get("properties", {})
-    names = draw(
-        st.lists(st.sampled_from(sorted(properties)), min_size=1, max_size=max_hostile, unique=True)
-    )
+    names = draw(st.lists(st.sampled_from(sorted(properties)), max_size=max_hostile, unique=True))
     for name in names:
         body[name] = draw(hostile_value(properties[name]))
     return body
+
+
+# Fields a plausible body leaves out: each is refused unless another field says otherwise
+# (stream_options needs stream, best_of must equal n, suffix is not supported).
+CONDITIONAL_FIELDS = ("stream_options", "best_of", "suffix")

@@ -145,7 +145,8 @@ def main() -> int:
         tally.check_alive(server)
     finally:
         server.stop()
-    report = write_report(tally, args.engine, time.monotonic() - started, args.out, REPO)
+    elapsed = time.monotonic() - started
+    report = write_report(tally, args.engine, args.minutes, elapsed, args.out, REPO)
     print(report)
     return 1 if tally.failures else 0
 

@@ -138,7 +138,9 @@ def poison_phase(server, tally: Tally) -> None:
     asyncio.run(run())
 
 
-def write_report(tally: Tally, engine: str, seconds: float, out: Path, repo: Path) -> str:
+def write_report(
+    tally: Tally, engine: str, minutes: float, seconds: float, out: Path, repo: Path
+) -> str:
     rows = [
         f"| {p.name} | {p.cases} | "
         + ", ".join(f"{k}: {v}" for k, v in sorted(p.statuses.items()))
@@ -156,7 +158,7 @@ def write_report(tally: Tally, engine: str, seconds: float, out: Path, repo: Pat
         [
             f"### API fuzzing, {engine} engine",
             "",
-            f"`python benchmarks/fuzz_api.py --engine {engine} --minutes {seconds / 60:.2g}` "
+            f"`python benchmarks/fuzz_api.py --engine {engine} --minutes {minutes:g}` "
             f"on {machine_description()} ({load_average()}), "
             f"{datetime.date.today().isoformat()}, {seconds:.0f} s, "
             f"{sum(p.cases for p in tally.phases)} cases.",

@@ -172,9 +172,9 @@ class BatchVerifier:
 
 def _row_error(targets: list[int], valid: list[int], vocab_size: int) -> str | None:
     """Why a request's sample rows cannot be used, or None. Valid parameters always give a
-    distribution (engine/sampler.py), so a bad row means the model's logits were not finite."""
+    distribution (engine/sampler.py), so a bad row points at the model's logits."""
     if not all(valid):
-        return "the model produced non-finite logits for this request; its output was dropped"
+        return "this request's logits or probabilities were not finite; its tokens were dropped"
     bad = [t for t in targets if not 0 <= t < vocab_size]
     if bad:
         return f"sampling produced token ids outside the vocabulary ({bad[:3]})"

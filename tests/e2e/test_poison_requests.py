@@ -15,13 +15,10 @@ from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from tests.conftest import build_tiny_llama
 from tests.server.harness import run_server, wait_until
+from tests.tiny_tokenizer import save_char_tokenizer
 
 KEY = "sécret"
 AUTH = {"Authorization": f"Bearer {KEY}".encode()}
-CHAT_TEMPLATE = (
-    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-    "{% if add_generation_prompt %}assistant: {% endif %}"
-)
 NORMAL = [
     ("/v1/completions", {"prompt": "Once upon", "max_tokens": 12, "temperature": 0}),
     ("/v1/completions", {"prompt": "a time", "max_tokens": 12, "seed": 5, "stream": True}),
@@ -54,29 +51,12 @@ POISON = [
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     path = build_tiny_llama(tmp_path_factory.mktemp("tiny-chat"))
-    _save_char_tokenizer(path)
+    save_char_tokenizer(path)
     # 32 blocks of 16 tokens: a 512-token pool, less than the 1024-token context.
     flat = dict(model=str(path), num_kv_blocks=32, block_size=16, max_num_batched_tokens=256)
     server = run_server(LLMEngine.from_config(EngineConfig.from_flat(flat)), api_key=KEY)
     yield server
     server.stop()
-
-
-def _save_char_tokenizer(path) -> None:
-    """One token per character (ids 3..255), <pad> <s> </s> = 0 1 2, and a chat template."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    chars = ["\n", *map(chr, range(32, 127)), *map(chr, range(161, 161 + 157))]
-    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, **{c: i + 3 for i, c in enumerate(chars)}}
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    tokenizer.decoder = decoders.Fuse()
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", unk_token="<pad>"
-    )
-    fast.chat_template = CHAT_TEMPLATE
-    fast.save_pretrained(path)
 
 
 async def _send(client: httpx.AsyncClient, path: str, body, headers=None) -> tuple[int, list]:

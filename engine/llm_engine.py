@@ -149,9 +149,8 @@ class LLMEngine:
         its tokenizer cannot decode), the request finishes with the error and the others go on."""
         try:
             output, stop_string = self.outputs.make_output(request)
-        except Exception as exc:
-            logger.warning("request %s failed making its output: %s", request.request_id, exc)
-            logger.debug("output traceback", exc_info=True)
+        except Exception as exc:  # reported in the output's error (the server logs it)
+            logger.debug("request %s failed making its output", request.request_id, exc_info=exc)
             self.scheduler.finish_request(request.request_id, RequestStatus.FINISHED_ERROR)
             return self.outputs.fail(request, f"making the output failed: {describe(exc)}")
         if stop_string is not None and not request.is_finished:

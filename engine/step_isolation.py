@@ -46,16 +46,20 @@ def execute_isolating(runner: StepRunner, sched: SchedulerOutput, drafts: Drafts
     try:
         return runner.execute(sched, drafts)
     except Exception as exc:
-        logger.warning(
-            "a step of %d requests failed (%s); re-running it in parts to isolate the cause",
-            len(sched.scheduled),
-            describe(exc),
-        )
         logger.debug("step failure traceback", exc_info=True)
         if len(sched.scheduled) == 1:
             outputs = _failed(sched.scheduled[0], exc)
         else:
             outputs = _bisect(runner, sched, drafts, sched.scheduled)
+        failed = [i for i, o in outputs.items() if o.error is not None]
+        # One line per faulty step; each failed request is logged by whoever reports it.
+        logger.warning(
+            "a step of %d requests failed (%s); re-run in parts, %d failed: %s",
+            len(sched.scheduled),
+            describe(exc),
+            len(failed),
+            ", ".join(failed) or "none (the fault needed the whole batch)",
+        )
     return ModelOutput(outputs=outputs, step_time=time.perf_counter() - start)
 
 
@@ -115,5 +119,5 @@ def _sub_drafts(drafts: Drafts, piece: Sequence[ScheduledRequest]) -> Drafts:
 def _failed(scheduled: ScheduledRequest, exc: Exception) -> dict[str, RequestStepOutput]:
     request_id = scheduled.request_id
     message = f"the model step failed for this request: {describe(exc)}"
-    logger.warning("request %s failed: %s", request_id, describe(exc))
+    logger.debug("request %s failed: %s", request_id, message, exc_info=exc)
     return {request_id: RequestStepOutput(request_id, (), error=message)}

@@ -119,14 +119,14 @@ class BatchVerifier:
     ) -> Verified:
         """One request's outcome; its own bad rows or host-side failure fail only it."""
         request_id = rows.scheduled.request_id
+        # Failures are logged once, by whoever reports the request (the server, per request).
         if row_error is not None:
-            logger.warning("request %s failed in sampling: %s", request_id, row_error)
+            logger.debug("request %s failed in sampling: %s", request_id, row_error)
             return Verified((), 0, 0, (), (), error=row_error)
         try:
             return self._accept(rows, targets, topk)
         except Exception as exc:  # one request's failure must not take the batch down
-            logger.warning("request %s failed in verification: %r", request_id, exc)
-            logger.debug("verification traceback", exc_info=True)
+            logger.debug("request %s failed in verification", request_id, exc_info=exc)
             return Verified((), 0, 0, (), (), error=f"{type(exc).__name__}: {exc}")
 
     @staticmethod

@@ -13,21 +13,31 @@ from engine.sampling_params import SamplingParams
 from tests.e2e.test_engine_tiny import assert_pool_restored, prompts
 
 NORMAL = [
-    SamplingParams(max_tokens=24, temperature=0, ignore_eos=True),
-    SamplingParams(max_tokens=24, temperature=0.8, seed=3, ignore_eos=True),
-    SamplingParams(max_tokens=20, temperature=0, ignore_eos=True),
-    SamplingParams(max_tokens=24, temperature=1.0, top_k=20, seed=11, ignore_eos=True, n=2),
+    SamplingParams(max_tokens=16, temperature=0, ignore_eos=True),
+    SamplingParams(max_tokens=16, temperature=0.8, seed=3, ignore_eos=True),
+    SamplingParams(max_tokens=14, temperature=0, ignore_eos=True),
+    SamplingParams(max_tokens=16, temperature=1.0, top_k=20, seed=11, ignore_eos=True, n=2),
 ]
 # The faulty request is told apart by its max_tokens (no normal request uses 13).
 FAULTY = SamplingParams(max_tokens=13, temperature=0, ignore_eos=True)
 FAULT_AFTER = 3  # output tokens the faulty request gets before its fault shows
 
 
-def make_llm(model_dir, proposer: str) -> LLM:
-    flat = dict(model=str(model_dir), num_kv_blocks=128, block_size=16, proposer=proposer)
-    if proposer != "none":
-        flat.update(spec_policy="fixed:3", num_speculative_tokens=3)
-    return LLM(config=EngineConfig.from_flat(flat))
+@pytest.fixture(scope="module")
+def engines(tiny_model_dir):
+    """proposer -> (LLM, outputs of the normal requests run without the faulty one)."""
+    cache = {}
+
+    def get(proposer: str):
+        if proposer not in cache:
+            flat = dict(model=str(tiny_model_dir), num_kv_blocks=128, proposer=proposer)
+            if proposer != "none":
+                flat.update(spec_policy="fixed:3", num_speculative_tokens=3)
+            llm = LLM(config=EngineConfig.from_flat(flat))
+            cache[proposer] = llm, run(llm, with_faulty=False)
+        return cache[proposer]
+
+    return get
 
 
 def normal_prompts() -> list[list[int]]:
@@ -66,10 +76,9 @@ def check_isolated(clean: list, faulty: list, message: str) -> None:
 
 @pytest.mark.parametrize("proposer", ["none", "ngram"])
 def test_a_step_that_raises_fails_only_the_request_that_makes_it_raise(
-    tiny_model_dir, proposer, monkeypatch
+    engines, proposer, monkeypatch
 ):
-    llm = make_llm(tiny_model_dir, proposer)
-    clean = run(llm, with_faulty=False)
+    llm, clean = engines(proposer)
     runner = llm.engine.runner
     forward = runner._forward
     calls = []
@@ -84,11 +93,12 @@ def test_a_step_that_raises_fails_only_the_request_that_makes_it_raise(
     monkeypatch.setattr(runner, "_forward", planted)
     check_isolated(clean, run(llm, with_faulty=True), "injected fault")
     assert max(calls) > 1 and 1 in calls  # batched steps, and the bisection reached one
+    if proposer != "none":  # the faulty steps verified drafts, so sub-steps carried them
+        assert llm.engine.stats().spec_num_drafts_total > 0
 
 
-def test_non_finite_logits_in_one_row_fail_only_that_request(tiny_model_dir, monkeypatch):
-    llm = make_llm(tiny_model_dir, "none")
-    clean = run(llm, with_faulty=False)
+def test_non_finite_logits_in_one_row_fail_only_that_request(engines, monkeypatch):
+    llm, clean = engines("none")
     runner = llm.engine.runner
     forward = runner._forward
 
@@ -102,9 +112,8 @@ def test_non_finite_logits_in_one_row_fail_only_that_request(tiny_model_dir, mon
     check_isolated(clean, run(llm, with_faulty=True), "not finite")
 
 
-def test_a_request_whose_output_cannot_be_made_fails_alone(tiny_model_dir, monkeypatch):
-    llm = make_llm(tiny_model_dir, "none")
-    clean = run(llm, with_faulty=False)
+def test_a_request_whose_output_cannot_be_made_fails_alone(engines, monkeypatch):
+    llm, clean = engines("none")
     processor = llm.engine.outputs
     make_output = processor.make_output
 

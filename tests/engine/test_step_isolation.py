@@ -3,6 +3,8 @@ found; they fail with their error, every other request gets its output once (no 
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from engine.outputs import Drafts, ModelOutput, ScheduledRequest, SchedulerOutput
@@ -67,14 +69,17 @@ def test_only_the_poisoned_requests_fail_and_the_others_lose_no_token(poisoned):
     assert scheduler.block_manager.num_free_blocks == 64
 
 
-def test_bisection_costs_a_few_runs_per_fault():
+def test_bisection_costs_a_few_runs_per_fault(caplog):
     scheduler = make_scheduler(num_blocks=64, max_num_batched_tokens=256, max_num_seqs=16)
     for request in make_requests(16, prompt_len=3, max_tokens=1):
         scheduler.add_request(request)
     runner = FaultyRunner({"r11"})
     sched = scheduler.schedule({})
-    out = execute_isolating(runner, sched, Drafts())
+    with caplog.at_level(logging.INFO):
+        out = execute_isolating(runner, sched, Drafts())
     assert len(out.outputs) == 16 and out.outputs["r11"].error is not None
+    (line,) = [r for r in caplog.records if r.levelno >= logging.INFO]  # one line per step
+    assert "16 requests failed" in line.getMessage() and "1 failed: r11" in line.getMessage()
     # 1 full run, then two halves per level of a 16-wide binary search.
     assert len(runner.steps) == 1 + 2 * 4
     assert sorted(len(s.scheduled) for s in runner.steps[1:]) == [1, 1, 2, 2, 4, 4, 8, 8]

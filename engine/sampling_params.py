@@ -40,7 +40,9 @@ def _int_in(low: int, high: int) -> Callable[[object], bool]:
 
 def _number_in(low: float, high: float, low_open: bool = False) -> Callable[[object], bool]:
     def ok(v: object) -> bool:
-        return _is_number(v) and (low < v if low_open else low <= v) and v <= high  # type: ignore[operator]
+        if not _is_number(v):
+            return False
+        return (low < v if low_open else low <= v) and v <= high  # type: ignore[operator]
 
     return ok
 

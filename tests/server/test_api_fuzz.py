@@ -15,6 +15,8 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
 
+from engine.async_engine import AsyncEngine
+from server.app import build_app
 from server.openapi import json_body
 from server.protocol import ChatCompletionRequest, CompletionRequest
 from tests.server.fake_engine import FakeEngine
@@ -24,17 +26,18 @@ from tests.strategies import CONDITIONAL_FIELDS, hostile_bodies
 
 EXAMPLES = int(os.environ.get("GOODSPEED_FUZZ_EXAMPLES", "40"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
-SERVER = run_server(FakeEngine(max_model_len=256))  # module-level: the schema needs its app
-SCHEMA = schemathesis.openapi.from_dict(SERVER.server.config.app.openapi())
+# The schema of an app built as the served one is (the parametrization needs it at import).
+SCHEMA = schemathesis.openapi.from_dict(build_app(AsyncEngine(FakeEngine())).openapi())
 SCHEMA.config.generation.update(modes=[GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
 JSON = {"content-type": "application/json"}
 ROUTES = {"/v1/completions": CompletionRequest, "/v1/chat/completions": ChatCompletionRequest}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def stop_server_after_module():
-    yield
-    SERVER.stop()
+@pytest.fixture(scope="module")
+def server():
+    server = run_server(FakeEngine(max_model_len=256))
+    yield server
+    server.stop()
 
 
 def check_answer(status: int, content_type: str, body: bytes, sent: object) -> None:
@@ -46,14 +49,14 @@ def check_answer(status: int, content_type: str, body: bytes, sent: object) -> N
 
 @SCHEMA.parametrize()
 @FUZZ
-def test_schema_generated_requests_never_get_a_5xx(case):
-    response = case.call(base_url=SERVER.url, timeout=30)
+def test_schema_generated_requests_never_get_a_5xx(case, server):
+    response = case.call(base_url=server.url, timeout=30)
     content_type = (response.headers.get("content-type") or [""])[0]  # header -> list of values
     check_answer(response.status_code, content_type, response.content, case.body)
 
 
 @pytest.mark.parametrize("path", sorted(ROUTES))
-def test_hostile_fields_never_get_a_5xx(path):
+def test_hostile_fields_never_get_a_5xx(server, path):
     schema = json_body(ROUTES[path])["requestBody"]["content"]["application/json"]["schema"]
 
     @FUZZ
@@ -63,14 +66,14 @@ def test_hostile_fields_never_get_a_5xx(path):
         response = client.post(path, content=content, headers=JSON)
         check_answer(response.status_code, response.headers["content-type"], response.content, body)
 
-    with httpx.Client(base_url=SERVER.url, timeout=30) as client:
+    with httpx.Client(base_url=server.url, timeout=30) as client:
         fuzz()
 
 
-def test_the_server_is_alive_and_leak_free_after_fuzzing():
-    with httpx.Client(base_url=SERVER.url, timeout=30) as client:
+def test_the_server_is_alive_and_leak_free_after_fuzzing(server):
+    with httpx.Client(base_url=server.url, timeout=30) as client:
         assert client.get("/health").status_code == 200
         assert_still_serving(client)
-    engine = SERVER.engine
+    engine = server.engine
     assert wait_until(lambda: engine.num_free_blocks == engine.num_total_blocks, timeout=10)
-    assert SERVER.async_engine.num_in_flight == 0
+    assert server.async_engine.num_in_flight == 0

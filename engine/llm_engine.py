@@ -22,13 +22,13 @@ from engine.outputs import (
     EngineStats,
     ModelOutput,
     RequestOutput,
-    RequestStepOutput,
     SchedulerOutput,
 )
-from engine.request import Request, RequestStatus, check_prompt
+from engine.request import Request, RequestStatus, check_prompt, check_token_ids
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.speculation.driver import build_spec_driver
+from engine.step_isolation import describe, execute_isolating
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +42,9 @@ class LLMEngine:
         self.tokenizer = tokenizer
         self.model_name = _model_name(config.model.model)
         self.vocab_size = runner.arch.vocab_size
-        self.max_model_len = runner.max_model_len
+        self.max_model_len = _servable_len(
+            runner.max_model_len, runner.num_blocks, config.cache.block_size
+        )
         self.eos_token_ids = _eos_ids(runner.arch, tokenizer)
         self.scheduler = Scheduler(config.scheduler, config.cache, runner.num_blocks)
         self.outputs = OutputProcessor(tokenizer)
@@ -96,6 +98,7 @@ class LLMEngine:
         if request_id in self._groups or self.scheduler.get_request(request_id) is not None:
             raise ValueError(f"request_id {request_id!r} is already in use")
         check_prompt(prompt_token_ids, params.max_tokens, self.vocab_size, self.max_model_len)
+        check_token_ids(params, self.vocab_size)
 
     def abort_request(self, request_id: str) -> None:
         ids = self._groups.pop(request_id, [request_id])
@@ -116,23 +119,11 @@ class LLMEngine:
         return self._collect(changed, out)
 
     def _execute(self, sched: SchedulerOutput, drafts: Drafts) -> ModelOutput:
-        """Run the model; if the whole forward fails, fail this step's requests, not the engine."""
+        """Run the model; a failing request fails alone (engine/step_isolation.py)."""
         if sched.is_empty:
             return ModelOutput(outputs={})
         self._num_steps += 1
-        try:
-            out = self.runner.execute(sched, drafts)
-        except Exception as exc:
-            logger.exception(
-                "model step failed; failing the %d requests in it", len(sched.scheduled)
-            )
-            message = f"{type(exc).__name__}: {exc}"
-            out = ModelOutput(
-                outputs={
-                    s.request_id: RequestStepOutput(s.request_id, (), error=message)
-                    for s in sched.scheduled
-                }
-            )
+        out = execute_isolating(self.runner, sched, drafts)
         self._last_step_time = out.step_time + drafts.proposer_time
         return out
 
@@ -144,9 +135,7 @@ class LLMEngine:
             self.outputs.record_step(step_output)
         results: list[RequestOutput] = []
         for request in changed:
-            output, stop_string = self.outputs.make_output(request)
-            if stop_string is not None and not request.is_finished:
-                self.scheduler.finish_request(request.request_id, RequestStatus.FINISHED_STOPPED)
+            output = self._make_output(request)
             if output is None:
                 continue
             self._generation_tokens += len(output.new_token_ids)
@@ -154,6 +143,19 @@ class LLMEngine:
                 self._release(request.request_id)
             results.append(output)
         return results
+
+    def _make_output(self, request: Request) -> RequestOutput | None:
+        """The request's output (detokenized, stop strings applied); if that fails (e.g. a token
+        its tokenizer cannot decode), the request finishes with the error and the others go on."""
+        try:
+            output, stop_string = self.outputs.make_output(request)
+        except Exception as exc:  # reported in the output's error (the server logs it)
+            logger.debug("request %s failed making its output", request.request_id, exc_info=exc)
+            self.scheduler.finish_request(request.request_id, RequestStatus.FINISHED_ERROR)
+            return self.outputs.fail(request, f"making the output failed: {describe(exc)}")
+        if stop_string is not None and not request.is_finished:
+            self.scheduler.finish_request(request.request_id, RequestStatus.FINISHED_STOPPED)
+        return output
 
     def _release(self, request_id: str) -> None:
         self.spec.release(request_id)
@@ -184,6 +186,22 @@ def _model_name(model: str) -> str:
     if path.suffix == ".gguf":
         return path.stem
     return path.name if path.name else model
+
+
+def _servable_len(max_model_len: int, num_blocks: int, block_size: int) -> int:
+    """The longest sequence this engine can hold: the context length, or the whole KV pool when
+    that is smaller, so a request that could never fit is refused at admission (a 400) instead
+    of failing after it has generated."""
+    capacity = num_blocks * block_size
+    if capacity < max_model_len:
+        logger.warning(
+            "the KV cache holds %d tokens, fewer than the context length %d: requests are "
+            "limited to %d tokens (prompt + max_tokens)",
+            capacity,
+            max_model_len,
+            capacity,
+        )
+    return min(max_model_len, capacity)
 
 
 def _eos_ids(arch, tokenizer) -> tuple[int, ...]:

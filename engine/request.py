@@ -135,3 +135,12 @@ def check_prompt(
             f"context length {max_model_len}; lower max_tokens to at most "
             f"{max_model_len - num_prompt}"
         )
+
+
+def check_token_ids(params: SamplingParams, vocab_size: int) -> None:
+    """The token ids a request names besides its prompt must be ids of this model's vocabulary;
+    the ValueError starts with the field's name."""
+    for name, ids in (("stop_token_ids", params.stop_token_ids), ("logit_bias", params.logit_bias)):
+        bad = [t for t in ids if not 0 <= t < vocab_size]
+        if bad:
+            raise ValueError(f"{name}: token ids must be in [0, {vocab_size}), got {bad[:5]}")

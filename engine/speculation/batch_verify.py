@@ -97,27 +97,37 @@ class BatchVerifier:
         step_logits = logits[index]
         probs = self.sampler.process(step_logits, self._sampling_rows(sampling))
         targets = self.sampler.sample(probs, self._uniforms(sampling, device))
-        parts = [targets]
+        parts = [targets, self.sampler.valid_rows(step_logits, probs).long()]
         if target_topk > 0:
             parts.append(step_logits.topk(target_topk, dim=-1).indices.flatten())
         host = torch.cat(parts).tolist()  # the step's one host sync
         num_rows = len(targets)
-        topk = [host[num_rows + i * target_topk : num_rows + (i + 1) * target_topk]
+        valid, topk_ids = host[num_rows : 2 * num_rows], host[2 * num_rows :]
+        topk = [topk_ids[i * target_topk : (i + 1) * target_topk]
                 for i in range(num_rows)] if target_topk > 0 else []  # fmt: skip
         results, first = {}, 0
         for rows in sampling:
-            count = len(rows.logit_rows)
+            span = slice(first, first + len(rows.logit_rows))
+            row_error = _row_error(host[span], valid[span], probs.shape[-1])
             results[rows.scheduled.request_id] = self._accept_or_fail(
-                rows, host[first : first + count], topk[first : first + count]
+                rows, host[span], topk[span], row_error
             )
-            first += count
+            first = span.stop
         return results
 
-    def _accept_or_fail(self, rows: RequestRows, targets: list[int], topk) -> Verified:
+    def _accept_or_fail(
+        self, rows: RequestRows, targets: list[int], topk, row_error: str | None = None
+    ) -> Verified:
+        """One request's outcome; its own bad rows or host-side failure fail only it."""
+        request_id = rows.scheduled.request_id
+        # Failures are logged once, by whoever reports the request (the server, per request).
+        if row_error is not None:
+            logger.debug("request %s failed in sampling: %s", request_id, row_error)
+            return Verified((), 0, 0, (), (), error=row_error)
         try:
             return self._accept(rows, targets, topk)
         except Exception as exc:  # one request's failure must not take the batch down
-            logger.exception("request %s failed in verification", rows.scheduled.request_id)
+            logger.debug("request %s failed in verification", request_id, exc_info=exc)
             return Verified((), 0, 0, (), (), error=f"{type(exc).__name__}: {exc}")
 
     @staticmethod
@@ -160,3 +170,14 @@ class BatchVerifier:
             target_topk_ids=tuple(tuple(topk[i]) for i in local) if topk else (),
             draft_topk_ids=tuple(tuple(row) for row in topk[1:]),
         )
+
+
+def _row_error(targets: list[int], valid: list[int], vocab_size: int) -> str | None:
+    """Why a request's sample rows cannot be used, or None. Valid parameters always give a
+    distribution (engine/sampler.py), so a bad row points at the model's logits."""
+    if not all(valid):
+        return "this request's logits or probabilities were not finite; its tokens were dropped"
+    bad = [t for t in targets if not 0 <= t < vocab_size]
+    if bad:
+        return f"sampling produced token ids outside the vocabulary ({bad[:3]})"
+    return None

@@ -41,6 +41,7 @@ COPY pyproject.toml README.md ./
 COPY engine ./engine
 COPY kernels ./kernels
 COPY server ./server
+COPY goodspeed ./goodspeed
 # torch is already satisfied, so this adds only the server's pure-Python dependencies.
 RUN pip install /src
 # Compile the CPU kernels now, into the cache the runtime stage copies; they are compiled for
@@ -95,6 +96,7 @@ COPY pyproject.toml README.md ./
 COPY engine ./engine
 COPY kernels ./kernels
 COPY server ./server
+COPY goodspeed ./goodspeed
 # The gpu extra adds flashinfer (paged attention, tree-verification masks, sampling kernels).
 RUN pip install "/src[gpu]"
 

@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 from engine.config import EngineConfig  # noqa: E402
 from engine.llm_engine import LLMEngine  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
-from engine.spec.cost_model import OnlineLinearCostModel, StepFeatures  # noqa: E402
+from engine.speculation.cost_model import OnlineLinearCostModel, StepFeatures  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from spec_sweep import load_average, machine_description, write_section  # noqa: E402
@@ -87,7 +87,7 @@ def run_workload(engine: LLMEngine, prompts: list[list[int]], args: argparse.Nam
 def repeatability(engine: LLMEngine, repeats: int = 8) -> dict[str, float]:
     """The noise floor: the same synthetic step timed `repeats` times (three decode shapes,
     on the idle pool before the workload); |t - median| / median of its shape, pooled."""
-    from engine.spec.profiler import DummyBatchRunner
+    from engine.speculation.profiler import DummyBatchRunner
 
     run_step = DummyBatchRunner(engine.runner, engine.scheduler.block_manager)
     deviations = []
@@ -216,8 +216,10 @@ def main(argv: list[str] | None = None) -> int:
     flat.update(spec_policy="goodput", spec_profile_seconds=args.spec_profile_seconds)
     flat.update(spec_cost_cache=args.spec_cost_cache, seed=args.seed)
     engine = LLMEngine.from_config(EngineConfig.from_flat(flat))
-    seed = engine.spec.seed_report
-    seed_params = engine.spec.cost_model.to_params() if engine.spec.cost_model.fitted else None
+    seed = engine.speculation.seed_report
+    seed_params = (
+        engine.speculation.cost_model.to_params() if engine.speculation.cost_model.fitted else None
+    )
     texts = load_prompts(Path(args.copy), args.num_copy) + load_prompts(
         Path(args.chat), args.num_chat
     )
@@ -225,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     chat = [[{"role": "user", "content": text}] for text in texts]
     prompts = [engine.tokenizer.apply_chat_template(messages) for messages in chat]
     noise = repeatability(engine)
-    recorder = StepRecorder(engine.spec.cost_model)
+    recorder = StepRecorder(engine.speculation.cost_model)
     num_requests = run_workload(engine, prompts, args)
     report = evaluate(recorder.steps, seed_params, args.train_fraction)
     report.update(

@@ -3,8 +3,8 @@
 FlashInfer compiles each kernel module with nvcc at its first use (about a minute each on a
 16-core GPU machine). Building them one after the other inside the tests would serialise
 those minutes; this script starts one process per (dtype, head_dim) that runs a decode step, a
-causal prefill step and a custom-mask (tree) step through FlashInferBackend, plus one process
-for the sampling kernels, so nvcc runs for all of them in parallel.
+causal prefill step and a custom-mask (tree) step through FlashInferBackend, so nvcc runs for
+all of them in parallel.
 
     python3 benchmarks/gpu_warmup.py [--shapes bfloat16:64,bfloat16:128,float16:64]
 """
@@ -46,40 +46,16 @@ def warm_attention(dtype_name: str, head_dim: int) -> None:
     torch.cuda.synchronize()
 
 
-def warm_sampling() -> None:
-    from kernels.flashinfer_sampling import (
-        chain_speculative_sample,
-        point_mass_draft_probs,
-        sample_top_k_top_p,
-    )
-
-    cuda = torch.device("cuda")
-    probs = torch.rand(4, 100, device=cuda).softmax(-1)
-    sample_top_k_top_p(
-        probs,
-        torch.full((4,), 5, dtype=torch.int32, device=cuda),
-        torch.full((4,), 0.9, device=cuda),
-    )
-    drafts = torch.randint(0, 100, (4, 2), device=cuda)
-    chain_speculative_sample(
-        point_mass_draft_probs(drafts, 100), drafts, torch.rand(4, 3, 100, device=cuda).softmax(-1)
-    )
-    torch.cuda.synchronize()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default=DEFAULT_SHAPES)
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # child: one job
     args = parser.parse_args()
     if args.one is not None:
-        if args.one == "sampling":
-            warm_sampling()
-        else:
-            dtype_name, head_dim = args.one.split(":")
-            warm_attention(dtype_name, int(head_dim))
+        dtype_name, head_dim = args.one.split(":")
+        warm_attention(dtype_name, int(head_dim))
         return
-    jobs = ["sampling", *args.shapes.split(",")]
+    jobs = args.shapes.split(",")
     start = time.perf_counter()
     children = {
         job: subprocess.Popen([sys.executable, __file__, "--one", job], stderr=subprocess.PIPE)

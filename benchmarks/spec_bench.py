@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import shlex
 import sys
 import time
@@ -30,10 +28,13 @@ from pathlib import Path
 
 import torch
 
-from engine.config import EngineConfig
-from engine.llm import LLM
-from engine.outputs import RequestOutput
-from engine.sampling_params import SamplingParams
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.report import load_average, machine_description, write_section  # noqa: E402
+from engine.config import EngineConfig  # noqa: E402
+from engine.llm import LLM  # noqa: E402
+from engine.outputs import RequestOutput  # noqa: E402
+from engine.sampling_params import SamplingParams  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
@@ -219,45 +220,13 @@ def markdown(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def machine_description() -> str:
-    if torch.cuda.is_available():
-        return f"{torch.cuda.get_device_name()}, {os.cpu_count()} CPU cores"
-    try:
-        cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
-        name = next(line.split(":", 1)[1].strip() for line in cpuinfo if "model name" in line)
-    except (OSError, StopIteration):
-        name = platform.processor() or "unknown CPU"
-    return f"{name}, {os.cpu_count()} cores"
-
-
-def load_average() -> str:
-    try:
-        return "load average " + ", ".join(Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        return "load average unknown"
-
-
-def write_section(path: Path, body: str) -> None:
-    """Replace (or append) this benchmark's part of a shared results page, between markers."""
-    begin, end = f"<!-- {SECTION}:begin -->", f"<!-- {SECTION}:end -->"
-    text = path.read_text() if path.exists() else "# Speculative decoding benchmarks\n"
-    block = f"{begin}\n{body.rstrip()}\n{end}"
-    if begin in text and end in text:
-        head, rest = text.split(begin, 1)
-        text = head + block + rest.split(end, 1)[1]
-    else:
-        text = text.rstrip() + "\n\n" + block + "\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     results = bench(args)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
     text = markdown(results)
-    write_section(Path(args.markdown), text)
+    write_section(Path(args.markdown), SECTION, text, "# Speculative decoding benchmarks")
     print(text)
     return 0 if all(row["identical"] for row in results["rows"]) else 1
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import re
 import socket
 import subprocess
@@ -35,11 +34,11 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import serve as loadgen  # noqa: E402
+from report import load_average, machine_description, write_section  # noqa: E402
+from spec_sweep_report import MAX_K, POLICIES, markdown, plot  # noqa: E402
 
 DATA = HERE.parents[1] / "shared" / "data"
 WORKLOADS = {"copy": DATA / "workload_copy.jsonl", "chat": DATA / "workload_chat.jsonl"}
-POLICIES = ("off", "fixed:1", "fixed:3", "fixed:5", "goodput")
-MAX_K = 5  # --num-speculative-tokens: fixed:5 and goodput may use up to 5 drafts
 FULL = dict(multipliers=(0.5, 1.0, 2.0, 4.0, 8.0), num_prompts=24, max_tokens=64, calibrate=4)
 QUICK = dict(multipliers=(1.0, 4.0, 16.0), num_prompts=3, max_tokens=16, calibrate=2)
 FULL.update(interleave=True)  # 50 server starts (~20 s each) buy policies measured side by side
@@ -51,38 +50,6 @@ SPEC_COUNTERS = (
     "goodspeed:spec_decode_chosen_k_count",
     "goodspeed:generation_tokens_total",
 )
-
-
-def machine_description() -> str:
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-        name = next(line.split(":", 1)[1].strip() for line in lines if "model name" in line)
-    except (OSError, StopIteration):
-        name = "unknown CPU"
-    return f"{name}, {os.cpu_count()} cores"
-
-
-def load_average() -> str:
-    """'load average 1.2, 3.4, 5.6' (1, 5, 15 minutes), like uptime's."""
-    try:
-        return "load average " + ", ".join(Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        return "load average 0, 0, 0"  # not Linux: unknown
-
-
-def write_section(path: Path, name: str, body: str) -> None:
-    """Replace (or append) the part of `path` between <!-- name:begin --> and <!-- name:end -->,
-    so that each benchmark rewrites only its own section of a shared results page."""
-    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
-    text = path.read_text() if path.exists() else "# Goodput-driven speculation: results\n"
-    block = f"{begin}\n{body.rstrip()}\n{end}"
-    if begin in text and end in text:
-        head, rest = text.split(begin, 1)
-        text = head + block + rest.split(end, 1)[1]
-    else:
-        text = text.rstrip() + "\n\n" + block + "\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
 
 
 # ---- the server -----------------------------------------------------------------------------
@@ -247,97 +214,6 @@ def sweep(args: argparse.Namespace) -> dict:
 
 
 # ---- report ---------------------------------------------------------------------------------
-def cell_row(cell: dict, baseline: dict | None) -> str:
-    e2e, spec = cell["e2el_ms"], cell["spec"]
-    ratio = f"{e2e['mean'] / baseline['e2el_ms']['mean']:.2f}" if baseline else "-"
-    drafted = spec["spec_decode_num_draft_tokens_total"]
-    accepted = f"{spec['spec_decode_num_accepted_tokens_total'] / drafted:.2f}" if drafted else "-"
-    k_count = spec["spec_decode_chosen_k_count"]
-    mean_k = f"{spec['spec_decode_chosen_k_sum'] / k_count:.2f}" if k_count else "-"
-    return (
-        f"| {cell['rate']:.3f} (x{cell['multiplier']:g}) | {cell['policy']} "
-        f"| {e2e['mean'] / 1000:.2f} | {ratio} | {e2e['p50'] / 1000:.2f} | {e2e['p99'] / 1000:.2f} "
-        f"| {cell['ttft_ms']['mean']:.0f} | {cell['tpot_ms']['mean']:.0f} "
-        f"| {cell['output_throughput']:.1f} | {accepted} | {mean_k} | {cell['num_failed']} |"
-    )
-
-
-def markdown(results: dict, args: argparse.Namespace) -> str:
-    cells = results["cells"]
-    loads = [float(c["uptime"].split()[2].rstrip(",")) for c in cells]
-    by = results.get("calibration_policy", {})
-    scales = ", ".join(
-        f"{w} {s:.2f} s (policy {by.get(w, 'off')})" for w, s in results["calibration_s"].items()
-    )
-    runs = "; ".join(f"`{r['command']}` ({r['date']})" for r in results["runs"])
-    lines = [
-        "## Policy sweep: latency vs load (goodspeed serve, n-gram drafts, chat completions)"
-        + (" — quick smoke test, not a result" if args.quick else ""),
-        "",
-        f"Runs: {runs}. Machine: {results['machine']}; 1-minute load average during the "
-        f"cells {min(loads, default=0):.1f}-{max(loads, default=0):.1f} (other work shares "
-        f"the cores: compare policies within one run, not with other pages).",
-        f"{results['num_prompts']} requests per cell, max_tokens {results['max_tokens']}, greedy, "
-        f"prefix caching off, up to {MAX_K} drafts. Rate = multiplier / (mean latency of one "
-        f"request alone): {scales}. Latencies in seconds, TTFT/TPOT in ms; "
-        "'vs off' = mean latency / policy off's at the same rate; 'accepted' = accepted / "
-        "drafted tokens; 'mean k' = mean chosen k per running request per step. Plot: "
-        f"`{Path(args.plot).name}`.",
-    ]
-    header = "| rate req/s | policy | mean | vs off | p50 | p99 | TTFT | TPOT | out tok/s "
-    header += "| accepted | mean k | failed |"
-    for workload in dict.fromkeys(c["workload"] for c in cells):
-        lines += ["", f"### {workload}", "", header, "|" + "---|" * 12]
-        mine = [c for c in cells if c["workload"] == workload]
-        order = {p: i for i, p in enumerate(POLICIES)}
-        for cell in sorted(mine, key=lambda c: (c["multiplier"], order.get(c["policy"], 99))):
-            baseline = next(
-                (b for b in mine if b["policy"] == "off" and b["multiplier"] == cell["multiplier"]),
-                None,
-            )
-            lines.append(cell_row(cell, baseline))
-    return "\n".join(lines) + "\n"
-
-
-def plot(results: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    workloads = list(dict.fromkeys(c["workload"] for c in results["cells"]))
-    figure, axes = plt.subplots(1, len(workloads), figsize=(6 * len(workloads), 4.5), squeeze=False)
-    for axis, workload in zip(axes[0], workloads):
-        for policy in POLICIES:
-            cells = sorted(
-                (
-                    c
-                    for c in results["cells"]
-                    if c["workload"] == workload and c["policy"] == policy
-                ),
-                key=lambda c: c["rate"],
-            )
-            if cells:
-                rates = [c["rate"] for c in cells]
-                latency = [c["e2el_ms"]["mean"] / 1000 for c in cells]
-                axis.plot(rates, latency, marker="o", label=policy)
-        rates = sorted({c["rate"] for c in results["cells"] if c["workload"] == workload})
-        axis.set(xscale="log", xlabel="request rate (req/s, Poisson)", ylabel="mean latency (s)")
-        axis.set_xticks(rates, [f"{rate:.2g}" for rate in rates])
-        axis.minorticks_off()
-        axis.set_title(f"{workload} workload")
-        axis.grid(True, which="both", alpha=0.3)
-        axis.legend()
-    loads = [float(c["uptime"].split()[2].rstrip(",")) for c in results["cells"]]
-    figure.suptitle(
-        f"goodspeed speculation policies, SmolLM2-135M, {results['num_prompts']} requests per "
-        f"point; {results['machine']}, load average {min(loads):.1f}-{max(loads):.1f}"
-    )
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="3 rates, 3 requests, 16 tokens")
@@ -379,7 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     results = sweep(args)
     section = "policy-sweep-quick" if args.quick else "policy-sweep"
-    write_section(Path(args.markdown), section, markdown(results, args))
+    title = "# Goodput-driven speculation: results"
+    write_section(Path(args.markdown), section, markdown(results, args), title)
     plot(results, Path(args.plot))
     print(f"[sweep] wrote {args.output}, {args.markdown} ({section}), {args.plot}")
     return 0 if all(c["num_completed"] for c in results["cells"]) else 1

@@ -8,7 +8,7 @@ slot in order (start + row offset), so tree nodes occupy distinct slots; after v
 runner copies the accepted path down into the contiguous slots (DESIGN §4).
 
 Logit rows: a request that reaches its last known token needs logits for that token and for
-every draft (1 + num_drafts rows, in row order); prompt logprobs need every real row.
+every draft (1 + num_draft_tokens rows, in row order); prompt logprobs need every real row.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.outputs import Drafts, ScheduledRequest, SchedulerOutput
-from engine.spec.tree import DraftTree
+from engine.speculation.tree import DraftTree, tree_positions, visible_rows
 from kernels.attention import AttentionMetadata
 
 
@@ -44,21 +44,20 @@ class ModelInput:
     requests: tuple[RequestRows, ...]
 
 
-def _slot(block_ids: list[int], index: int, block_size: int) -> int:
+def slot_of(block_ids: list[int], index: int, block_size: int) -> int:
+    """The cache slot of a request's token index (DESIGN §4)."""
     return block_ids[index // block_size] * block_size + index % block_size
 
 
-def _tree_mask(num_real: int, tree: DraftTree) -> torch.Tensor:
-    """[q_len, q_len] bool: real tokens causal; a node sees the real tokens, its ancestors and itself."""
+def tree_attention_mask(num_real: int, tree: DraftTree) -> torch.Tensor:
+    """[q_len, q_len] bool over [real tokens..., nodes...]: real tokens are causal (the last one
+    is the tree's root); a node sees every real token, its ancestors and itself."""
     q_len = num_real + tree.num_nodes
     mask = torch.zeros(q_len, q_len, dtype=torch.bool)
     mask[:num_real, :num_real] = torch.tril(torch.ones(num_real, num_real, dtype=torch.bool))
-    for node, parent in enumerate(tree.parent_ids):
-        row = num_real + node
+    for row, visible in enumerate(visible_rows(tree)[1:], start=num_real):
         mask[row, :num_real] = True
-        if parent is not None:
-            mask[row] |= mask[num_real + parent]
-        mask[row, row] = True
+        mask[row, [num_real - 1 + v for v in visible[1:]]] = True
     return mask
 
 
@@ -77,7 +76,7 @@ def build_model_input(
     for scheduled in scheduler_output.scheduled:
         request = scheduled.request
         start = scheduled.start
-        num_real = scheduled.num_new_tokens - scheduled.num_spec_slots
+        num_real = scheduled.num_new_tokens - scheduled.num_draft_tokens
         tree = drafts.trees.get(request.request_id) if scheduled.needs_sample else None
         chain = (
             ()
@@ -85,26 +84,25 @@ def build_model_input(
             else tuple(drafts.chains.get(request.request_id, ()))
         )
         draft_ids = tree.token_ids if tree is not None else chain
-        draft_ids = tuple(draft_ids[: scheduled.num_spec_slots])
+        draft_ids = tuple(draft_ids[: scheduled.num_draft_tokens])
         if tree is not None and len(draft_ids) < tree.num_nodes:
             raise ValueError(
-                f"request {request.request_id}: tree of {tree.num_nodes} nodes exceeds {scheduled.num_spec_slots} slots"
+                f"request {request.request_id}: tree of {tree.num_nodes} nodes exceeds {scheduled.num_draft_tokens} slots"
             )
         row0 = len(input_ids)
         input_ids.extend(request.all_token_ids[start : start + num_real])
         input_ids.extend(draft_ids)
         positions.extend(range(start, start + num_real))
-        last_pos = start + num_real - 1
         if tree is not None:
-            positions.extend(last_pos + depth for depth in tree.depths())
+            positions.extend(tree_positions(tree, start + num_real)[1:])
         else:
-            positions.extend(range(last_pos + 1, last_pos + 1 + len(draft_ids)))
+            positions.extend(range(start + num_real, start + num_real + len(draft_ids)))
         q_len = num_real + len(draft_ids)
-        slots.extend(_slot(request.block_ids, start + j, block_size) for j in range(q_len))
+        slots.extend(slot_of(request.block_ids, start + j, block_size) for j in range(q_len))
         cu_query.append(cu_query[-1] + q_len)
         seq_lens.append(start + q_len)
         block_tables.append(request.block_ids)
-        tree_masks.append(_tree_mask(num_real, tree) if tree is not None else None)
+        tree_masks.append(tree_attention_mask(num_real, tree) if tree is not None else None)
         prompt_rows: tuple[int, ...] = ()
         if (
             request.sampling_params.prompt_logprobs is not None

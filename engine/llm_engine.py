@@ -1,11 +1,8 @@
-"""LLMEngine: one step of continuous batching with optional speculation (DESIGN §1).
-
-    plan = policy.plan(...)            # k per request (empty when speculation is off)
-    sched = scheduler.schedule(plan)   # token budget, KV blocks, preemption
-    drafts = proposer.propose(sched)   # only for requests given slots
-    out = runner.execute(sched, drafts)
-    changed = scheduler.update(sched, out)
-    policy.observe(...)                # acceptance + step-time feedback
+"""LLMEngine: one step of continuous batching with optional speculation (DESIGN §1), and the
+one owner of a request's lifecycle: add_request validates and registers it with the
+scheduler and the output processor; when it finishes for any reason (stop, length, abort,
+error) _release fans out once to the speculation driver and the output processor (the
+scheduler has already freed its blocks; the model runner keeps no per-request state).
 Not thread-safe: AsyncEngine calls it from a single thread.
 """
 
@@ -25,13 +22,13 @@ from engine.outputs import (
     EngineStats,
     ModelOutput,
     RequestOutput,
-    RequestStepOutput,
     SchedulerOutput,
 )
-from engine.request import Request, RequestStatus
+from engine.request import Request, RequestStatus, check_prompt, check_token_ids
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
-from engine.spec_driver import SpecDriver
+from engine.speculation.driver import build_spec_driver
+from engine.step_isolation import describe, execute_isolating
 
 logger = logging.getLogger(__name__)
 
@@ -45,11 +42,13 @@ class LLMEngine:
         self.tokenizer = tokenizer
         self.model_name = _model_name(config.model.model)
         self.vocab_size = runner.arch.vocab_size
-        self.max_model_len = runner.max_model_len
+        self.max_model_len = _servable_len(
+            runner.max_model_len, runner.num_blocks, config.cache.block_size
+        )
         self.eos_token_ids = _eos_ids(runner.arch, tokenizer)
         self.scheduler = Scheduler(config.scheduler, config.cache, runner.num_blocks)
         self.outputs = OutputProcessor(tokenizer)
-        self.spec = SpecDriver(config.spec, runner, self.scheduler)
+        self.spec = build_spec_driver(config.spec, runner, self.scheduler)
         self._groups: dict[str, list[str]] = {}
         self._aborted: list = []
         self._num_steps = 0
@@ -98,25 +97,8 @@ class LLMEngine:
     ) -> None:
         if request_id in self._groups or self.scheduler.get_request(request_id) is not None:
             raise ValueError(f"request_id {request_id!r} is already in use")
-        if not prompt_token_ids:
-            raise ValueError("prompt must not be empty")
-        bad = [
-            t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size
-        ]
-        if bad:
-            raise ValueError(
-                f"prompt token ids must be integers in [0, {self.vocab_size}); got {bad[:5]}"
-            )
-        max_tokens = params.max_tokens or 0
-        if len(prompt_token_ids) + max_tokens > self.max_model_len:
-            raise ValueError(
-                f"max_tokens: prompt ({len(prompt_token_ids)} tokens) + max_tokens ({max_tokens}) "
-                f"must be <= the context length {self.max_model_len}"
-            )
-        if len(prompt_token_ids) >= self.max_model_len:
-            raise ValueError(
-                f"prompt ({len(prompt_token_ids)} tokens) must be shorter than the context length {self.max_model_len}"
-            )
+        check_prompt(prompt_token_ids, params.max_tokens, self.vocab_size, self.max_model_len)
+        check_token_ids(params, self.vocab_size)
 
     def abort_request(self, request_id: str) -> None:
         ids = self._groups.pop(request_id, [request_id])
@@ -128,58 +110,54 @@ class LLMEngine:
 
     # ---- the step ------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        aborted, self._aborted = self._aborted, []
-        plan = self.spec.plan()
-        sched = self.scheduler.schedule(plan)
-        now = time.monotonic()
-        for scheduled in sched.scheduled:
-            if scheduled.request.first_scheduled_time is None:
-                scheduled.request.first_scheduled_time = now
-        if sched.is_empty:
-            empty = ModelOutput(outputs={})
-            return self._collect(aborted + self.scheduler.update(sched, empty), empty)
-        drafts = self.spec.propose(sched)
-        model_output = self._execute(sched, drafts)
-        changed = self.scheduler.update(sched, model_output)
-        self.spec.observe(sched, drafts, model_output)
-        self._num_steps += 1
-        self._last_step_time = model_output.step_time + drafts.proposer_time
-        return self._collect(aborted + changed, model_output)
+        plan = self.spec.plan(self.scheduler.running, self.scheduler.waiting)  # 1. k per request
+        sched = self.scheduler.schedule(plan)  # 2. token budget, KV blocks, preemption
+        drafts = self.spec.propose(sched)  # 3. chains or trees for the planned requests
+        out = self._execute(sched, drafts)  # 4. one forward + batched verification
+        changed = self.scheduler.update(sched, out)  # 5. append, roll back, finish, free
+        self.spec.observe(sched, drafts, out)  # 6. acceptance + step-time feedback
+        return self._collect(changed, out)
 
     def _execute(self, sched: SchedulerOutput, drafts: Drafts) -> ModelOutput:
-        """Run the model; if the whole forward fails, fail this step's requests, not the engine."""
-        try:
-            return self.runner.execute(sched, drafts)
-        except Exception as exc:
-            logger.exception(
-                "model step failed; failing the %d requests in it", len(sched.scheduled)
-            )
-            message = f"{type(exc).__name__}: {exc}"
-            return ModelOutput(
-                outputs={
-                    s.request_id: RequestStepOutput(s.request_id, (), error=message)
-                    for s in sched.scheduled
-                }
-            )
+        """Run the model; a failing request fails alone (engine/step_isolation.py)."""
+        if sched.is_empty:
+            return ModelOutput(outputs={})
+        self._num_steps += 1
+        out = execute_isolating(self.runner, sched, drafts)
+        self._last_step_time = out.step_time + drafts.proposer_time
+        return out
 
     def _collect(self, changed: list[Request], model_output: ModelOutput) -> list[RequestOutput]:
+        """RequestOutputs for the requests aborted since the last step and those that changed."""
+        changed = self._aborted + changed
+        self._aborted = []
         for step_output in model_output.outputs.values():
             self.outputs.record_step(step_output)
         results: list[RequestOutput] = []
         for request in changed:
-            output, stop_string = self.outputs.make_output(request)
-            if stop_string is not None and not request.is_finished:
-                self.scheduler.finish_request(request.request_id, RequestStatus.FINISHED_STOPPED)
+            output = self._make_output(request)
             if output is None:
                 continue
             self._generation_tokens += len(output.new_token_ids)
             if output.finished:
-                self._finish(request.request_id)
+                self._release(request.request_id)
             results.append(output)
         return results
 
-    def _finish(self, request_id: str) -> None:
-        self.runner.release(request_id)
+    def _make_output(self, request: Request) -> RequestOutput | None:
+        """The request's output (detokenized, stop strings applied); if that fails (e.g. a token
+        its tokenizer cannot decode), the request finishes with the error and the others go on."""
+        try:
+            output, stop_string = self.outputs.make_output(request)
+        except Exception as exc:  # reported in the output's error (the server logs it)
+            logger.debug("request %s failed making its output", request.request_id, exc_info=exc)
+            self.scheduler.finish_request(request.request_id, RequestStatus.FINISHED_ERROR)
+            return self.outputs.fail(request, f"making the output failed: {describe(exc)}")
+        if stop_string is not None and not request.is_finished:
+            self.scheduler.finish_request(request.request_id, RequestStatus.FINISHED_STOPPED)
+        return output
+
+    def _release(self, request_id: str) -> None:
         self.spec.release(request_id)
         self.outputs.drop(request_id)
 
@@ -208,6 +186,22 @@ def _model_name(model: str) -> str:
     if path.suffix == ".gguf":
         return path.stem
     return path.name if path.name else model
+
+
+def _servable_len(max_model_len: int, num_blocks: int, block_size: int) -> int:
+    """The longest sequence this engine can hold: the context length, or the whole KV pool when
+    that is smaller, so a request that could never fit is refused at admission (a 400) instead
+    of failing after it has generated."""
+    capacity = num_blocks * block_size
+    if capacity < max_model_len:
+        logger.warning(
+            "the KV cache holds %d tokens, fewer than the context length %d: requests are "
+            "limited to %d tokens (prompt + max_tokens)",
+            capacity,
+            max_model_len,
+            capacity,
+        )
+    return min(max_model_len, capacity)
 
 
 def _eos_ids(arch, tokenizer) -> tuple[int, ...]:

@@ -1,33 +1,33 @@
-"""ModelRunner: owns the model, the paged KV cache and the per-request RNGs; runs one step.
+"""ModelRunner: owns the model and the paged KV cache; runs one step.
 
-execute(): CoW block copies -> pack inputs -> one forward -> logits for the rows that need them ->
-sample or verify per request -> one host sync -> ModelOutput (host data only). Tensors start
-here; everything above it is plain Python.
+execute(): CoW block copies -> pack inputs -> one forward (a replayed CUDA graph for decode
+steps on FlashInfer) -> logits for the rows that need them -> one batched sample + verify pass
+with one host sync (engine/speculation/batch_verify.py) -> accepted tree paths compacted ->
+logprobs where asked -> ModelOutput (host data only). Tensors start here; everything above it
+is plain Python. The runner keeps no per-request state: random numbers come from each
+request's seed and token positions (engine/rng.py).
 """
 
 from __future__ import annotations
 
 import logging
-import random
 import time
 from collections.abc import Sequence
 
 import torch
 
 from engine.config import EngineConfig
-from engine.input_batch import ModelInput, RequestRows, build_model_input
+from engine.input_batch import ModelInput, build_model_input, slot_of
 from engine.models.loader import load_model, resolve_model_path
 from engine.outputs import Drafts, ModelOutput, RequestStepOutput, SchedulerOutput
-from engine.request import Request
 from engine.sampler import Sampler
-from engine.spec.batch_verify import SpecVerifier, sampling_rows
+from engine.speculation.batch_verify import BatchVerifier, Verified
 from kernels.attention import KVCacheSpec
 from kernels.registry import make_attention_backend
 
 logger = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-RECYCLE_TOPK = 8  # target top-k kept per verified position for Token Recycling
 
 
 class ModelRunner:
@@ -49,9 +49,7 @@ class ModelRunner:
         self.num_blocks = self._allocate_kv_cache()
         self.decode_graphs = self._capture_decode_graphs()
         self.sampler = Sampler()
-        self.verifier = SpecVerifier(self.sampler)
-        self.want_topk = config.spec.proposer == "recycle"
-        self._generators: dict[str, torch.Generator] = {}
+        self.verifier = BatchVerifier(self.sampler)
 
     def _set_threads(self) -> None:
         if self.config.device.threads is not None:
@@ -118,18 +116,6 @@ class ModelRunner:
         )
         return graphs
 
-    # ---- per-request state -------------------------------------------------------------
-    def generator(self, request: Request) -> torch.Generator:
-        gen = self._generators.get(request.request_id)
-        if gen is None:
-            gen = torch.Generator(device=self.device)
-            gen.manual_seed(request.seed if request.seed is not None else random.getrandbits(63))
-            self._generators[request.request_id] = gen
-        return gen
-
-    def release(self, request_id: str) -> None:
-        self._generators.pop(request_id, None)
-
     # ---- the step ----------------------------------------------------------------------
     @torch.inference_mode()
     def execute(self, scheduler_output: SchedulerOutput, drafts: Drafts) -> ModelOutput:
@@ -137,7 +123,9 @@ class ModelRunner:
         self._copy_blocks(scheduler_output.block_copies)
         model_input = build_model_input(scheduler_output, drafts, self.block_size, self.device)
         logits = self._forward(model_input)
-        outputs = self._sample(model_input, logits, drafts)
+        verified = self.verifier.verify(model_input.requests, logits, drafts.target_topk)
+        self._compact_trees(model_input.requests, verified)
+        outputs = self._outputs(model_input, logits, verified)
         return ModelOutput(outputs=outputs, step_time=time.perf_counter() - start)
 
     def _copy_blocks(self, copies: Sequence[tuple[int, int]]) -> None:
@@ -159,116 +147,92 @@ class ModelRunner:
             return hidden.new_empty(0, self.arch.vocab_size, dtype=torch.float32)
         return self.model.compute_logits(hidden[model_input.logits_indices])
 
-    def _sample(
-        self, model_input: ModelInput, logits: torch.Tensor, drafts: Drafts
+    def _outputs(
+        self, model_input: ModelInput, logits: torch.Tensor, verified: dict[str, Verified]
     ) -> dict[str, RequestStepOutput]:
-        outputs: dict[str, RequestStepOutput] = {}
-        plain = [
-            rows for rows in model_input.requests if rows.logit_rows and not rows.draft_token_ids
-        ]
-        plain_tokens = self._sample_plain(plain, logits)
+        """Per request: the verified tokens with their logprobs, and prompt logprobs."""
+        logprobs = self._logprobs(model_input.requests, logits, verified)
+        prompt_logprobs = self._prompt_logprobs(model_input.requests, logits)
+        outputs = {}
         for rows in model_input.requests:
             request_id = rows.scheduled.request_id
-            try:
-                outputs[request_id] = self._request_output(
-                    rows, logits, drafts, plain_tokens.get(request_id)
-                )
-            except Exception as exc:  # one request's failure must not take the batch down
-                logger.exception("request %s failed in the model runner", request_id)
-                outputs[request_id] = RequestStepOutput(
-                    request_id, (), error=f"{type(exc).__name__}: {exc}"
-                )
+            done = verified.get(request_id)
+            outputs[request_id] = RequestStepOutput(
+                request_id,
+                done.token_ids if done else (),
+                num_draft_tokens=done.num_draft_tokens if done else 0,
+                num_accepted_tokens=done.num_accepted_tokens if done else 0,
+                logprobs=logprobs.get(request_id, ()),
+                prompt_logprobs=prompt_logprobs.get(request_id, ()),
+                target_topk_ids=done.target_topk_ids if done else (),
+                draft_topk_ids=done.draft_topk_ids if done else (),
+                error=done.error if done else None,
+            )
         return outputs
 
-    def _sample_plain(self, plain: list[RequestRows], logits: torch.Tensor) -> dict[str, int]:
-        """Requests without drafts: one batched process + sample over their last rows."""
-        if not plain:
-            return {}
-        row_index = torch.tensor([rows.logit_rows[0] for rows in plain], device=logits.device)
-        requests = [rows.scheduled.request for rows in plain]
-        probs = self.sampler.process(logits[row_index], sampling_rows(requests))
-        tokens = self.sampler.sample(probs, [self._generator_if_seeded(r) for r in requests])
-        return {r.request_id: t for r, t in zip(requests, tokens)}
-
-    def _generator_if_seeded(self, request: Request) -> torch.Generator | None:
-        return None if request.sampling_params.greedy else self.generator(request)
-
-    def _request_output(
-        self, rows: RequestRows, logits: torch.Tensor, drafts: Drafts, plain_token: int | None
-    ) -> RequestStepOutput:
-        request = rows.scheduled.request
-        params = request.sampling_params
-        prompt_logprobs = self._prompt_logprobs(rows, logits) if rows.prompt_logit_rows else ()
-        if not rows.logit_rows:
-            return RequestStepOutput(request.request_id, (), prompt_logprobs=prompt_logprobs)
-        if plain_token is not None:
-            token_ids, path_rows = (plain_token,), (rows.logit_rows[0],)
-        else:
-            token_ids, path_rows = self.verifier.verify(
-                rows, logits, drafts, self._generator_if_seeded(request)
-            )
-            self._compact_tree(rows, path_rows)
-        logprobs = ()
-        if params.logprobs is not None:
-            row_tensor = logits[torch.tensor(path_rows, device=logits.device)]
-            logprobs = tuple(
-                self.sampler.logprobs(row_tensor, token_ids, [params.logprobs] * len(token_ids))
-            )
-        topk = ()
-        if self.want_topk:
-            row_tensor = logits[torch.tensor(path_rows, device=logits.device)]
-            topk = tuple(
-                tuple(r) for r in torch.topk(row_tensor, RECYCLE_TOPK, dim=-1).indices.tolist()
-            )
-        return RequestStepOutput(
-            request.request_id,
-            tuple(token_ids),
-            num_draft_tokens=len(rows.draft_token_ids),
-            num_accepted_tokens=len(token_ids) - 1,
-            logprobs=logprobs,
-            prompt_logprobs=prompt_logprobs,
-            next_token_topk=topk,
-        )
-
-    def _prompt_logprobs(self, rows: RequestRows, logits: torch.Tensor):
-        """Row at position p scores prompt token p + 1; the prompt's first token has no logprob."""
-        request = rows.scheduled.request
-        start = rows.first_slot_index
-        entries = [None] if start == 0 else []
-        targets = [
-            (row, p + 1)
-            for row, p in zip(
-                rows.prompt_logit_rows, range(start, start + len(rows.prompt_logit_rows))
-            )
-            if p + 1 < request.num_prompt_tokens
+    def _logprobs(self, requests, logits: torch.Tensor, verified: dict[str, Verified]):
+        """Logprobs of every emitted token that asked for them, in one batched call."""
+        asking = [
+            (rows, verified[rows.scheduled.request_id])
+            for rows in requests
+            if rows.scheduled.request_id in verified
+            and verified[rows.scheduled.request_id].error is None
+            and rows.scheduled.request.sampling_params.logprobs is not None
         ]
-        if targets:
-            row_tensor = logits[torch.tensor([r for r, _ in targets], device=logits.device)]
-            token_ids = [request.prompt_token_ids[p] for _, p in targets]
-            num_top = [request.sampling_params.prompt_logprobs] * len(targets)
-            entries.extend(self.sampler.logprobs(row_tensor, token_ids, num_top))
-        return tuple(entries)
+        if not asking:
+            return {}
+        index = torch.tensor([r for _, done in asking for r in done.path_rows], device=self.device)
+        token_ids = [t for _, done in asking for t in done.token_ids]
+        num_top = [
+            rows.scheduled.request.sampling_params.logprobs
+            for rows, done in asking
+            for _ in done.token_ids
+        ]
+        entries = self.sampler.logprobs(logits[index], token_ids, num_top)
+        result, first = {}, 0
+        for rows, done in asking:
+            result[rows.scheduled.request_id] = tuple(entries[first : first + len(done.token_ids)])
+            first += len(done.token_ids)
+        return result
 
-    def _compact_tree(self, rows: RequestRows, path_rows: Sequence[int]) -> None:
-        """Copy the accepted tree path's K/V into the contiguous slots right after the root."""
-        if rows.tree is None or len(path_rows) <= 1:
-            return
-        first_node_row = rows.logit_rows[1]
-        base = (
-            rows.first_slot_index + rows.num_real
-        )  # slot index of node 0 == first slot after the root
-        block_ids = rows.scheduled.request.block_ids
+    def _prompt_logprobs(self, requests, logits: torch.Tensor):
+        """Row at position p scores prompt token p + 1; the prompt's first token has no logprob."""
+        result = {}
+        for rows in requests:
+            if not rows.prompt_logit_rows:
+                continue
+            request = rows.scheduled.request
+            start = rows.first_slot_index
+            entries = [None] if start == 0 else []
+            targets = [
+                (row, p + 1)
+                for row, p in zip(
+                    rows.prompt_logit_rows, range(start, start + len(rows.prompt_logit_rows))
+                )
+                if p + 1 < request.num_prompt_tokens
+            ]
+            if targets:
+                index = torch.tensor([r for r, _ in targets], device=logits.device)
+                token_ids = [request.prompt_token_ids[p] for _, p in targets]
+                num_top = [request.sampling_params.prompt_logprobs] * len(targets)
+                entries.extend(self.sampler.logprobs(logits[index], token_ids, num_top))
+            result[rows.scheduled.request_id] = tuple(entries)
+        return result
+
+    def _compact_trees(self, requests, verified: dict[str, Verified]) -> None:
+        """Copy each accepted tree path's K/V into the contiguous slots right after the root."""
         src, dst = [], []
-        for depth, row in enumerate(path_rows[1:]):
-            node = row - first_node_row
-            if node != depth:
-                src.append(_slot(block_ids, base + node, self.block_size))
-                dst.append(_slot(block_ids, base + depth, self.block_size))
+        for rows in requests:
+            done = verified.get(rows.scheduled.request_id)
+            if rows.tree is None or done is None:
+                continue
+            base = rows.first_slot_index + rows.num_real  # slot index of node 0
+            block_ids = rows.scheduled.request.block_ids
+            for depth, node in enumerate(done.accepted_node_ids):
+                if node != depth:
+                    src.append(slot_of(block_ids, base + node, self.block_size))
+                    dst.append(slot_of(block_ids, base + depth, self.block_size))
         if src:
             self.backend.copy_slots(
                 torch.tensor(src, device=self.device), torch.tensor(dst, device=self.device)
             )
-
-
-def _slot(block_ids: list[int], index: int, block_size: int) -> int:
-    return block_ids[index // block_size] * block_size + index % block_size

@@ -98,6 +98,26 @@ class OutputProcessor:
             self.states.pop(request.request_id, None)
         return output, stop_string
 
+    def fail(self, request: Request, message: str) -> RequestOutput:
+        """The final output of a request whose output could not be made: finish_reason
+        "error", no new tokens (the ones it would have carried are not trustworthy)."""
+        state = self.states.pop(request.request_id, None)
+        request.error = message
+        return RequestOutput(
+            request_id=request.request_id,
+            prompt_token_ids=request.prompt_token_ids,
+            new_token_ids=[],
+            output_token_ids=list(request.output_token_ids),
+            finished=True,
+            finish_reason="error",
+            num_prompt_tokens=request.num_prompt_tokens,
+            num_output_tokens=request.num_output_tokens,
+            error=message,
+            index=state.index if state is not None else 0,
+            group_id=state.group_id if state is not None else None,
+            metrics=_timings(request, finished=True),
+        )
+
     @staticmethod
     def _take_logprobs(state: OutputState, num_new: int) -> list[TokenLogprobs] | None:
         if state.request.sampling_params.logprobs is None:

@@ -2,8 +2,7 @@
 
 Flow of one step:  SpecPlan -> Scheduler.schedule -> SchedulerOutput -> Proposer.propose ->
 Drafts -> ModelRunner.execute -> ModelOutput -> Scheduler.update -> RequestOutput (to callers).
-Everything here is host data; the only tensors are optional draft probabilities, which stay on
-the model's device and are consumed by the verifier.
+Everything here is host data.
 """
 
 from __future__ import annotations
@@ -12,10 +11,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    import torch
-
     from engine.request import Request
-    from engine.spec.tree import DraftTree
+    from engine.speculation.tree import DraftTree
 
 # request_id -> number of draft tokens (chains) or tree node budget (trees) for this step.
 SpecPlan = dict[str, int]
@@ -25,14 +22,16 @@ SpecPlan = dict[str, int]
 class ScheduledRequest:
     """One request's share of a step.
 
-    The step computes K/V for all_token_ids[start : start + num_new_tokens - num_spec_slots]
-    followed by num_spec_slots draft tokens (filled in by the proposer). When the chunk reaches
+    The step computes K/V for all_token_ids[start : start + num_new_tokens - num_draft_tokens]
+    followed by num_draft_tokens draft tokens (filled in by the proposer). When the chunk reaches
     the request's last known token (`needs_sample`), the runner samples or verifies.
     """
 
     request: Request
     num_new_tokens: int  # prefill chunk, or 1 + reserved draft slots
-    num_spec_slots: int = 0  # draft tokens reserved for this step (<= plan[k]); 0 while prefilling
+    num_draft_tokens: int = (
+        0  # draft tokens reserved for this step (<= plan[k]); 0 while prefilling
+    )
     start: int = 0  # == request.num_computed_tokens when scheduled
 
     @property
@@ -41,7 +40,21 @@ class ScheduledRequest:
 
     @property
     def needs_sample(self) -> bool:
-        return self.start + self.num_new_tokens - self.num_spec_slots >= self.request.num_tokens
+        return self.start + self.num_new_tokens - self.num_draft_tokens >= self.request.num_tokens
+
+    def check(self, step_output: RequestStepOutput | None) -> str | None:
+        """The error that finishes this request given its step output, if any."""
+        if step_output is None:
+            return None
+        if step_output.error is not None:
+            return step_output.error
+        num_tokens = len(step_output.token_ids)
+        if num_tokens > self.num_draft_tokens + 1 or (num_tokens and not self.needs_sample):
+            return (
+                f"model runner returned {num_tokens} tokens for a step with "
+                f"{self.num_draft_tokens} draft slots (needs_sample={self.needs_sample})"
+            )
+        return None
 
 
 @dataclass(frozen=True)
@@ -63,12 +76,18 @@ class Drafts:
 
     chains: dict[str, list[int]] = field(default_factory=dict)
     trees: dict[str, DraftTree] = field(default_factory=dict)
-    # Draft-model proposers: per request the draft distributions q, one row per draft token
-    # (chains) or per tree node, after the request's sampling transforms. [num_drafts, vocab] f32.
-    probs: dict[str, torch.Tensor] = field(default_factory=dict)
     proposer_time: float = 0.0  # seconds spent proposing (cost-model feature)
+    # How many of the target's top token ids the proposer wants per emitted token (its
+    # Proposer.target_topk; RequestStepOutput.target_topk_ids). 0: none.
+    target_topk: int = 0
 
-    def num_drafts(self, request_id: str) -> int:
+    def draft_ids(self, request_id: str) -> tuple[int, ...]:
+        """The request's draft tokens in row order (tree nodes in node order)."""
+        if request_id in self.trees:
+            return self.trees[request_id].token_ids
+        return tuple(self.chains.get(request_id, ()))
+
+    def num_draft_tokens(self, request_id: str) -> int:
         if request_id in self.trees:
             return self.trees[request_id].num_nodes
         return len(self.chains.get(request_id, ()))
@@ -92,8 +111,11 @@ class RequestStepOutput:
     logprobs: tuple[TokenLogprobs, ...] = ()  # one per token_ids entry when asked
     prompt_logprobs: tuple[TokenLogprobs | None, ...] = ()  # this chunk's prompt positions
     error: str | None = None  # set when this request's processing failed (others continue)
-    # Token Recycling: per emitted token, the target's top-k ids at the row that produced it.
-    next_token_topk: tuple[tuple[int, ...], ...] = ()
+    # Per emitted token, the target's top ids at the row that produced it, when the step's
+    # Drafts.target_topk asked for them (Token Recycling).
+    target_topk_ids: tuple[tuple[int, ...], ...] = ()
+    # The same for every draft token's row (chain tokens or tree nodes, in row order).
+    draft_topk_ids: tuple[tuple[int, ...], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@ Token bookkeeping (the invariant every layer relies on):
     all_token_ids = prompt_token_ids + output_token_ids            (verified tokens only)
     num_computed_tokens <= num_tokens: tokens whose K/V sit in the paged cache
     while decoding, num_computed_tokens == num_tokens - 1 (the last sampled token is fed next step)
-    spec_token_ids: drafts proposed for this step; num_tokens_with_spec counts them too.
+Drafts never live on the Request: a step's drafts travel in engine.outputs.Drafts, and only
+verified tokens are appended.
 A request with n > 1 is split by the engine into n Requests; children carry parent_request_id.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import enum
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from engine.sampling_params import SamplingParams
@@ -40,27 +42,6 @@ class RequestStatus(enum.Enum):
         }.get(self)
 
 
-@dataclass
-class SpecStats:
-    """Per-request speculation counters (also summed engine-wide)."""
-
-    num_drafts: int = 0  # steps in which this request verified at least one draft token
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    accepted_per_position: list[int] = field(default_factory=list)
-
-    def record(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
-        if num_draft_tokens == 0:
-            return
-        self.num_drafts += 1
-        self.num_draft_tokens += num_draft_tokens
-        self.num_accepted_tokens += num_accepted_tokens
-        while len(self.accepted_per_position) < num_accepted_tokens:
-            self.accepted_per_position.append(0)
-        for position in range(num_accepted_tokens):
-            self.accepted_per_position[position] += 1
-
-
 @dataclass(eq=False)
 class Request:
     request_id: str
@@ -77,8 +58,6 @@ class Request:
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (last admission)
     block_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
-    spec_token_ids: list[int] = field(default_factory=list)
-    spec_stats: SpecStats = field(default_factory=SpecStats)
     num_preemptions: int = 0
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
@@ -97,21 +76,12 @@ class Request:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
     @property
-    def num_tokens_with_spec(self) -> int:
-        return self.num_tokens + len(self.spec_token_ids)
-
-    @property
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
 
     @property
     def is_finished(self) -> bool:
         return self.status.finished
-
-    @property
-    def is_prefill(self) -> bool:
-        """True while tokens other than the last sampled one still need their K/V computed."""
-        return self.num_computed_tokens < self.num_tokens - 1
 
     @property
     def max_output_tokens(self) -> int:
@@ -124,3 +94,53 @@ class Request:
     @property
     def num_remaining_output_tokens(self) -> int:
         return max(0, self.max_output_tokens - self.num_output_tokens)
+
+    def append_until_stop(self, token_ids: Iterable[int]) -> RequestStatus | None:
+        """Append verified tokens in order until a stop condition, whose status is returned;
+        the tokens after it are dropped (truncation)."""
+        params = self.sampling_params
+        for token_id in token_ids:
+            if self.num_output_tokens >= self.max_output_tokens:
+                return RequestStatus.FINISHED_LENGTH
+            self.output_token_ids.append(token_id)
+            if self.num_output_tokens >= params.min_tokens and (
+                (token_id == self.eos_token_id and not params.ignore_eos)
+                or token_id in params.stop_token_ids
+            ):
+                return RequestStatus.FINISHED_STOPPED
+        if self.num_output_tokens >= self.max_output_tokens:
+            return RequestStatus.FINISHED_LENGTH
+        return None
+
+
+def check_prompt(
+    prompt_token_ids: Sequence[int], max_tokens: int | None, vocab_size: int, max_model_len: int
+) -> None:
+    """The one check of a prompt against the model: raises ValueError whose message starts
+    with the offending field (`prompt` or `max_tokens`), so API layers can name it."""
+    if not prompt_token_ids:
+        raise ValueError("prompt must not be empty")
+    bad = [t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"prompt: token ids must be integers in [0, {vocab_size}), got {bad[:5]}")
+    num_prompt = len(prompt_token_ids)
+    if num_prompt >= max_model_len:
+        raise ValueError(
+            f"prompt is {num_prompt} tokens; it must be shorter than the context length "
+            f"{max_model_len}"
+        )
+    if max_tokens is not None and num_prompt + max_tokens > max_model_len:
+        raise ValueError(
+            f"max_tokens: prompt ({num_prompt} tokens) + max_tokens ({max_tokens}) exceeds the "
+            f"context length {max_model_len}; lower max_tokens to at most "
+            f"{max_model_len - num_prompt}"
+        )
+
+
+def check_token_ids(params: SamplingParams, vocab_size: int) -> None:
+    """The token ids a request names besides its prompt must be ids of this model's vocabulary;
+    the ValueError starts with the field's name."""
+    for name, ids in (("stop_token_ids", params.stop_token_ids), ("logit_bias", params.logit_bias)):
+        bad = [t for t in ids if not 0 <= t < vocab_size]
+        if bad:
+            raise ValueError(f"{name}: token ids must be in [0, {vocab_size}), got {bad[:5]}")

@@ -6,11 +6,15 @@ process() applies, in this order (vLLM / OpenAI semantics):
        min_tokens tokens precede this position
     3. repetition_penalty over prompt + output tokens (HF/vLLM: positive logits divided,
        negative multiplied); presence / frequency penalties over output tokens only
-    4. greedy rows (temperature 0): a one-hot point mass on the processed argmax (ties: the
-       lowest token id); other rows: softmax(logits / temperature), then top-k, top-p, min-p.
+    4. greedy rows (temperature below GREEDY_TEMPERATURE): a one-hot point mass on the
+       processed argmax (ties: the lowest token id); other rows: softmax(logits / temperature),
+       then top-k (clamped to the vocabulary), top-p, min-p.
 The result is float32 probabilities, the `p` that speculative verification compares drafts
-against. A row's result depends only on its own logits and parameters (batch invariance); each
-row samples with its own torch.Generator.
+against. A row's result depends only on its own logits and parameters (batch invariance);
+sample() draws each row's token by inverse CDF at a uniform the caller derives from the
+request's seed and the token's position (engine/rng.py). For valid SamplingParams and finite
+logits every row is a distribution; valid_rows() tells, per row and without a host sync,
+whether that held (a non-finite logit from the model breaks only its own row).
 """
 
 from __future__ import annotations
@@ -71,13 +75,20 @@ class Sampler:
         probs[index] = _random_rows_probs(logits[index], [rows[i].params for i in random_index])
         return probs
 
-    def sample(
-        self, probs: torch.Tensor, generators: Sequence[torch.Generator | None]
-    ) -> list[int]:
-        """One token per row of process()'s output; generators[i] None = the global RNG."""
-        if len(generators) != probs.shape[0]:
-            raise ValueError(f"got {probs.shape[0]} rows but {len(generators)} generators")
-        return sample_from_probs(probs, generators).tolist()
+    @staticmethod
+    def valid_rows(logits: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+        """bool [N]: row i came from finite logits and is a distribution (positive, finite
+        mass). Two reductions on the device, no sync: amax and sum propagate NaN and inf, and
+        a greedy row's one-hot hides a NaN logit that only its amax still shows."""
+        total = probs.sum(dim=-1)
+        return torch.isfinite(logits.amax(dim=-1)) & torch.isfinite(total) & (total > 0)
+
+    def sample(self, probs: torch.Tensor, uniforms: torch.Tensor | None) -> torch.Tensor:
+        """One token per row of process()'s output, on the device (no host sync): the inverse
+        CDF at uniforms[i] (float64 [N], engine/rng.py), or the argmax when uniforms is None."""
+        if uniforms is not None and uniforms.shape[0] != probs.shape[0]:
+            raise ValueError(f"got {probs.shape[0]} rows but {uniforms.shape[0]} uniforms")
+        return sample_from_probs(probs, uniforms)
 
     def logprobs(
         self, logits: torch.Tensor, token_ids: Sequence[int], num_top: Sequence[int]
@@ -146,17 +157,26 @@ def _random_rows_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -
     filtered = [i for i, p in enumerate(params) if p.top_k > 0 or p.top_p < 1 or p.min_p > 0]
     if not filtered:
         return probs
+    vocab_size = logits.shape[-1]
     if len(filtered) == len(params):
-        return filter_probs(probs, **_filter_args(params))
+        return filter_probs(probs, **_filter_args(params, vocab_size))
     index = torch.tensor(filtered, device=device)
-    probs[index] = filter_probs(probs[index], **_filter_args([params[i] for i in filtered]))
+    subset = [params[i] for i in filtered]
+    probs[index] = filter_probs(probs[index], **_filter_args(subset, vocab_size))
     return probs
 
 
-def _filter_args(params: Sequence[SamplingParams]) -> dict[str, torch.Tensor]:
+# top-p below a row's largest probability keeps just its best token(s); that probability is at
+# least 1/vocab, so this floor changes nothing below a million tokens, and keeps a tiny top_p
+# from rounding to 0 in float32 (which would keep no token at all).
+_MIN_TOP_P = 1e-6
+
+
+def _filter_args(params: Sequence[SamplingParams], vocab_size: int) -> dict[str, torch.Tensor]:
     # Parameter tensors stay on the CPU: the kernel reads their maxima without a device sync.
+    # top_k beyond the vocabulary keeps everything, as the vocabulary size does.
     return {
-        "top_k": torch.tensor([p.top_k for p in params]),
-        "top_p": torch.tensor([p.top_p for p in params]),
+        "top_k": torch.tensor([min(p.top_k, vocab_size) for p in params]),
+        "top_p": torch.tensor([max(p.top_p, _MIN_TOP_P) for p in params]),
         "min_p": torch.tensor([p.min_p for p in params]),
     }

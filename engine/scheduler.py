@@ -74,8 +74,7 @@ class Scheduler:
 
     # ---- requests ------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
-        if request.request_id in self._requests:
-            raise ValueError(f"request_id {request.request_id!r} is already in use")
+        """Queue a request the engine validated (its id is unique: LLMEngine._validate)."""
         request.status = RequestStatus.WAITING
         self._requests[request.request_id] = request
         self._arrival_order[request.request_id] = next(self._arrival_counter)
@@ -228,7 +227,6 @@ class Scheduler:
         self.running.remove(request)
         self.block_manager.free(request)
         request.num_computed_tokens = 0
-        request.spec_token_ids.clear()
         request.status = RequestStatus.PREEMPTED
         request.num_preemptions += 1
         self.num_preemptions_total += 1
@@ -245,7 +243,7 @@ class Scheduler:
             if self._requests.get(request.request_id) is not request:
                 continue  # aborted or finished between schedule() and update()
             step_output = model_output.outputs.get(request.request_id)
-            error = _check_step_output(scheduled, step_output)
+            error = scheduled.check(step_output)
             if error is not None:
                 self._finish(request, RequestStatus.FINISHED_ERROR, error)
                 changed.append(request)
@@ -255,18 +253,16 @@ class Scheduler:
 
     def _apply(self, scheduled: ScheduledRequest, step_output: RequestStepOutput | None) -> bool:
         request = scheduled.request
-        computed = scheduled.start + scheduled.num_new_tokens - scheduled.num_spec_slots
+        computed = scheduled.start + scheduled.num_new_tokens - scheduled.num_draft_tokens
         self.num_prompt_tokens_computed_total += max(
             0, min(computed, request.num_prompt_tokens) - scheduled.start
         )
-        request.spec_token_ids.clear()
         token_ids = step_output.token_ids if step_output is not None else ()
         if not token_ids:  # mid-prefill chunk (or nothing sampled: feed the last token again)
             request.num_computed_tokens = min(computed, request.num_tokens - 1)
             self.block_manager.cache_full_blocks(request)
             return False
-        request.spec_stats.record(step_output.num_draft_tokens, step_output.num_accepted_tokens)
-        status = _append_until_stop(request, token_ids)
+        status = request.append_until_stop(token_ids)
         # Accepted drafts' K/V is valid: a chain rollback is just this length (DESIGN §4).
         request.num_computed_tokens = request.num_tokens - 1
         if request.first_token_time is None and request.num_output_tokens > 0:
@@ -315,38 +311,3 @@ def _has_computed_prompt(parent: Request, child: Request) -> bool:
         parent.status is RequestStatus.RUNNING
         and parent.num_computed_tokens >= child.num_prompt_tokens
     )
-
-
-def _check_step_output(
-    scheduled: ScheduledRequest, step_output: RequestStepOutput | None
-) -> str | None:
-    """The error that finishes this request, if any."""
-    if step_output is None:
-        return None
-    if step_output.error is not None:
-        return step_output.error
-    if len(step_output.token_ids) > scheduled.num_spec_slots + 1 or (
-        step_output.token_ids and not scheduled.needs_sample
-    ):
-        return (
-            f"model runner returned {len(step_output.token_ids)} tokens for a step with "
-            f"{scheduled.num_spec_slots} draft slots (needs_sample={scheduled.needs_sample})"
-        )
-    return None
-
-
-def _append_until_stop(request: Request, token_ids: Iterable[int]) -> RequestStatus | None:
-    """Append tokens in order until a stop condition; later tokens are dropped (truncation)."""
-    params = request.sampling_params
-    for token_id in token_ids:
-        if request.num_output_tokens >= request.max_output_tokens:
-            return RequestStatus.FINISHED_LENGTH
-        request.output_token_ids.append(token_id)
-        if request.num_output_tokens >= params.min_tokens and (
-            (token_id == request.eos_token_id and not params.ignore_eos)
-            or token_id in params.stop_token_ids
-        ):
-            return RequestStatus.FINISHED_STOPPED
-    if request.num_output_tokens >= request.max_output_tokens:
-        return RequestStatus.FINISHED_LENGTH
-    return None

@@ -2,7 +2,7 @@
 
 Each op works on a batch of rows, every row independent of the others (batch invariance):
     filter_probs(probs, top_k, top_p, min_p) -> probs restricted to the kept tokens, renormalised
-    sample_from_probs(probs, generators)      -> one token id per row, drawn with that row's RNG
+    sample_from_probs(probs, uniforms)        -> one token id per row, by inverse CDF at its uniform
     inverse_cdf(probs, uniforms)              -> the token whose CDF interval holds each uniform
 Sampling is by inverse CDF: one uniform u per row, token = first i with cdf(i) > u * sum(p), with
 the CDF in float64. It costs one random number per row (not one per vocabulary entry) and never
@@ -10,8 +10,6 @@ returns a zero-probability token.
 """
 
 from __future__ import annotations
-
-from collections.abc import Sequence
 
 import torch
 
@@ -33,33 +31,16 @@ def inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     return torch.searchsorted(cdf, target, right=True).squeeze(-1)
 
 
-def sample_from_probs(
-    probs: torch.Tensor, generators: Sequence[torch.Generator | None]
-) -> torch.Tensor:
-    """probs [N, V], normalised -> [N] int64. Row i draws one uniform from generators[i].
+def sample_from_probs(probs: torch.Tensor, uniforms: torch.Tensor | None) -> torch.Tensor:
+    """probs [N, V], normalised -> [N] int64 token ids, without a host sync.
 
-    Rows whose generator is None share one draw from the global RNG. Point masses (greedy rows:
-    largest probability 1) take their argmax and leave their generator untouched. One host sync.
+    Row i takes the inverse CDF at uniforms[i] (float64 [N] in [0, 1)); uniforms None (every
+    row greedy) takes each row's argmax. A point mass (a greedy row's one-hot) gives its token
+    at any uniform, so greedy and sampled rows can share one call.
     """
-    largest, tokens = probs.max(dim=-1)
-    is_point = (largest >= 1.0).tolist()
-    random_rows = [i for i in range(probs.shape[0]) if not is_point[i]]
-    if not random_rows:
-        return tokens
-    uniforms = torch.empty(len(random_rows), dtype=torch.float64, device=probs.device)
-    unseeded = [j for j, i in enumerate(random_rows) if generators[i] is None]
-    if unseeded:
-        uniforms[unseeded] = torch.rand(len(unseeded), dtype=torch.float64, device=probs.device)
-    for j, i in enumerate(random_rows):
-        if generators[i] is not None:
-            uniforms[j] = torch.rand(
-                (), dtype=torch.float64, generator=generators[i], device=probs.device
-            )
-    if len(random_rows) == probs.shape[0]:  # no point masses: skip the row gather
-        return inverse_cdf(probs, uniforms)
-    index = torch.tensor(random_rows, device=probs.device)
-    tokens[index] = inverse_cdf(probs[index], uniforms)
-    return tokens
+    if uniforms is None:
+        return probs.argmax(dim=-1)
+    return inverse_cdf(probs, uniforms)
 
 
 def filter_probs(

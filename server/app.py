@@ -17,14 +17,16 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from engine.async_engine import AsyncEngine
-from server.errors import APIError, bad_request, install_error_handlers
+from server.errors import APIError, UnhandledErrorMiddleware, bad_request, install_error_handlers
 from server.metrics import EngineMetrics
 from server.middleware import GuardMiddleware
+from server.openapi import json_body
 from server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
     TokenizeRequest,
+    check_messages,
 )
 from server.responses import ModelCard, ModelList
 from server.serving import ServerSettings, ServingContext, parse_body
@@ -70,6 +72,7 @@ def build_app(engine: AsyncEngine, settings: ServerSettings | None = None) -> Fa
         is_draining=lambda: ctx.draining,
         retry_after_s=settings.retry_after_s,
     )
+    app.add_middleware(UnhandledErrorMiddleware)  # added last: outermost, so it sees every bug
     _add_info_routes(app, ctx, metrics)
     _add_generation_routes(app, ctx)
     return app
@@ -112,35 +115,36 @@ def _add_info_routes(app: FastAPI, ctx: ServingContext, metrics: EngineMetrics) 
 
 
 def _add_generation_routes(app: FastAPI, ctx: ServingContext) -> None:
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", openapi_extra=json_body(CompletionRequest))
     async def completions(request: Request) -> Response:
         body = await parse_body(request, CompletionRequest)
         return await create_completion(ctx, body, request)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", openapi_extra=json_body(ChatCompletionRequest))
     async def chat_completions(request: Request) -> Response:
         body = await parse_body(request, ChatCompletionRequest)
         return await create_chat_completion(ctx, body, request)
 
-    @app.post("/tokenize")
+    @app.post("/tokenize", openapi_extra=json_body(TokenizeRequest))
     async def tokenize(request: Request) -> dict[str, Any]:
         body = await parse_body(request, TokenizeRequest)
         ctx.check_model(body.model)
         if (body.prompt is None) == (body.messages is None):
             raise bad_request("send exactly one of prompt and messages", "prompt")
         if body.messages is not None:
+            check_messages(body.messages)
             messages = [m.as_template_dict() for m in body.messages]
-            tokens = ctx.apply_chat_template(messages, body.add_generation_prompt is not False)
+            add_generation_prompt = body.add_generation_prompt is not False
+            tokens = await ctx.apply_chat_template(messages, add_generation_prompt)
         else:
-            tokens = ctx.tokenizer.encode(
-                body.prompt, add_special_tokens=body.add_special_tokens is not False
-            )
+            add_special_tokens = body.add_special_tokens is not False
+            tokens = await ctx.tokenize(body.prompt or "", add_special_tokens)
         return {"tokens": tokens, "count": len(tokens), "max_model_len": ctx.engine.max_model_len}
 
-    @app.post("/detokenize")
+    @app.post("/detokenize", openapi_extra=json_body(DetokenizeRequest))
     async def detokenize(request: Request) -> dict[str, str]:
         body = await parse_body(request, DetokenizeRequest)
         ctx.check_model(body.model)
         if body.tokens:
-            ctx.check_token_ids(body.tokens, "tokens")
-        return {"prompt": ctx.tokenizer.decode(body.tokens)}
+            ctx.check_prompt(body.tokens, None, "tokens", max_model_len=len(body.tokens) + 1)
+        return {"prompt": await ctx.decode(body.tokens)}

@@ -52,7 +52,24 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--max-body-size", default="4MiB", help="largest request body accepted (default 4MiB)"
     )
-    group.add_argument("--log-level", default="info", help="debug | info | warning | error")
+    group.add_argument(
+        "--max-seqs-per-request",
+        type=int,
+        default=ServerSettings.max_seqs_per_request,
+        help="prompts x n allowed in one request; more get 400 (default %(default)s)",
+    )
+    group.add_argument(
+        "--max-tokens-per-request",
+        type=int,
+        default=ServerSettings.max_tokens_per_request,
+        help="tokens one request may reach: (prompt + max_tokens) summed over its prompts x n; "
+        "more get 400 (default %(default)s)",
+    )
+    group.add_argument(
+        "--log-level",
+        default="info",
+        help="debug | info | warning | error (failed requests: one line each; tracebacks at debug)",
+    )
     add_engine_arguments(parser)
 
 
@@ -66,6 +83,8 @@ def run_serve(args: argparse.Namespace) -> int:
             served_model_name=args.served_model_name,
             api_key=args.api_key or None,
             max_body_bytes=parse_size(args.max_body_size),
+            max_seqs_per_request=args.max_seqs_per_request,
+            max_tokens_per_request=args.max_tokens_per_request,
         )
         if args.max_queue is not None and args.max_queue < 0:
             raise ValueError(f"--max-queue must be >= 0, got {args.max_queue}")

@@ -1,7 +1,12 @@
 """OpenAI-shaped errors: `{"error": {"message", "type", "param", "code"}}` for every failure.
 
 Client mistakes are 4xx with a message naming the field and what is allowed; FastAPI's 422
-validation responses become 400; a 500 only ever means a bug or a dead engine.
+validation responses become 400; a 500 only ever means a bug or a failed generation.
+
+Every failed request is logged once, in one line (request id, method and path, status, error
+class, message): client errors at INFO, server errors at ERROR, a traceback only at DEBUG.
+UnhandledErrorMiddleware answers unexpected exceptions itself, so neither Starlette nor uvicorn
+logs them again (no double tracebacks) and the keep-alive connection survives.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from engine.async_engine import EngineDeadError
 
@@ -27,6 +33,7 @@ ERROR_TYPES = {
     404: "not_found_error",
     405: "invalid_request_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
     500: "server_error",
     503: "service_unavailable_error",
 }
@@ -124,14 +131,36 @@ def _field_path(loc: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple(p for p in body if isinstance(p, int) or not _TYPE_TAG.search(p))
 
 
+def log_failure(scope: Scope, status: int, error_class: str, message: str) -> None:
+    """The one log line of a failed request; its id is set by the handler once it has one."""
+    request_id = scope.get("state", {}).get("request_id", "-")
+    logger.log(
+        logging.ERROR if status >= 500 else logging.INFO,
+        "request %s (%s %s) failed: %d %s: %s",
+        request_id,
+        scope.get("method", "-"),
+        scope.get("path", "-"),
+        status,
+        error_class,
+        message,
+    )
+
+
+def _logged(request: Request, error: APIError) -> JSONResponse:
+    log_failure(
+        request.scope, error.status_code, ERROR_TYPES.get(error.status_code, "error"), error.message
+    )
+    return error.response()
+
+
 async def _api_error_handler(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, APIError)
-    return exc.response()
+    return _logged(request, exc)
 
 
 async def _validation_handler(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError | ValidationError)
-    return from_validation_errors(list(exc.errors())).response()
+    return _logged(request, from_validation_errors(list(exc.errors())))
 
 
 async def _http_handler(request: Request, exc: Exception) -> JSONResponse:
@@ -139,16 +168,11 @@ async def _http_handler(request: Request, exc: Exception) -> JSONResponse:
     message = exc.detail if isinstance(exc.detail, str) else str(exc.status_code)
     if exc.status_code == 404:
         message = f"no route {request.method} {request.url.path}"
-    return APIError(exc.status_code, message, headers=exc.headers).response()
+    return _logged(request, APIError(exc.status_code, message, headers=exc.headers))
 
 
 async def _engine_dead_handler(request: Request, exc: Exception) -> JSONResponse:
-    return APIError(503, str(exc)).response()
-
-
-async def _internal_handler(request: Request, exc: Exception) -> JSONResponse:
-    logger.exception("unhandled error on %s %s", request.method, request.url.path)
-    return APIError(500, f"internal error: {type(exc).__name__}").response()
+    return _logged(request, APIError(503, str(exc)))
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -157,4 +181,33 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ValidationError, _validation_handler)
     app.add_exception_handler(StarletteHTTPException, _http_handler)
     app.add_exception_handler(EngineDeadError, _engine_dead_handler)
-    app.add_exception_handler(Exception, _internal_handler)
+
+
+class UnhandledErrorMiddleware:
+    """Outermost: a bug anywhere below becomes one log line and a 500 in OpenAI's shape (or,
+    once a response has begun, an ended response), never a re-raised exception."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as exc:
+            log_failure(scope, 500, type(exc).__name__, str(exc)[:500])
+            logger.debug("traceback of the failed request", exc_info=exc)
+            if not started:
+                error = APIError(500, f"internal error: {type(exc).__name__}")
+                await error.response()(scope, receive, send)
+            else:  # end the cut response cleanly rather than leave the client waiting
+                await send({"type": "http.response.body", "body": b"", "more_body": False})

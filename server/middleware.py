@@ -1,4 +1,5 @@
 """Checks that run before any route: draining (503), API key (401), body size (413).
+Each refusal is logged once (server/errors.py's log_failure).
 
 A pure ASGI middleware (no BaseHTTPMiddleware) so that streaming responses and disconnect
 detection pass through untouched. The body is read here, up to the limit, whether or not the
@@ -12,7 +13,7 @@ from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from server.errors import error_bytes
+from server.errors import ERROR_TYPES, error_bytes, log_failure
 
 # Open without an API key and while draining: probes and scrapers must keep working.
 OPEN_PATHS = frozenset({"/health", "/metrics", "/version"})
@@ -31,6 +32,8 @@ class GuardMiddleware:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.api_key = api_key
+        # Compared as bytes: hmac.compare_digest refuses non-ASCII str (a 500 before).
+        self._api_key_bytes = api_key.encode() if api_key is not None else b""
         self.is_draining = is_draining
         self.retry_after_s = retry_after_s
 
@@ -40,11 +43,12 @@ class GuardMiddleware:
             return
         if self.is_draining():
             retry = [(b"retry-after", str(self.retry_after_s).encode())]
-            await _send_error(send, 503, "the server is shutting down", extra_headers=retry)
+            await _send_error(scope, send, 503, "the server is shutting down", extra_headers=retry)
             return
         if self.api_key is not None and not self._authorized(scope):
             auth = [(b"www-authenticate", b"Bearer")]
-            await _send_error(send, 401, "missing or invalid API key", "invalid_api_key", auth)
+            message = "missing or invalid API key"
+            await _send_error(scope, send, 401, message, "invalid_api_key", auth)
             return
         body = await self._read_body(scope, receive, send)
         if body is None:
@@ -52,10 +56,11 @@ class GuardMiddleware:
         await self.app(scope, _replay(body, receive), send)
 
     def _authorized(self, scope: Scope) -> bool:
-        header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
-        scheme, _, token = header.partition(" ")
-        expected = self.api_key or ""
-        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip(), expected)
+        header = dict(scope["headers"]).get(b"authorization", b"")
+        scheme, _, token = header.partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(
+            token.strip(), self._api_key_bytes
+        )
 
     async def _read_body(self, scope: Scope, receive: Receive, send: Send) -> bytes | None:
         """The whole body, or None after answering 413 (too large) or on disconnect.
@@ -65,10 +70,10 @@ class GuardMiddleware:
         connection instead of the 413.
         """
         limit = self.max_body_bytes
-        declared = dict(scope["headers"]).get(b"content-length", b"")
-        too_large = declared.isdigit() and int(declared) > limit
-        if too_large and int(declared) > DRAIN_FACTOR * limit:
-            await self._too_large(send)
+        declared = _declared_size(scope)
+        too_large = declared > limit
+        if too_large and declared > DRAIN_FACTOR * limit:
+            await self._too_large(scope, send)
             return None
         chunks: list[bytes] = []
         size = 0
@@ -84,13 +89,22 @@ class GuardMiddleware:
                 chunks.append(chunk)
             more = message.get("more_body", False)
         if too_large:
-            await self._too_large(send)
+            await self._too_large(scope, send)
             return None
         return b"".join(chunks)
 
-    async def _too_large(self, send: Send) -> None:
+    async def _too_large(self, scope: Scope, send: Send) -> None:
         limit = self.max_body_bytes
-        await _send_error(send, 413, f"request body exceeds the limit of {limit} bytes")
+        await _send_error(scope, send, 413, f"request body exceeds the limit of {limit} bytes")
+
+
+def _declared_size(scope: Scope) -> int:
+    """Content-Length as sent, -1 when absent or malformed. An absurdly long number counts as
+    huge rather than reaching int() (which refuses more than 4300 digits)."""
+    value = dict(scope["headers"]).get(b"content-length", b"")
+    if not value.isdigit():
+        return -1
+    return int(value) if len(value) <= 18 else 10**18
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
@@ -108,12 +122,14 @@ def _replay(body: bytes, receive: Receive) -> Receive:
 
 
 async def _send_error(
+    scope: Scope,
     send: Send,
     status: int,
     message: str,
     code: str | None = None,
     extra_headers: list[tuple[bytes, bytes]] | None = None,
 ) -> None:
+    log_failure(scope, status, ERROR_TYPES[status], message)
     body = error_bytes(status, message, code)
     headers = [
         (b"content-type", b"application/json"),

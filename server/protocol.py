@@ -8,6 +8,7 @@ only check types and the few rules that are about the API rather than sampling.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -17,6 +18,9 @@ from server.errors import bad_request, from_value_error
 
 MAX_PROMPTS = 128  # prompts in one /v1/completions batch
 MAX_SEED = 2**63 - 1
+# A token id key: ASCII digits only ("²".isdigit() is True, but int() refuses it), few enough
+# for int() (it refuses more than 4300).
+_TOKEN_ID_KEY = re.compile(r"[0-9]{1,19}")
 
 
 class _Strict(BaseModel):
@@ -89,7 +93,7 @@ def _logit_bias(bias: dict[str, float] | None, vocab_size: int) -> dict[int, flo
         return None
     result = {}
     for key, value in bias.items():
-        if not key.isdigit() or int(key) >= vocab_size:
+        if not _TOKEN_ID_KEY.fullmatch(key) or int(key) >= vocab_size:
             raise bad_request(
                 f"logit_bias keys must be token ids in [0, {vocab_size}), got {key!r}", "logit_bias"
             )
@@ -162,6 +166,14 @@ class ChatMessage(_Strict):
         return {"role": role, "content": content or ""}
 
 
+def check_messages(messages: list[ChatMessage]) -> None:
+    """Every message must have content: a template cannot render one without it."""
+    for index, message in enumerate(messages):
+        if message.content is None:
+            param = f"messages.{index}.content"
+            raise bad_request(f"{param} is required ({message.role} messages need content)", param)
+
+
 class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessage]
     max_tokens: int | None = None
@@ -174,6 +186,7 @@ class ChatCompletionRequest(_SamplingRequest):
         super().check_api_rules()
         if not self.messages:
             raise bad_request("messages must not be empty", "messages")
+        check_messages(self.messages)
         if self.top_logprobs is not None and not self.logprobs:
             raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
         if self.top_logprobs is not None and not 0 <= self.top_logprobs <= MAX_LOGPROBS:

@@ -1,14 +1,17 @@
 """What every route handler shares: settings, model-name checks, prompt checks, admission.
 
-Prompt checks (vocabulary, context length) run here, before the engine thread sees the request,
-so that the common mistakes get precise 400s without waiting for an engine step.
+Prompt checks (vocabulary, context length, the per-request size caps) run here, before the
+engine thread sees the request, so that the common mistakes get precise 400s without waiting
+for an engine step. Tokenizing or rendering long text runs off the event loop, so one large
+request cannot stall the others (or /health).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Sequence
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -16,11 +19,12 @@ from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
 from engine.async_engine import AsyncEngine, EngineDeadError, QueueFullError, RequestStream
+from engine.request import check_prompt, check_token_ids
 from engine.sampling_params import SamplingParams
 from server.errors import APIError, bad_request, from_validation_errors, from_value_error
 from server.logprobs import TokenTexts
 
-_LONG_TEXT_CHARS = 16_384
+_LONG_TEXT_CHARS = 16_384  # text (or token ids) longer than this is tokenized off the loop
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
 
@@ -32,6 +36,15 @@ class ServerSettings:
     max_body_bytes: int = 4 * 2**20  # larger request bodies get 413
     retry_after_s: int = 1  # Retry-After of 503 answers
     disconnect_poll_s: float = 0.25  # how often a non-streaming request checks for its client
+    # One request's share of the engine: prompts x n sequences, and the tokens they may reach
+    # (prompt + max_tokens, or the context length without max_tokens, summed over them).
+    max_seqs_per_request: int = 256
+    max_tokens_per_request: int = 2**18
+
+    def __post_init__(self) -> None:
+        for name in ("max_seqs_per_request", "max_tokens_per_request", "max_body_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
 class ServingContext:
@@ -65,46 +78,78 @@ class ServingContext:
     async def encode(self, text: str, param: str = "prompt") -> list[int]:
         if not text:
             raise bad_request(f"{param} must not be empty", param)
-        if len(text) < _LONG_TEXT_CHARS:
-            return self.tokenizer.encode(text, add_special_tokens=True)
-        # Megabytes of text take a while to tokenize: keep the event loop serving meanwhile.
-        return await asyncio.to_thread(self.tokenizer.encode, text, add_special_tokens=True)
+        return await self.tokenize(text)
 
-    def apply_chat_template(
+    async def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        encode = self.tokenizer.encode
+        return await _off_loop_if_long(
+            len(text), encode, text, add_special_tokens=add_special_tokens
+        )
+
+    async def decode(self, token_ids: list[int]) -> str:
+        return await _off_loop_if_long(len(token_ids), self.tokenizer.decode, token_ids)
+
+    async def apply_chat_template(
         self, messages: list[dict[str, str]], add_generation_prompt: bool
     ) -> list[int]:
+        size = sum(len(m.get("content") or "") for m in messages)
+        render = self.tokenizer.apply_chat_template
         try:
-            return self.tokenizer.apply_chat_template(
-                messages, add_generation_prompt=add_generation_prompt
+            return await _off_loop_if_long(
+                size, render, messages, add_generation_prompt=add_generation_prompt
             )
         except ValueError as exc:
             raise bad_request(
                 f"messages: cannot apply the chat template: {exc}", "messages"
             ) from None
 
-    def check_token_ids(self, token_ids: Sequence[int], param: str = "prompt") -> None:
-        if not token_ids:
-            raise bad_request(f"{param} must not be empty", param)
-        vocab_size = self.engine.vocab_size
-        bad = [t for t in token_ids if not 0 <= t < vocab_size]
-        if bad:
-            raise bad_request(
-                f"{param}: token ids must be in [0, {vocab_size}), got {bad[:5]}", param
-            )
+    def check_prompt(
+        self,
+        prompt_token_ids: Sequence[int],
+        max_tokens: int | None,
+        param: str = "prompt",
+        max_model_len: int | None = None,
+    ) -> None:
+        """The engine's own prompt check (engine.request.check_prompt), before admission, so a
+        multi-prompt request is refused whole; errors about the prompt name `param`.
+        max_model_len: the engine's unless given (/detokenize checks only the ids)."""
+        engine = self.engine
+        limit = max_model_len if max_model_len is not None else engine.max_model_len
+        try:
+            check_prompt(prompt_token_ids, max_tokens, engine.vocab_size, limit)
+        except ValueError as exc:
+            error = from_value_error(exc)
+            if error.param == "prompt":  # named as the client sent it (messages, tokens)
+                error = bad_request(param + str(exc).removeprefix("prompt"), param)
+            raise error from None
 
-    def check_context(self, prompt_token_ids: Sequence[int], max_tokens: int | None) -> None:
-        limit = self.engine.max_model_len
-        num_prompt = len(prompt_token_ids)
-        if num_prompt >= limit:
+    def check_request(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> None:
+        """The per-request caps (ServerSettings) and the token ids the parameters name."""
+        settings, n = self.settings, params.n
+        num_seqs = len(prompts) * n
+        if num_seqs > settings.max_seqs_per_request:
             raise bad_request(
-                f"prompt is {num_prompt} tokens; the context length is {limit}", "prompt"
+                f"n: {len(prompts)} prompts x n={n} = {num_seqs} sequences; a request may "
+                f"have at most {settings.max_seqs_per_request}",
+                "n",
             )
-        if max_tokens is not None and num_prompt + max_tokens > limit:
+        limit = self.engine.max_model_len
+        reach = [
+            len(p) + (limit - len(p) if params.max_tokens is None else params.max_tokens)
+            for p in prompts
+        ]
+        total = n * sum(reach)
+        if total > settings.max_tokens_per_request:
             raise bad_request(
-                f"max_tokens: prompt ({num_prompt} tokens) + max_tokens ({max_tokens}) exceeds "
-                f"the context length {limit}; lower max_tokens to at most {limit - num_prompt}",
+                f"max_tokens: this request may reach {total} tokens (prompt + max_tokens for "
+                f"each of {num_seqs} sequences); a request may reach at most "
+                f"{settings.max_tokens_per_request}: lower max_tokens, n or the prompts",
                 "max_tokens",
             )
+        try:
+            check_token_ids(params, self.engine.vocab_size)
+        except ValueError as exc:
+            raise from_value_error(exc) from None
 
     # ---- admission ---------------------------------------------------------------------------
     async def admit(
@@ -147,8 +192,26 @@ class ServingContext:
         return APIError(503, message, headers={"Retry-After": str(self.settings.retry_after_s)})
 
 
+def new_request_id(raw: Request, prefix: str) -> str:
+    """A fresh request id, also kept on the request so that its failure log line names it."""
+    request_id = f"{prefix}-{uuid.uuid4().hex}"
+    raw.state.request_id = request_id
+    return request_id
+
+
+async def _off_loop_if_long(size: int, work: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    if size < _LONG_TEXT_CHARS:
+        return work(*args, **kwargs)
+    # Megabytes of text take a while to tokenize: keep the event loop serving meanwhile.
+    return await asyncio.to_thread(work, *args, **kwargs)
+
+
 async def parse_body(request: Request, model: type[M]) -> M:
-    """The request body validated as `model`; malformed JSON and wrong types are 400s."""
+    """The request body validated as `model`: a JSON content type (or none) is required (415),
+    malformed JSON and wrong types are 400s."""
+    content_type = request.headers.get("content-type")
+    if content_type is not None and not _is_json(content_type):
+        raise APIError(415, f"Content-Type must be application/json, got {content_type[:100]!r}")
     raw = await request.body()
     try:
         return model.model_validate_json(raw)
@@ -169,3 +232,8 @@ async def until_disconnected(request: Request, work: Awaitable[T], poll: float) 
     finally:
         if not task.done():
             task.cancel()
+
+
+def _is_json(content_type: str) -> bool:
+    media_type = content_type.split(";", 1)[0].strip().lower()
+    return media_type == "application/json" or media_type.endswith("+json")

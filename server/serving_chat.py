@@ -7,7 +7,6 @@ then a chunk with the finish reason; `include_usage` adds a final chunk with emp
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -28,7 +27,7 @@ from server.responses import (
     DeltaMessage,
     UsageInfo,
 )
-from server.serving import ServingContext, until_disconnected
+from server.serving import ServingContext, new_request_id, until_disconnected
 from server.streaming import SSEResponse, raise_if_failed, sse_event, with_error_events
 
 
@@ -45,18 +44,19 @@ class _ChatJob:
 async def create_chat_completion(
     ctx: ServingContext, body: ChatCompletionRequest, raw: Request
 ) -> Response:
+    request_id = new_request_id(raw, "chatcmpl")
     body.check_api_rules()
     model = ctx.check_model(body.model)
     params = body.sampling_params(ctx.engine.vocab_size)
     messages = [m.as_template_dict() for m in body.messages]
-    prompt = ctx.apply_chat_template(messages, body.add_generation_prompt is not False)
-    ctx.check_token_ids(prompt, "messages")
-    ctx.check_context(prompt, params.max_tokens)
-    request_id = f"chatcmpl-{uuid.uuid4().hex}"
+    prompt = await ctx.apply_chat_template(messages, body.add_generation_prompt is not False)
+    ctx.check_prompt(prompt, params.max_tokens, "messages")
+    ctx.check_request([prompt], params)
     (stream,) = await ctx.admit(request_id, [prompt], params)
     job = _ChatJob(request_id, model, body, len(prompt), stream)
     if body.stream:
-        return SSEResponse(with_error_events(_stream(ctx, job)), on_close=stream.close)
+        events = with_error_events(_stream(ctx, job), raw.scope)
+        return SSEResponse(events, on_close=stream.close)
     try:
         result = await until_disconnected(raw, _collect(ctx, job), ctx.settings.disconnect_poll_s)
     finally:

@@ -8,7 +8,6 @@ prompt once and every choice's output tokens.
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -20,7 +19,7 @@ from engine.outputs import RequestOutput, TokenLogprobs
 from server.logprobs import completion_logprobs, generated_positions, prompt_positions
 from server.protocol import CompletionRequest
 from server.responses import CompletionChoice, CompletionResponse, UsageInfo
-from server.serving import ServingContext, until_disconnected
+from server.serving import ServingContext, new_request_id, until_disconnected
 from server.streaming import (
     SSEResponse,
     merge_streams,
@@ -57,17 +56,19 @@ class _Job:
 
 
 async def create_completion(ctx: ServingContext, body: CompletionRequest, raw: Request) -> Response:
+    request_id = new_request_id(raw, "cmpl")
     body.check_api_rules()
     model = ctx.check_model(body.model)
     params = body.sampling_params(ctx.engine.vocab_size)
     prompts = [await _to_prompt(ctx, p) for p in body.prompt_list()]
     for prompt in prompts:
-        ctx.check_context(prompt.token_ids, params.max_tokens)
-    request_id = f"cmpl-{uuid.uuid4().hex}"
+        ctx.check_prompt(prompt.token_ids, params.max_tokens)
+    ctx.check_request([p.token_ids for p in prompts], params)
     streams = await ctx.admit(request_id, [p.token_ids for p in prompts], params)
     job = _Job(request_id, model, body, prompts, streams)
     if body.stream:
-        return SSEResponse(with_error_events(_stream(ctx, job)), on_close=job.close)
+        events = with_error_events(_stream(ctx, job), raw.scope)
+        return SSEResponse(events, on_close=job.close)
     try:
         result = await until_disconnected(raw, _collect(ctx, job), ctx.settings.disconnect_poll_s)
     finally:
@@ -78,8 +79,8 @@ async def create_completion(ctx: ServingContext, body: CompletionRequest, raw: R
 async def _to_prompt(ctx: ServingContext, prompt: str | list[int]) -> _Prompt:
     if isinstance(prompt, str):
         return _Prompt(await ctx.encode(prompt), prompt)
-    ctx.check_token_ids(prompt)
-    text = ctx.engine.tokenizer.decode(prompt) if ctx.engine.tokenizer is not None else ""
+    ctx.check_prompt(prompt, None)
+    text = await ctx.decode(prompt) if ctx.engine.tokenizer is not None else ""
     return _Prompt(list(prompt), text)
 
 

@@ -19,7 +19,7 @@ from starlette.types import Receive, Scope, Send
 
 from engine.async_engine import EngineDeadError, RequestStream
 from engine.outputs import RequestOutput
-from server.errors import APIError, error_body
+from server.errors import ERROR_TYPES, APIError, log_failure
 
 logger = logging.getLogger(__name__)
 
@@ -47,18 +47,20 @@ class SSEResponse(StreamingResponse):
             self._on_close()
 
 
-async def with_error_events(events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """Pass events through, turn a failure into an error event, and always end with [DONE]."""
+async def with_error_events(events: AsyncIterator[bytes], scope: Scope) -> AsyncIterator[bytes]:
+    """Pass events through, turn a failure into an error event (logged once, with the request
+    in `scope`), and always end with [DONE]."""
     try:
         async for event in events:
             yield event
-    except APIError as exc:
-        yield sse_event(exc.body())
-    except EngineDeadError as exc:
-        yield sse_event(error_body(503, str(exc)))
+    except (APIError, EngineDeadError) as exc:
+        error = exc if isinstance(exc, APIError) else APIError(503, str(exc))
+        log_failure(scope, error.status_code, ERROR_TYPES[error.status_code], error.message)
+        yield sse_event(error.body())
     except Exception as exc:  # a bug: report it in-band rather than cutting the stream
-        logger.exception("stream failed")
-        yield sse_event(error_body(500, f"internal error: {type(exc).__name__}"))
+        log_failure(scope, 500, type(exc).__name__, str(exc)[:500])
+        logger.debug("traceback of the failed stream", exc_info=exc)
+        yield sse_event(APIError(500, f"internal error: {type(exc).__name__}").body())
     yield SSE_DONE
 
 

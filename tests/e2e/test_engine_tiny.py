@@ -161,15 +161,15 @@ def test_bad_requests_rejected_and_engine_keeps_serving(llm):
 
 
 def test_failure_in_one_request_fails_only_that_request(llm, monkeypatch):
-    runner = llm.engine.runner
-    original = runner._request_output
+    verifier = llm.engine.runner.verifier
+    original = verifier._accept
 
     def flaky(rows, *args):
         if rows.scheduled.request.sampling_params.max_tokens == 13:
             raise RuntimeError("injected fault")
         return original(rows, *args)
 
-    monkeypatch.setattr(runner, "_request_output", flaky)
+    monkeypatch.setattr(verifier, "_accept", flaky)
     bad = SamplingParams(max_tokens=13, temperature=0, ignore_eos=True)
     outs = llm.generate(prompts(3, seed=21), [GREEDY, bad, GREEDY], use_tqdm=False)
     assert outs[1].finish_reason == "error" and "injected fault" in outs[1].error

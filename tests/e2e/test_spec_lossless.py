@@ -28,8 +28,8 @@ from engine.config import EngineConfig
 from engine.llm import LLM
 from engine.outputs import SpecPlan
 from engine.sampling_params import SamplingParams
-from engine.spec.cost_model import StepFeatures
-from engine.spec.policy import SpecCandidate, SpecResult
+from engine.speculation.policy import SpecCandidate, SpecResult
+from engine.speculation.step_features import StepFeatures
 
 pytestmark = pytest.mark.slow
 
@@ -100,23 +100,21 @@ def reference_run() -> tuple[list[list[int]], list[list[int]]]:
 
 
 class ScriptedPolicy:
-    """A SpecPolicy whose k comes from `choose(request_id, max_k)`; it records what it chose
-    and what was verified, per request."""
+    """A SpecPolicy whose k comes from `choose(request_id, max_draft_tokens)`; it records what it
+    chose and what was verified, per request."""
 
     last_predicted_step_time: float | None = None
-    last_goodput: float | None = None
 
     def __init__(self, choose: Callable[[str, int], int]) -> None:
         self.choose = choose
-        self.last_chosen_k: tuple[int, ...] = ()
         self.num_draft_tokens: dict[str, int] = {}
         self.num_accepted_tokens: dict[str, int] = {}
         self.chosen_k: set[int] = set()
 
     def plan(self, candidates: Sequence[SpecCandidate], base: StepFeatures) -> SpecPlan:
-        self.last_chosen_k = tuple(self.choose(c.request_id, c.max_k) for c in candidates)
-        self.chosen_k.update(self.last_chosen_k)
-        plan = zip(candidates, self.last_chosen_k, strict=True)
+        chosen = tuple(self.choose(c.request_id, c.max_draft_tokens) for c in candidates)
+        self.chosen_k.update(chosen)
+        plan = zip(candidates, chosen, strict=True)
         return {c.request_id: k for c, k in plan if k > 0}
 
     def observe(
@@ -173,8 +171,8 @@ def spec_llm(case) -> LLM:
 def test_half_speculating_batch_matches_plain_decoding(spec_llm, reference_run):
     prompts, expected = reference_run
 
-    def choose(request_id: str, max_k: int) -> int:
-        return max_k if even_request(request_id) else 0
+    def choose(request_id: str, max_draft_tokens: int) -> int:
+        return max_draft_tokens if even_request(request_id) else 0
 
     with policy_installed(spec_llm, ScriptedPolicy(choose)) as policy:
         outputs = spec_llm.generate(prompts, GREEDY, use_tqdm=False)
@@ -204,7 +202,7 @@ def test_random_k_every_step_matches_plain_decoding(spec_llm, case, reference_ru
         pytest.skip("random k runs on one chain and one tree config")
     prompts, expected = reference_run
     rng = random.Random(1234)
-    policy = ScriptedPolicy(lambda request_id, max_k: rng.randint(0, max_k))
+    policy = ScriptedPolicy(lambda request_id, max_draft_tokens: rng.randint(0, max_draft_tokens))
     with policy_installed(spec_llm, policy):
         outputs = spec_llm.generate(prompts, GREEDY, use_tqdm=False)
     assert_same_tokens(outputs, expected)

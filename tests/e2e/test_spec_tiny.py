@@ -179,11 +179,19 @@ def test_ngram_sampling_matches_exact_law(model_dir, prompt, exact_joint, spec):
     assert p_value > ALPHA, f"chi2={statistic:.1f} dof={dof} p={p_value:.2e}"
 
 
-def test_planted_residual_bug_is_caught(model_dir, prompt, exact_joint, monkeypatch):
-    """The same check has power through the engine: with rejections resampling from p instead
-    of the residual (a classic bug), even a tenth of the requests fail it by far."""
-    import engine.spec.verify as verify
+def test_planted_acceptance_bug_is_caught(model_dir, prompt, exact_joint, monkeypatch):
+    """The same check has power through the engine: with every chain's first draft accepted
+    whatever the target says (a classic bug), even a tenth of the requests fail it by far."""
+    import engine.speculation.batch_verify as batch_verify
+    from engine.speculation.verify import VerifyResult, verify_chain
 
-    monkeypatch.setattr(verify, "residual", lambda p, q: p)
+    def accept_first(targets, drafts):
+        if not drafts:
+            return verify_chain(targets, drafts)
+        rest = verify_chain(targets[1:], drafts[1:])
+        nodes = (0, *(1 + node for node in rest.accepted_node_ids))
+        return VerifyResult((drafts[0], *rest.token_ids), nodes)
+
+    monkeypatch.setattr(batch_verify, "verify_chain", accept_first)
     counts, _ = run_engine(model_dir, prompt, num_requests=NUM_REQUESTS // 10, **CHAIN)
     assert chi_square(counts, exact_joint)[2] < ALPHA

@@ -80,7 +80,7 @@ class FakeModel:
             if not scheduled.needs_sample:
                 outputs[request.request_id] = RequestStepOutput(request.request_id, ())
                 continue
-            k = scheduled.num_spec_slots
+            k = scheduled.num_draft_tokens
             accepted = self.accept(request, k) if self.accept else self.rng.randint(0, k)
             first = request.num_output_tokens
             token_ids = tuple(true_token(request, first + i) for i in range(accepted + 1))

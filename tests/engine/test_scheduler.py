@@ -203,7 +203,8 @@ def test_abort_in_every_state_frees_everything():
         scheduler.add_request(request)
     while decoding.num_output_tokens == 0:
         _step(scheduler)
-    assert prefilling.is_prefill and prefilling.block_ids  # mid-prefill, holding blocks
+    mid_prefill = prefilling.num_computed_tokens < prefilling.num_tokens - 1
+    assert mid_prefill and prefilling.block_ids  # holding blocks
     assert waiting.status is RequestStatus.WAITING
     preempt(scheduler, prefilling)
     aborted = scheduler.abort_requests(["r1", "r2", "unknown"])

@@ -38,7 +38,7 @@ def test_plan_reserves_one_plus_k_slots():
     _prefilled(scheduler, request)
     out = scheduler.schedule({"r0": 4})
     scheduled = _only(out, "r0")
-    assert (scheduled.num_new_tokens, scheduled.num_spec_slots, scheduled.start) == (5, 4, 10)
+    assert (scheduled.num_new_tokens, scheduled.num_draft_tokens, scheduled.start) == (5, 4, 10)
     assert scheduled.needs_sample and out.num_batched_tokens == 5
     assert len(request.block_ids) == 1  # positions 10..14 fit in block 0
 
@@ -56,7 +56,7 @@ def test_draft_slots_are_capped_by_budget_max_tokens_and_context():
         scheduler.update(out, ModelOutput(outputs={}))  # nothing sampled: back to caught up
         assert request.num_computed_tokens == request.num_tokens - 1
         scheduler.finish_request(request.request_id, RequestStatus.FINISHED_ABORTED)
-        k = _only(out, request.request_id).num_spec_slots
+        k = _only(out, request.request_id).num_draft_tokens
         # budget 3 -> k 2; 2 outputs left -> k 1; context 5 with 3 tokens -> k 1
         assert k == {"b0": 2, "o0": 1, "c0": 1}[request.request_id]
 
@@ -66,7 +66,7 @@ def test_prefill_chunks_get_no_draft_slots():
     (request,) = make_requests(1, prompt_len=20)
     scheduler.add_request(request)
     out = scheduler.schedule({"r0": 4})
-    assert (_only(out, "r0").num_new_tokens, _only(out, "r0").num_spec_slots) == (8, 0)
+    assert (_only(out, "r0").num_new_tokens, _only(out, "r0").num_draft_tokens) == (8, 0)
 
 
 def test_rejected_drafts_roll_back_and_free_their_blocks():
@@ -82,8 +82,6 @@ def test_rejected_drafts_roll_back_and_free_their_blocks():
     assert len(request.block_ids) == 2  # block 2 held only rejected drafts
     assert scheduler.block_manager.num_free_blocks == free_before - 1
     assert scheduler.block_manager.num_cached_blocks == 1  # block 0 only: fully verified
-    assert request.spec_stats.num_draft_tokens == 12
-    assert request.spec_stats.num_accepted_tokens == 1
     check_block_invariants(scheduler)
 
 
@@ -118,7 +116,7 @@ def test_max_tokens_truncates_extra_accepted_tokens():
     (request,) = make_requests(1, prompt_len=4, max_tokens=3)
     _prefilled(scheduler, request)
     # A step reserved before max_tokens was known to bind (built by hand): 1 + 4 slots.
-    scheduled = ScheduledRequest(request, num_new_tokens=5, num_spec_slots=4, start=4)
+    scheduled = ScheduledRequest(request, num_new_tokens=5, num_draft_tokens=4, start=4)
     step = RequestStepOutput("r0", (5, 6, 7, 8, 9), num_draft_tokens=4, num_accepted_tokens=4)
     scheduler.update(SchedulerOutput((scheduled,)), ModelOutput(outputs={"r0": step}))
     assert request.num_output_tokens == 3 and request.output_token_ids[1:] == [5, 6]
@@ -142,7 +140,7 @@ def test_drafts_are_dropped_before_anyone_is_preempted():
     _prefilled(scheduler, second)
     out = scheduler.schedule({"r0": 12})  # would need 2 more blocks, 1 is free
     assert out.preempted_ids == ()
-    assert (_only(out, "r0").num_new_tokens, _only(out, "r0").num_spec_slots) == (1, 0)
+    assert (_only(out, "r0").num_new_tokens, _only(out, "r0").num_draft_tokens) == (1, 0)
 
 
 def _family(prompt_len: int, n: int) -> list[Request]:

@@ -1,6 +1,6 @@
 """FlashInferBackend against the reference backend on a CUDA GPU (marked gpu; skipped without
 CUDA or flashinfer): decode, prefill, chunked prefill mixed with decodes, and tree masks, over
-several head shapes, block sizes and dtypes; the decode CUDA-graph runner; the sampling kernels.
+several head shapes, block sizes and dtypes; the decode CUDA-graph runner.
 
 The reference runs in float32 on the same (already rounded) inputs, so the tolerance covers only
 FlashInfer's half-precision arithmetic."""
@@ -23,11 +23,6 @@ pytest.importorskip("flashinfer")
 
 from kernels.cuda_graphs import DecodeGraphRunner  # noqa: E402
 from kernels.flashinfer_backend import FlashInferBackend  # noqa: E402
-from kernels.flashinfer_sampling import (  # noqa: E402
-    chain_speculative_sample,
-    point_mass_draft_probs,
-    sample_top_k_top_p,
-)
 from kernels.reference import ReferenceBackend  # noqa: E402
 
 CUDA = torch.device("cuda")
@@ -150,48 +145,3 @@ def test_float32_cache_is_refused_on_cuda() -> None:
     spec = KVCacheSpec(1, 4, 16, 2, 64, torch.float32, CUDA)
     with pytest.raises(ValueError, match="float16 or bfloat16"):
         backend.allocate(spec)
-
-
-def frequencies(samples: torch.Tensor, vocab: int) -> torch.Tensor:
-    return torch.bincount(samples.flatten().cpu(), minlength=vocab).double() / samples.numel()
-
-
-def test_top_k_top_p_sampling_distribution() -> None:
-    probs = torch.tensor([0.05, 0.3, 0.1, 0.2, 0.15, 0.08, 0.07, 0.05], device=CUDA)
-    rows = 50_000
-    generator = torch.Generator(device=CUDA).manual_seed(0)
-    samples = sample_top_k_top_p(
-        probs.expand(rows, -1),
-        torch.full((rows,), 3, dtype=torch.int32, device=CUDA),
-        torch.full((rows,), 0.75, device=CUDA),
-        generator,
-    )
-    # top-3 = {1, 3, 4} -> (0.46, 0.31, 0.23); top-p 0.75 keeps {1, 3} -> (0.6, 0.4).
-    expected = torch.zeros(8, dtype=torch.float64)
-    expected[1], expected[3] = 0.6, 0.4
-    torch.testing.assert_close(frequencies(samples, 8), expected, atol=0.012, rtol=0)
-
-
-@pytest.mark.parametrize("point_mass", [False, True])
-def test_chain_speculative_sampling_is_lossless(point_mass: bool) -> None:
-    """The first emitted token of every chain must follow the target distribution exactly."""
-    torch.manual_seed(0)
-    vocab, k, rows = 6, 2, 100_000
-    target = torch.rand(k + 1, vocab, device=CUDA).softmax(-1)
-    draft = torch.rand(k, vocab, device=CUDA).softmax(-1)
-    if point_mass:  # a deterministic proposer (n-gram) always drafting token 2
-        draft_ids = torch.full((rows, k), 2, dtype=torch.int64, device=CUDA)
-        draft_probs = point_mass_draft_probs(draft_ids, vocab)
-    else:
-        draft_ids = torch.multinomial(draft, rows, replacement=True).T.contiguous()  # [rows, k]
-        draft_probs = draft.expand(rows, -1, -1)
-    generator = torch.Generator(device=CUDA).manual_seed(1)
-    token_ids, num_accepted = chain_speculative_sample(
-        draft_probs, draft_ids, target.expand(rows, -1, -1), generator
-    )
-    assert token_ids.shape == (rows, k + 1) and bool((num_accepted <= k).all())
-    accepted = num_accepted >= 1
-    assert torch.equal(token_ids[accepted, 0], draft_ids[accepted, 0])
-    torch.testing.assert_close(
-        frequencies(token_ids[:, 0], vocab), target[0].double().cpu(), atol=0.01, rtol=0
-    )

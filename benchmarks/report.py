@@ -1,0 +1,48 @@
+"""What every benchmark report states: the machine, its load, and a results section of a shared
+markdown page rewritten in place (between <!-- name:begin --> and <!-- name:end -->)."""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+
+
+def machine_description() -> str:
+    """The GPU if torch sees one, else the CPU model, with the core count."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return f"{torch.cuda.get_device_name()}, {os.cpu_count()} CPU cores"
+    except ImportError:
+        pass
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        name = next(line.split(":", 1)[1].strip() for line in lines if "model name" in line)
+    except (OSError, StopIteration):
+        name = platform.processor() or "unknown CPU"
+    return f"{name}, {os.cpu_count()} cores"
+
+
+def load_average() -> str:
+    """'load average 1.2, 3.4, 5.6' (1, 5, 15 minutes), like uptime's."""
+    try:
+        return "load average " + ", ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "load average unknown"
+
+
+def write_section(path: Path, name: str, body: str, title: str = "# Benchmarks") -> None:
+    """Replace (or append) the part of `path` between the markers of section `name`, so that
+    each benchmark rewrites only its own section of a shared results page."""
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+    text = path.read_text() if path.exists() else title + "\n"
+    block = f"{begin}\n{body.rstrip()}\n{end}"
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        text = head + block + rest.split(end, 1)[1]
+    else:
+        text = text.rstrip() + "\n\n" + block + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)

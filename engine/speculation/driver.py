@@ -1,0 +1,240 @@
+"""SpecDriver: the engine's speculation steps (plan, propose, observe) around one proposer
+and one policy (DESIGN §1 steps 1, 3 and 6). With no proposer configured every call is a no-op
+and the plan is empty, so the scheduler never reserves draft slots.
+
+The driver holds no engine objects: plan() gets the running requests, propose() and observe()
+the step's contracts. build_spec_driver() is where the runner and scheduler are needed once,
+to build the proposer (a draft model mirrors the target's KV layout) and to seed the goodput
+cost model with a start-up profile of the real model.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from engine.config import SpecConfig
+from engine.outputs import Drafts, ModelOutput, ScheduledRequest, SchedulerOutput, SpecPlan
+from engine.request import Request, RequestStatus
+from engine.speculation.cost_model import OnlineLinearCostModel
+from engine.speculation.goodput import GoodputPolicy
+from engine.speculation.policy import SpecCandidate, SpecResult, make_policy
+from engine.speculation.profiler import SeedReport, seed_cost_model
+from engine.speculation.proposer import Proposer, ProposeRequest, make_proposer
+from engine.speculation.step_features import StepFeatures
+from engine.speculation.tree_shape import TreeShapeEstimator, accepted_path
+
+if TYPE_CHECKING:
+    from engine.model_runner import ModelRunner
+    from engine.scheduler import Scheduler
+
+
+def build_spec_driver(config: SpecConfig, runner: ModelRunner, scheduler: Scheduler) -> SpecDriver:
+    """The proposer built for the target, the cost model seeded (goodput only)."""
+    proposer = (
+        make_proposer(config, vocab_size=runner.arch.vocab_size, runner=runner)
+        if config.proposer != "none"
+        else None
+    )
+    graphs = getattr(runner, "decode_graphs", None) is not None
+    limits = scheduler.config
+    driver = SpecDriver(
+        config, proposer, limits.max_num_batched_tokens, limits.max_num_seqs, graphs
+    )
+    if driver.enabled and isinstance(driver.policy, GoodputPolicy):
+        # Before any request exists, as the profiler's safety invariant requires.
+        driver.seed_report = seed_cost_model(
+            driver.cost_model,
+            runner,
+            scheduler.block_manager,
+            config,
+            scheduler.config,
+            driver.max_draft_tokens,
+            draft_runner=getattr(proposer, "runner", None),
+        )
+    return driver
+
+
+class SpecDriver:
+    def __init__(
+        self,
+        config: SpecConfig,
+        proposer: Proposer | None,
+        token_budget: int,
+        max_num_seqs: int = 1 << 30,
+        graphs: bool = False,
+    ) -> None:
+        """graphs: the runner replays captured graphs for decode steps (a verify step is eager)."""
+        self.config = config
+        self.token_budget, self.max_num_seqs, self.graphs = token_budget, max_num_seqs, graphs
+        self.tree = config.spec_tree_nodes > 0
+        self.draft_model = config.proposer == "draft"
+        self.max_draft_tokens = (
+            config.spec_tree_nodes if self.tree else config.num_speculative_tokens
+        )
+        self.enabled = proposer is not None and config.policy != "off" and self.max_draft_tokens > 0
+        self.cost_model = OnlineLinearCostModel()
+        self.proposer = proposer
+        # Trees: the shape learned from verified trees, for the proposers and the policy.
+        self.tree_shape = TreeShapeEstimator() if self.tree else None
+        self.policy = make_policy(
+            config.policy if self.enabled else "off",
+            cost_model=self.cost_model,
+            max_draft_tokens=self.max_draft_tokens,
+            # goodput only: node budgets and draft passes change E(k) and T(batch)
+            tree=self.tree,
+            draft_model=self.draft_model,
+            token_budget=token_budget,
+            graphs=graphs,
+            tree_shape=self.tree_shape,
+        )
+        self.seed_report: SeedReport | None = None
+        self._plan: SpecPlan = {}
+        self._base = StepFeatures()
+        self.num_drafts_total = 0
+        self.num_draft_tokens_total = 0
+        self.num_accepted_tokens_total = 0
+        self.accepted_per_position_total: list[int] = []
+        self.last_goodput = 0.0
+
+    # ---- 1. plan -------------------------------------------------------------------------
+    def plan(self, running: Sequence[Request], waiting: Sequence[Request] = ()) -> SpecPlan:
+        """k per caught-up running request; the step's base features are what it will run:
+        decodes, prefill chunks clipped to the token budget in order, and the waiting requests
+        the scheduler will admit (while seats and budget last)."""
+        if not self.enabled:
+            return {}
+        candidates = []
+        for request in running:
+            max_draft_tokens = min(self.max_draft_tokens, request.num_remaining_output_tokens - 1)
+            caught_up = request.num_computed_tokens == request.num_tokens - 1
+            if caught_up and max_draft_tokens > 0:
+                candidates.append(
+                    SpecCandidate(request.request_id, request.num_tokens, max_draft_tokens)
+                )
+        shapes = self._step_shapes(running, waiting)
+        self._base = StepFeatures.from_shapes(shapes, self.draft_model, self.graphs)
+        self._plan = self.policy.plan(candidates, self._base) if candidates else {}
+        return self._plan
+
+    def _step_shapes(
+        self, running: Sequence[Request], waiting: Sequence[Request]
+    ) -> list[tuple[int, int, int]]:
+        budget, seats = self.token_budget, self.max_num_seqs - len(running)
+        shapes = []
+        for request in [*running, *waiting]:
+            admitted = request.status is RequestStatus.RUNNING
+            if budget <= 0 or (not admitted and seats <= 0):
+                break
+            chunk = min(request.num_tokens - request.num_computed_tokens, budget)
+            shapes.append((request.num_computed_tokens, chunk, 0))
+            budget -= chunk
+            seats -= not admitted
+        return shapes
+
+    # ---- 3. propose ----------------------------------------------------------------------
+    def propose(self, sched: SchedulerOutput) -> Drafts:
+        if self.proposer is None:
+            return Drafts()
+        for request_id in sched.preempted_ids:  # blocks freed: per-request KV state is stale
+            self.proposer.release(request_id)
+        topk = self.proposer.target_topk
+        asks = [self._ask(s) for s in sched.scheduled if s.num_draft_tokens > 0 and s.needs_sample]
+        if not asks:
+            return Drafts(target_topk=topk)
+        start = time.perf_counter()
+        drafts = self.proposer.propose(asks)
+        elapsed = time.perf_counter() - start
+        return Drafts(drafts.chains, drafts.trees, proposer_time=elapsed, target_topk=topk)
+
+    def _ask(self, scheduled: ScheduledRequest) -> ProposeRequest:
+        request = scheduled.request
+        return ProposeRequest(
+            request.request_id,
+            request.all_token_ids,
+            scheduled.num_draft_tokens,
+            self.tree,
+            params=request.sampling_params,
+            num_prompt_tokens=request.num_prompt_tokens,
+            eos_token_id=request.eos_token_id,
+            seed=request.seed,
+            block_ids=tuple(request.block_ids),
+            tree_template=self._template(scheduled.num_draft_tokens),
+        )
+
+    def _template(self, num_nodes: int) -> tuple:
+        """Twice the node budget: slots a proposer cannot fill are replaced by later ones."""
+        if self.tree_shape is None:
+            return ()
+        return tuple(self.tree_shape.template(2 * num_nodes)[0])
+
+    # ---- 6. observe ----------------------------------------------------------------------
+    def observe(self, sched: SchedulerOutput, drafts: Drafts, out: ModelOutput) -> None:
+        if sched.is_empty:
+            return
+        results = []
+        for scheduled in sched.scheduled:
+            step = out.outputs.get(scheduled.request_id)
+            if step is None or not step.token_ids:
+                continue
+            if self.proposer is not None:
+                self.proposer.observe(
+                    scheduled.request_id,
+                    step.token_ids,
+                    step.target_topk_ids or None,
+                    drafts.draft_ids(scheduled.request_id),
+                    step.draft_topk_ids,
+                )
+            tree = drafts.trees.get(scheduled.request_id)
+            if tree is not None and self.tree_shape is not None:
+                self.tree_shape.observe(tree, accepted_path(tree, step.token_ids))
+            if step.num_draft_tokens:
+                results.append(
+                    SpecResult(
+                        scheduled.request_id, step.num_draft_tokens, step.num_accepted_tokens
+                    )
+                )
+                self._count(step.num_draft_tokens, step.num_accepted_tokens)
+            elif scheduled.num_draft_tokens:
+                # Planned, but the proposer found nothing: speculation bought nothing this
+                # step, which the estimate must see (as one rejected draft), or it would keep
+                # reserving slots for a request that never gets drafts.
+                results.append(SpecResult(scheduled.request_id, 1, 0))
+        shapes = [
+            (s.start, s.num_new_tokens - s.num_draft_tokens, drafts.num_draft_tokens(s.request_id))
+            for s in sched.scheduled
+        ]
+        features = StepFeatures.from_shapes(shapes, self.draft_model, self.graphs)
+        seconds = out.step_time + drafts.proposer_time
+        emitted = sum(len(o.token_ids) for o in out.outputs.values())
+        self.last_goodput = emitted / seconds if seconds > 0 else 0.0
+        if self.enabled:
+            self.policy.observe(results, features, seconds)
+        else:
+            self.cost_model.observe(features, seconds)
+
+    def _count(self, num_draft_tokens: int, num_accepted: int) -> None:
+        self.num_drafts_total += 1
+        self.num_draft_tokens_total += num_draft_tokens
+        self.num_accepted_tokens_total += num_accepted
+        while len(self.accepted_per_position_total) < num_accepted:
+            self.accepted_per_position_total.append(0)
+        for position in range(num_accepted):
+            self.accepted_per_position_total[position] += 1
+
+    def release(self, request_id: str) -> None:
+        if self.proposer is not None:
+            self.proposer.release(request_id)
+        self.policy.release(request_id)
+
+    def stats_fields(self) -> dict:
+        return dict(
+            spec_num_drafts_total=self.num_drafts_total,
+            spec_num_draft_tokens_total=self.num_draft_tokens_total,
+            spec_num_accepted_tokens_total=self.num_accepted_tokens_total,
+            spec_accepted_per_position_total=tuple(self.accepted_per_position_total),
+            last_predicted_step_time=getattr(self.policy, "last_predicted_step_time", None),
+            last_goodput=self.last_goodput,
+            last_chosen_k=tuple(self._plan.values()),
+        )

@@ -1,0 +1,123 @@
+"""Speculation-length policies: how many draft tokens (or tree nodes) each request gets this step.
+
+The engine calls `plan` before scheduling, with the running requests that have caught up
+(decoding) and could speculate, and `observe` after verification with what was accepted and
+how long the step took. A request missing from the plan (or planned 0) does not speculate;
+an empty plan means the engine runs no proposer at all this step.
+
+Policies: `off`, `fixed:K` (here) and `goodput` (engine/speculation/goodput.py); `make_policy` parses
+the `--spec-policy` string.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from engine.outputs import SpecPlan
+from engine.speculation.cost_model import StepCostModel
+from engine.speculation.step_features import StepFeatures
+
+
+@dataclass(frozen=True)
+class SpecCandidate:
+    """One running, caught-up request that could speculate this step."""
+
+    request_id: str
+    context_len: int  # tokens already in the KV cache
+    max_draft_tokens: int  # cap from the remaining output tokens, the context length and the config
+
+
+@dataclass(frozen=True)
+class SpecResult:
+    """One request's verification outcome."""
+
+    request_id: str
+    num_draft_tokens: int  # drafts verified (tree: nodes)
+    num_accepted_tokens: int  # drafts accepted (tree: length of the accepted path)
+
+
+class SpecPolicy(Protocol):
+    # For metrics: the cost model's step time for the last plan (None without a model).
+    last_predicted_step_time: float | None
+
+    def plan(self, candidates: Sequence[SpecCandidate], base: StepFeatures) -> SpecPlan: ...
+
+    def observe(
+        self, results: Sequence[SpecResult], features: StepFeatures, step_seconds: float
+    ) -> None: ...
+
+    def release(self, request_id: str) -> None: ...
+
+
+class OffPolicy:
+    """Never speculate."""
+
+    last_predicted_step_time: float | None = None
+
+    def plan(self, candidates: Sequence[SpecCandidate], base: StepFeatures) -> SpecPlan:
+        return {}
+
+    def observe(
+        self, results: Sequence[SpecResult], features: StepFeatures, step_seconds: float
+    ) -> None:
+        return None
+
+    def release(self, request_id: str) -> None:
+        return None
+
+
+class FixedPolicy:
+    """The same k for every candidate (capped by the candidate's max_draft_tokens): classic speculation."""
+
+    last_predicted_step_time: float | None = None
+
+    def __init__(self, k: int) -> None:
+        if k < 0:
+            raise ValueError(f"fixed speculation length must be >= 0, got {k}")
+        self.k = k
+
+    def plan(self, candidates: Sequence[SpecCandidate], base: StepFeatures) -> SpecPlan:
+        ks = (min(self.k, c.max_draft_tokens) for c in candidates)
+        return {c.request_id: k for c, k in zip(candidates, ks) if k > 0}
+
+    def observe(
+        self, results: Sequence[SpecResult], features: StepFeatures, step_seconds: float
+    ) -> None:
+        return None
+
+    def release(self, request_id: str) -> None:
+        return None
+
+
+_SPEC_HELP = "use 'off', 'fixed:K' with an integer K >= 0, or 'goodput'"
+
+
+def make_policy(
+    spec: str,
+    cost_model: StepCostModel | None = None,
+    max_draft_tokens: int = 4,
+    **goodput_options: object,
+) -> SpecPolicy:
+    """Parse a policy spec: 'off' | 'fixed:K' | 'goodput'.
+
+    `max_draft_tokens` caps the goodput policy (tokens per chain, or nodes per tree with tree=True);
+    `goodput_options` go to GoodputPolicy. Without a cost model, goodput gets a fresh
+    OnlineLinearCostModel that it warms up online.
+    """
+    text = spec.strip().lower() if isinstance(spec, str) else spec
+    if text == "off":
+        return OffPolicy()
+    if isinstance(text, str) and text.startswith("fixed:"):
+        value = text.removeprefix("fixed:").strip()
+        if not value.isdigit():
+            raise ValueError(f"spec policy {spec!r}: K must be an integer >= 0; {_SPEC_HELP}")
+        return FixedPolicy(int(value))
+    if text == "goodput":
+        from engine.speculation.cost_model import OnlineLinearCostModel
+        from engine.speculation.goodput import GoodputPolicy
+
+        model = cost_model if cost_model is not None else OnlineLinearCostModel()
+        return GoodputPolicy(model, max_draft_tokens, **goodput_options)  # type: ignore[arg-type]
+    raise ValueError(f"unknown spec policy {spec!r}; {_SPEC_HELP}")

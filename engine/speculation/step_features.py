@@ -1,0 +1,113 @@
+"""StepFeatures: the shape of one engine step as far as its cost is concerned, the input of
+the step-time cost model (cost_model.py), and the synthetic grid the start-up profile times."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+# Batched-row knots of the cost model's piecewise-linear row term: a step's cost can jump
+# between two row counts (measured on this CPU: 5 -> 6 rows, where the few-row matmul path
+# ends), so the model gets one ramp per segment between consecutive knots.
+ROW_KNOTS = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024, 2048)
+FEATURE_NAMES = (
+    "intercept",
+    "batched_tokens",
+    *(f"rows_{lo}_{hi}" for lo, hi in zip(ROW_KNOTS, ROW_KNOTS[1:])),
+    "requests",
+    "kv_tokens",
+    "draft_tokens",
+    "draft_steps",
+    "spec_requests",
+    "eager_steps",
+)
+
+
+@dataclass(frozen=True)
+class StepFeatures:
+    """The shape of one step, as far as its cost is concerned."""
+
+    num_batched_tokens: int = 0  # prefill chunks + (1 + k) per decoding request
+    num_requests: int = 0
+    num_kv_tokens: int = 0  # key/value positions attention reads, summed over requests
+    num_draft_tokens: int = 0
+    num_draft_steps: int = 0  # draft-model forward passes; 0 for model-free proposers
+    num_spec_requests: int = 0  # requests verifying at least one draft token
+    # 1 when the step cannot replay a captured CUDA graph although graphs are on (a verify or
+    # prefill step on FlashInfer runs eagerly, ~3x a graph step on an H100); 0 elsewhere.
+    num_eager_steps: int = 0
+
+    @classmethod
+    def from_shapes(
+        cls,
+        shapes: Iterable[tuple[int, int, int]],
+        draft_model: bool = False,
+        graphs: bool = False,
+    ) -> StepFeatures:
+        """Build from (context_len, num_new_tokens, k) per request.
+
+        context_len: tokens already in the KV cache; num_new_tokens: the prefill chunk or 1;
+        k: draft tokens (tree nodes). A draft model drafts chains in lock-step and expands one
+        tree node per request per pass, so it runs max(k) passes. graphs: the runner replays
+        captured graphs for pure decode steps, so any other step is an eager one.
+        """
+        shapes = list(shapes)
+        ks = [k for _, _, k in shapes]
+        eager = graphs and any(new > 1 or k > 0 for _, new, k in shapes)
+        return cls(
+            num_batched_tokens=sum(new + k for _, new, k in shapes),
+            num_requests=len(shapes),
+            num_kv_tokens=sum(context + new + k for context, new, k in shapes),
+            num_draft_tokens=sum(ks),
+            num_draft_steps=max(ks, default=0) if draft_model else 0,
+            num_spec_requests=sum(1 for k in ks if k > 0),
+            num_eager_steps=int(eager),
+        )
+
+    def with_drafts(
+        self,
+        num_draft_tokens: int,
+        num_spec_requests: int,
+        num_draft_steps: int = 0,
+        graphs: bool = False,
+    ) -> StepFeatures:
+        """These features plus drafts (each draft is one more batched and attended token)."""
+        eager = self.num_eager_steps or (graphs and num_draft_tokens > 0)
+        return StepFeatures(
+            num_batched_tokens=self.num_batched_tokens + num_draft_tokens,
+            num_requests=self.num_requests,
+            num_kv_tokens=self.num_kv_tokens + num_draft_tokens,
+            num_draft_tokens=self.num_draft_tokens + num_draft_tokens,
+            num_draft_steps=max(self.num_draft_steps, num_draft_steps),
+            num_spec_requests=self.num_spec_requests + num_spec_requests,
+            num_eager_steps=int(eager),
+        )
+
+
+def profile_grid(
+    max_num_batched_tokens: int = 512,
+    max_num_seqs: int = 64,
+    max_draft_tokens: int = 4,
+    max_context: int = 2048,
+    draft_model: bool = False,
+    seed: int = 0,
+) -> list[StepFeatures]:
+    """Synthetic step shapes spanning the features: decode batches of every size with chains
+    of 0..max_draft_tokens drafts over short and long contexts, plus single prefill chunks."""
+    sizes = [n for n in (1, 2, 4, 8, 16, 32, 64, 128, 256) if n <= max_num_seqs]
+    ks = sorted({0, 1, max_draft_tokens // 2, max_draft_tokens})
+    contexts = sorted({16, max_context // 8, max_context})
+    grid = []
+    for size in sizes:
+        for k in ks:
+            if size * (1 + k) > max_num_batched_tokens:
+                continue
+            for context in contexts:
+                shape = (context, 1, k)
+                grid.append(StepFeatures.from_shapes([shape] * size, draft_model))
+    for chunk in (16, 64, 128, 256, 512, 1024, 2048):
+        if chunk <= max_num_batched_tokens:
+            grid.append(StepFeatures.from_shapes([(0, chunk, 0)]))
+    random.Random(seed).shuffle(grid)
+    return grid

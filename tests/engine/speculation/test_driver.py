@@ -1,0 +1,134 @@
+"""SpecDriver in a running engine (tiny random Llama, token ids, float32, one thread).
+
+Goodput control must choose k per request and per step (not one constant), and speculation
+must stay lossless: greedy output token-identical to speculation off.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from engine.config import EngineConfig
+from engine.llm import LLM
+from engine.outputs import EngineStats
+from engine.sampling_params import SamplingParams
+from engine.speculation.goodput import GoodputPolicy
+
+GREEDY = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+# Repeated motifs give the n-gram proposer something to match, so some drafts are accepted
+# and some rejected: acceptance estimates then differ by request and over time.
+PROMPTS = [
+    [5, 6, 7, 8, 9] * 6,
+    [20, 21, 22, 23] * 5 + [40, 41, 42],
+    [100 + (i * 7) % 50 for i in range(40)],
+    [60, 61, 62, 60, 61, 63, 60, 61, 62, 60, 61],
+]
+
+
+def make_llm(model_dir, tmp_path, **flat) -> LLM:
+    base = dict(
+        model=str(model_dir),
+        num_kv_blocks=128,
+        threads=1,  # a shared 2-core box: two spinning OpenMP threads can be 100x slower
+        spec_profile_seconds=0.3,
+        spec_cost_cache=str(tmp_path / "cost_models.json"),
+    )
+    return LLM(config=EngineConfig.from_flat({**base, **flat}))
+
+
+def record_plans(llm: LLM) -> list[dict[str, int]]:
+    """Wrap the driver's plan() so the test sees every SpecPlan the engine used."""
+    plans: list[dict[str, int]] = []
+    original = llm.engine.spec.plan
+
+    def plan(running, waiting=()):
+        result = original(running, waiting)
+        plans.append(dict(result))
+        return result
+
+    llm.engine.spec.plan = plan
+    return plans
+
+
+def generate(llm: LLM) -> list[list[int]]:
+    return [o.output_token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model_dir, tmp_path_factory) -> list[list[int]]:
+    return generate(make_llm(tiny_model_dir, tmp_path_factory.mktemp("off"), spec_policy="off"))
+
+
+def test_goodput_varies_k_and_is_greedy_lossless(tiny_model_dir, tmp_path, reference):
+    llm = make_llm(tiny_model_dir, tmp_path, speculative_proposer="ngram")
+    spec = llm.engine.spec
+    assert isinstance(spec.policy, GoodputPolicy) and spec.cost_model.fitted  # profiled
+    plans = record_plans(llm)
+    assert generate(llm) == reference
+    chosen = [k for plan in plans for k in plan.values()]
+    assert len(set(chosen)) >= 2, f"goodput chose a single k: {set(chosen)}"
+    assert any(len(set(plan.values())) >= 2 for plan in plans) or len(set(chosen)) >= 3
+    # Planned slots are an upper bound: the n-gram proposer drafts only what it can match.
+    assert 0 < spec.num_draft_tokens_total <= sum(chosen)
+    assert 0 < spec.num_accepted_tokens_total < spec.num_draft_tokens_total
+    # Every step was observed by the online model (profile samples + one per step).
+    steps = llm.engine.stats().num_steps_total
+    assert spec.cost_model.num_observations >= steps
+
+
+def test_goodput_trees_plan_node_budgets_and_are_greedy_lossless(
+    tiny_model_dir, tmp_path, reference
+):
+    llm = make_llm(tiny_model_dir, tmp_path, speculative_proposer="ngram", spec_tree_nodes=6)
+    policy = llm.engine.spec.policy
+    assert isinstance(policy, GoodputPolicy) and policy.tree and policy.max_draft_tokens == 6
+    assert policy.token_budget == llm.engine.config.scheduler.max_num_batched_tokens
+    plans = record_plans(llm)
+    assert generate(llm) == reference
+    budgets = {k for plan in plans for k in plan.values()}
+    assert budgets and max(budgets) <= 6
+    assert llm.engine.spec.num_draft_tokens_total > 0
+
+
+def test_fixed_policy_does_not_profile_and_is_lossless(tiny_model_dir, tmp_path, reference):
+    llm = make_llm(tiny_model_dir, tmp_path, speculative_proposer="ngram", spec_policy="fixed:3")
+    assert llm.engine.spec.seed_report is None
+    assert not (tmp_path / "cost_models.json").exists()
+    plans = record_plans(llm)
+    assert generate(llm) == reference
+    assert {k for plan in plans for k in plan.values()} <= {1, 2, 3}
+    assert llm.engine.spec.num_draft_tokens_total > 0
+
+
+def test_without_a_proposer_every_call_is_a_no_op(tiny_model_dir, tmp_path, reference):
+    llm = make_llm(tiny_model_dir, tmp_path)
+    spec = llm.engine.spec
+    plans = record_plans(llm)
+    assert generate(llm) == reference
+    assert not spec.enabled and spec.proposer is None and spec.seed_report is None
+    assert all(plan == {} for plan in plans) and plans
+    assert spec.stats_fields()["spec_num_draft_tokens_total"] == 0
+    assert spec.cost_model.num_observations > 0  # still learns step times (metrics)
+
+
+def test_stats_fields_fill_engine_stats(tiny_model_dir, tmp_path):
+    llm = make_llm(tiny_model_dir, tmp_path, speculative_proposer="ngram")
+    generate(llm)
+    fields = llm.engine.spec.stats_fields()
+    assert set(fields) <= {f.name for f in dataclasses.fields(EngineStats)}
+    stats = llm.engine.stats()
+    assert stats.last_predicted_step_time is not None and stats.last_predicted_step_time > 0
+    assert stats.last_goodput > 0
+    per_position = stats.spec_accepted_per_position_total
+    assert sum(per_position) == stats.spec_num_accepted_tokens_total
+    assert list(per_position) == sorted(per_position, reverse=True)  # prefix acceptance
+
+
+def test_release_forgets_per_request_state(tiny_model_dir, tmp_path):
+    llm = make_llm(tiny_model_dir, tmp_path, speculative_proposer="ngram")
+    generate(llm)  # finished requests are released by the engine
+    policy = llm.engine.spec.policy
+    assert policy.acceptance_rates() == {}
+    assert policy._last_speculated == {}

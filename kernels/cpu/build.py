@@ -33,7 +33,10 @@ logger = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
 # No FMA contraction outside explicit intrinsics: the scalar path's arithmetic stays as written.
-CFLAGS = ("-O3", "-std=c++17", "-ffp-contract=off")
+# -fopenmp: at::parallel_for is a header template that only fans out when the extension itself
+# is compiled with OpenMP (as ATen is); without it every call ran on one thread.
+CFLAGS = ("-O3", "-std=c++17", "-ffp-contract=off", "-fopenmp")
+LDFLAGS = ("-fopenmp",)
 DEFAULT_CACHE = "~/.cache/goodspeed/kernels"
 _DISABLE_ENV = "GOODSPEED_NATIVE_KERNELS"
 _CACHE_ENV = "GOODSPEED_KERNEL_CACHE"
@@ -44,7 +47,7 @@ def source_hash() -> str:
     digest = hashlib.sha256()
     for path in sorted(CSRC.iterdir()):
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
-    for part in (*CFLAGS, torch.__version__, sys.version, platform.machine()):
+    for part in (*CFLAGS, *LDFLAGS, torch.__version__, sys.version, platform.machine()):
         digest.update(part.encode() + b"\0")
     return digest.hexdigest()[:16]
 
@@ -97,6 +100,7 @@ def _compile(directory: Path, name: str) -> ModuleType:
         name=name,
         sources=[str(CSRC / "qlinear.cpp")],
         extra_cflags=list(CFLAGS),
+        extra_ldflags=list(LDFLAGS),
         build_directory=str(directory),
         verbose=False,
     )

@@ -1,7 +1,8 @@
 """goodspeed vs llama.cpp's own server on the same GGUF, same threads, same prompts, one run.
 
 Servers (all started here, on 127.0.0.1, each with --threads / -t THREADS):
-  gs-off       goodspeed, no speculation
+  gs-f32       goodspeed, no speculation, the GGUF dequantised to float32 (--weights float32)
+  gs-off       goodspeed, no speculation, the GGUF's blocks on the native kernels (default)
   gs-goodput   goodspeed, n-gram speculation under the goodput policy
   llama        llama-server (../shared/tools/llama-server.sh builds it)
   llama-spec   llama-server with its own n-gram speculation (--spec-type, see --llama-spec)
@@ -73,6 +74,7 @@ def server_commands(args: argparse.Namespace, port: int) -> dict[str, list[str]]
     llama = [args.llama_server, "-m", gguf, "-t", threads, "--host", "127.0.0.1"]
     llama += ["-np", str(args.concurrency), "-c", str(args.concurrency * 2048)]
     return {
+        "gs-f32": goodspeed + ["--spec-policy", "off", "--weights", "float32"],
         "gs-off": goodspeed + ["--spec-policy", "off"],
         "gs-goodput": goodspeed + ["--speculative-proposer", "ngram", "--spec-policy", "goodput"],
         "llama": llama,
@@ -228,18 +230,20 @@ def markdown(results: dict) -> str:
         f"{args['concurrency']} concurrent clients x {args['rounds']} rounds, generated tok/s. "
         f"llama-spec = `{args['llama_spec']}`.",
         "",
-        "| scenario | gs-off | gs-goodput | llama | llama-spec | gs-off / llama | "
-        "gs-goodput / best llama |",
-        "|---|---|---|---|---|---|---|",
+        "| scenario | gs-f32 | gs-off | gs-goodput | llama | llama-spec | gs-off / llama | "
+        "gs-goodput / best llama | gs-goodput / gs-off |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for scenario, row in results["results"].items():
         best = max(row.get("llama", 0.0), row.get("llama-spec", 0.0)) or 1.0
-        cells = [f"{row.get(n, 0.0):.1f}" for n in ("gs-off", "gs-goodput", "llama", "llama-spec")]
+        names = ("gs-f32", "gs-off", "gs-goodput", "llama", "llama-spec")
+        cells = [f"{row.get(n, 0.0):.1f}" for n in names]
         lines.append(
             f"| {scenario} | "
             + " | ".join(cells)
             + f" | {row['gs-off'] / (row['llama'] or 1):.2f}x"
-            f" | {row['gs-goodput'] / best:.2f}x |"
+            f" | {row['gs-goodput'] / best:.2f}x"
+            f" | {row['gs-goodput'] / (row['gs-off'] or 1):.2f}x |"
         )
     return "\n".join(lines) + "\n"
 

@@ -41,7 +41,9 @@ class ModelRunner:
         self.backend = make_attention_backend(
             config.device.attention_backend, self.device, dtype=self.dtype
         )
-        self.model, self.arch = load_model(self.model_path, self.dtype, self.device, self.backend)
+        self.model, self.arch = load_model(
+            self.model_path, self.dtype, self.device, self.backend, config.model.weights
+        )
         self.max_model_len = min(
             config.model.max_model_len or self.arch.max_position_embeddings,
             self.arch.max_position_embeddings,

@@ -99,7 +99,8 @@ class DraftRunner:
         backend = make_attention_backend(
             target.config.device.attention_backend, target.device, dtype=target.dtype
         )
-        model, arch = load_model(path, target.dtype, target.device, backend)
+        weights = target.config.model.weights
+        model, arch = load_model(path, target.dtype, target.device, backend, weights)
         backend.allocate(
             model.kv_cache_spec(target.num_blocks, target.block_size, target.dtype, target.device)
         )

@@ -158,3 +158,16 @@ def test_a_request_is_bitwise_the_same_alone_and_batched(tmp_path, models_helper
     got += [batched.step({"b": [token, 9, 10], "a": [token]})["a"] for token in tokens]
     for step, (want, have) in enumerate(zip(expected, got, strict=True)):
         assert torch.equal(want, have), step
+
+
+@pytest.mark.parametrize("weights, layer_type", [("gguf", QuantLinear), ("float32", Linear)])
+def test_the_engine_setting_reaches_the_loaded_model(tmp_path, models_helpers, weights, layer_type):
+    """`--weights` is honoured by the engine (it once stopped at the config)."""
+    from engine.config import EngineConfig
+    from engine.model_runner import ModelRunner
+
+    hf_dir, _ = models_helpers.build_hf_model(tmp_path / "hf", tie_word_embeddings=True)
+    path = write_gguf(tmp_path / "m.gguf", hf_dir, qtype=Q.Q8_0)
+    config = EngineConfig.from_flat({"model": str(path), "weights": weights, "num_kv_blocks": 8})
+    runner = ModelRunner(config)
+    assert type(runner.model.layers[0].mlp.down_proj) is layer_type

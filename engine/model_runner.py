@@ -18,6 +18,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.input_batch import ModelInput, build_model_input, slot_of
+from engine.models.linear import weight_format
 from engine.models.loader import load_model, resolve_model_path
 from engine.outputs import Drafts, ModelOutput, RequestStepOutput, SchedulerOutput
 from engine.sampler import Sampler
@@ -44,6 +45,7 @@ class ModelRunner:
         self.model, self.arch = load_model(
             self.model_path, self.dtype, self.device, self.backend, config.model.weights
         )
+        self.weight_format = weight_format(self.model)
         self.max_model_len = min(
             config.model.max_model_len or self.arch.max_position_embeddings,
             self.arch.max_position_embeddings,

@@ -123,3 +123,13 @@ def install_quantized(
         target = linear_layer.weight if row_slice is None else linear_layer.weight[row_slice]
         target.copy_(dequantize(weight))
     return linear_layer
+
+
+def weight_format(model: nn.Module) -> str:
+    """`gguf:<kernel build id>` when any layer runs GGUF blocks on the native kernels, else
+    `dense`: what step times depend on besides the model's shape (the cost-model cache key)."""
+    if not any(isinstance(module, QuantLinear) for module in model.modules()):
+        return "dense"
+    from kernels.cpu.build import source_hash
+
+    return f"gguf:{source_hash()}"

@@ -202,13 +202,15 @@ class SeedReport:
 
 
 def runner_cache_key(runner) -> str:
-    """(model, device, dtype, threads): the model by file name and architecture, so a rebuilt
-    copy of the same model in another directory shares the entry."""
+    """(model, device, dtype and weight format, threads): the model by file name and
+    architecture, so a rebuilt copy of the same model in another directory shares the entry;
+    the weight format names the native kernels' build, so new kernels get a new profile."""
     arch = runner.arch
     model = f"{Path(runner.model_path).name}:{arch.num_layers}x{arch.hidden_size}"
     model += f"x{arch.intermediate_size}:h{arch.num_heads}/{arch.num_kv_heads}:v{arch.vocab_size}"
     backend = getattr(runner.backend, "name", type(runner.backend).__name__)
     dtype = str(runner.dtype).removeprefix("torch.")
+    dtype += f"/{getattr(runner, 'weight_format', 'dense')}"
     return cache_key(model, f"{runner.device}/{backend}", dtype, torch.get_num_threads())
 
 

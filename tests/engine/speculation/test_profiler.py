@@ -157,7 +157,7 @@ def test_cache_round_trips_through_the_engine(tiny_model_dir, tmp_path, caplog):
     assert first.spec.seed_report.source == "profile"
     assert "cost model: profiled" in caplog.text
     key = runner_cache_key(first.runner)
-    assert key == first.spec.seed_report.key and "|float32|1" in key
+    assert key == first.spec.seed_report.key and "|float32/dense|1" in key
     assert key in json.loads((tmp_path / "cost_models.json").read_text())
     caplog.clear()
     second = LLMEngine.from_config(engine_config(tiny_model_dir, tmp_path))
@@ -237,3 +237,11 @@ def test_a_draft_model_profile_times_its_passes(tiny_model_dir, tmp_path):
     times = {f.num_draft_steps: min(run_step(f) for _ in range(3)) for f in (one, four)}
     assert times[4] > times[1]
     assert pool_state(engine) == (list(range(NUM_BLOCKS)), 0, [0] * NUM_BLOCKS)
+
+
+def test_the_cache_key_names_the_weight_format(tiny_model_dir, tmp_path):
+    """A fit measured on float32 weights must not be reused for the quantized kernels."""
+    runner = LLMEngine.from_config(engine_config(tiny_model_dir, tmp_path)).runner
+    dense = runner_cache_key(runner)
+    runner.weight_format = "gguf:0123abcd"
+    assert runner_cache_key(runner) == dense.replace("/dense|", "/gguf:0123abcd|")

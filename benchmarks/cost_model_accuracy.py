@@ -38,7 +38,6 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from spec_sweep import load_average, machine_description, write_section  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data"
-KNEES = (8, 16, 32, 64, 128, 256)
 SECTION = "cost-model-accuracy"
 
 
@@ -118,13 +117,13 @@ def evaluate(steps, seed_params: dict | None, train_fraction: float) -> dict:
     split = int(len(steps) * train_fraction)
     train, held_out = steps[:split], steps[split:]
     fitted = OnlineLinearCostModel(window=max(1, len(train)), forgetting=1.0)  # a plain batch fit
-    fitted.fit([(f, s) for f, s, _ in train], knees=KNEES)
+    fitted.fit([(f, s) for f, s, _ in train])
     online = np.array([abs(p - s) / s for _, s, p in steps if p is not None])
     report = {
         "num_steps": len(steps),
         "num_train": len(train),
         "held_out": summary(relative_errors(fitted, held_out)),
-        "held_out_fit": {"knee": fitted.knee, "coefficients": fitted.coefficients()},
+        "held_out_fit": {"coefficients": fitted.coefficients()},
         "online": summary(online),
         "online_last_part": summary(online[-len(held_out) :] if held_out else online[:0]),
     }
@@ -216,10 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     flat.update(spec_policy="goodput", spec_profile_seconds=args.spec_profile_seconds)
     flat.update(spec_cost_cache=args.spec_cost_cache, seed=args.seed)
     engine = LLMEngine.from_config(EngineConfig.from_flat(flat))
-    seed = engine.speculation.seed_report
-    seed_params = (
-        engine.speculation.cost_model.to_params() if engine.speculation.cost_model.fitted else None
-    )
+    seed = engine.spec.seed_report
+    seed_params = engine.spec.cost_model.to_params() if engine.spec.cost_model.fitted else None
     texts = load_prompts(Path(args.copy), args.num_copy) + load_prompts(
         Path(args.chat), args.num_chat
     )
@@ -227,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     chat = [[{"role": "user", "content": text}] for text in texts]
     prompts = [engine.tokenizer.apply_chat_template(messages) for messages in chat]
     noise = repeatability(engine)
-    recorder = StepRecorder(engine.speculation.cost_model)
+    recorder = StepRecorder(engine.spec.cost_model)
     num_requests = run_workload(engine, prompts, args)
     report = evaluate(recorder.steps, seed_params, args.train_fraction)
     report.update(

@@ -221,7 +221,7 @@ def bench(args: argparse.Namespace) -> dict:
 def markdown(results: dict) -> str:
     args = results["args"]
     lines = [
-        "## goodspeed vs llama.cpp's server (CPU, same GGUF)",
+        "### goodspeed vs llama.cpp's server (CPU, same GGUF)",
         "",
         f"`{results['command']}` — {results['date']}, {results['machine']}, "
         f"{results['load_average']} at the end; {args['threads']} threads each, greedy, "

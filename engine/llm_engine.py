@@ -81,7 +81,7 @@ class LLMEngine:
                 request_id=child_id,
                 prompt_token_ids=list(prompt_token_ids),
                 sampling_params=params,
-                eos_token_id=self.eos_token_ids[0] if self.eos_token_ids else None,
+                eos_token_ids=self.eos_token_ids,
                 max_total_tokens=self.max_model_len,
                 arrival_time=arrival,
                 parent_request_id=child_ids[0] if index > 0 else None,

@@ -47,7 +47,7 @@ class Request:
     request_id: str
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
-    eos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()  # the model's end-of-sequence ids: any of them stops
     max_total_tokens: int = 1 << 30  # prompt + output cap from the context length (set by engine)
     arrival_time: float = field(default_factory=time.monotonic)
     parent_request_id: str | None = None  # set on children 1..n-1 of an n > 1 request
@@ -104,7 +104,7 @@ class Request:
                 return RequestStatus.FINISHED_LENGTH
             self.output_token_ids.append(token_id)
             if self.num_output_tokens >= params.min_tokens and (
-                (token_id == self.eos_token_id and not params.ignore_eos)
+                (token_id in self.eos_token_ids and not params.ignore_eos)
                 or token_id in params.stop_token_ids
             ):
                 return RequestStatus.FINISHED_STOPPED

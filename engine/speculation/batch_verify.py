@@ -51,7 +51,7 @@ def sampling_row(request: Request, extra_output: Sequence[int] = ()) -> Sampling
     needs_history = params.needs_penalties or params.min_tokens > 0
     blocked = ()
     if params.min_tokens > 0:
-        eos = () if request.eos_token_id is None or params.ignore_eos else (request.eos_token_id,)
+        eos = () if params.ignore_eos else request.eos_token_ids
         blocked = (*eos, *params.stop_token_ids)
     return SamplingRow(
         params=params,

@@ -157,7 +157,7 @@ class SpecDriver:
             self.tree,
             params=request.sampling_params,
             num_prompt_tokens=request.num_prompt_tokens,
-            eos_token_id=request.eos_token_id,
+            eos_token_ids=request.eos_token_ids,
             seed=request.seed,
             block_ids=tuple(request.block_ids),
             tree_template=self._template(scheduled.num_draft_tokens),

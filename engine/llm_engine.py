@@ -47,8 +47,8 @@ class LLMEngine:
         )
         self.eos_token_ids = _eos_ids(runner.arch, tokenizer)
         self.scheduler = Scheduler(config.scheduler, config.cache, runner.num_blocks)
-        self.outputs = OutputProcessor(tokenizer)
         self.spec = build_spec_driver(config.spec, runner, self.scheduler)
+        self.outputs = OutputProcessor(tokenizer, self.spec.proposer_name)
         self._groups: dict[str, list[str]] = {}
         self._aborted: list = []
         self._num_steps = 0

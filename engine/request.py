@@ -42,6 +42,21 @@ class RequestStatus(enum.Enum):
         }.get(self)
 
 
+@dataclass
+class SpecCounts:
+    """One request's speculation so far (DESIGN §3: per-request spec statistics)."""
+
+    num_draft_tokens: int = 0  # draft tokens (tree nodes) verified
+    num_accepted_tokens: int = 0  # of which accepted
+    num_verify_steps: int = 0  # steps that verified at least one draft
+
+    def add(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
+        if num_draft_tokens > 0:
+            self.num_draft_tokens += num_draft_tokens
+            self.num_accepted_tokens += num_accepted_tokens
+            self.num_verify_steps += 1
+
+
 @dataclass(eq=False)
 class Request:
     request_id: str
@@ -62,6 +77,7 @@ class Request:
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     error: str | None = None
+    spec: SpecCounts = field(default_factory=SpecCounts)
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -262,6 +262,7 @@ class Scheduler:
             request.num_computed_tokens = min(computed, request.num_tokens - 1)
             self.block_manager.cache_full_blocks(request)
             return False
+        request.spec.add(step_output.num_draft_tokens, step_output.num_accepted_tokens)
         status = request.append_until_stop(token_ids)
         # Accepted drafts' K/V is valid: a chain rollback is just this length (DESIGN §4).
         request.num_computed_tokens = request.num_tokens - 1

@@ -14,7 +14,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from engine.async_engine import RequestStream
-from engine.outputs import RequestOutput, TokenLogprobs
+from engine.outputs import RequestOutput, SpecStats, TokenLogprobs
 from server.logprobs import chat_logprobs
 from server.protocol import ChatCompletionRequest
 from server.responses import (
@@ -78,8 +78,10 @@ async def _collect(ctx: ServingContext, job: _ChatJob) -> ChatCompletionResponse
     logprobs: list[list[TokenLogprobs]] = [[] for _ in range(n)]
     finish_reasons: list[str | None] = [None] * n
     num_output = [0] * n
+    spec: list[SpecStats | None] = [None] * n
     async for output in job.stream:
         raise_if_failed(output)
+        spec[output.index] = output.spec
         texts[output.index] += output.new_text
         logprobs[output.index].extend(output.logprobs or ())
         num_output[output.index] = output.num_output_tokens
@@ -99,7 +101,7 @@ async def _collect(ctx: ServingContext, job: _ChatJob) -> ChatCompletionResponse
         created=job.created,
         model=job.model,
         choices=choices,
-        usage=UsageInfo.of(job.num_prompt_tokens, sum(num_output)),
+        usage=UsageInfo.of(job.num_prompt_tokens, sum(num_output), spec),
     )
 
 
@@ -109,16 +111,19 @@ async def _stream(ctx: ServingContext, job: _ChatJob) -> AsyncIterator[bytes]:
         role = ChatChunkChoice(index=index, delta=DeltaMessage(role="assistant", content=""))
         yield sse_event(_chunk(job, [role]))
     num_output = [0] * n
+    spec: list[SpecStats | None] = [None] * n
     async for output in job.stream:
         raise_if_failed(output)
         num_output[output.index] = output.num_output_tokens
+        spec[output.index] = output.spec
         logprobs = _logprobs(ctx, job, output.logprobs or [])
         has_logprobs = logprobs is not None and bool(logprobs.content)
         if not (output.new_text or output.finished or has_logprobs):
             continue
         yield sse_event(_chunk(job, [_chunk_choice(output, logprobs)]))
     if job.body.include_usage:
-        yield sse_event(_chunk(job, [], UsageInfo.of(job.num_prompt_tokens, sum(num_output))))
+        usage = UsageInfo.of(job.num_prompt_tokens, sum(num_output), spec)
+        yield sse_event(_chunk(job, [], usage))
 
 
 def _chunk_choice(output: RequestOutput, logprobs: ChatLogprobs | None) -> ChatChunkChoice:

@@ -98,6 +98,11 @@ class SpecDriver:
         self.accepted_per_position_total: list[int] = []
         self.last_goodput = 0.0
 
+    @property
+    def proposer_name(self) -> str | None:
+        """The proposer's name when speculation is on (a request may still turn it off)."""
+        return getattr(self.proposer, "name", None) if self.enabled else None
+
     # ---- 1. plan -------------------------------------------------------------------------
     def plan(self, running: Sequence[Request], waiting: Sequence[Request] = ()) -> SpecPlan:
         """k per caught-up running request; the step's base features are what it will run:
@@ -107,7 +112,7 @@ class SpecDriver:
             return {}
         candidates = []
         for request in running:
-            max_draft_tokens = min(self.max_draft_tokens, request.num_remaining_output_tokens - 1)
+            max_draft_tokens = min(self._cap(request), request.num_remaining_output_tokens - 1)
             caught_up = request.num_computed_tokens == request.num_tokens - 1
             if caught_up and max_draft_tokens > 0:
                 candidates.append(
@@ -117,6 +122,11 @@ class SpecDriver:
         self._base = StepFeatures.from_shapes(shapes, self.draft_model, self.graphs)
         self._plan = self.policy.plan(candidates, self._base) if candidates else {}
         return self._plan
+
+    def _cap(self, request: Request) -> int:
+        """The engine's draft cap, lowered by the request's own (SamplingParams)."""
+        own = request.sampling_params.max_draft_tokens
+        return self.max_draft_tokens if own is None else min(own, self.max_draft_tokens)
 
     def _step_shapes(
         self, running: Sequence[Request], waiting: Sequence[Request]

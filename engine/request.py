@@ -15,8 +15,12 @@ import enum
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from engine.structured.matcher import GrammarMatcher
 
 
 class RequestStatus(enum.Enum):
@@ -78,6 +82,7 @@ class Request:
     first_token_time: float | None = None
     error: str | None = None
     spec: SpecCounts = field(default_factory=SpecCounts)
+    grammar: GrammarMatcher | None = None  # structured output: advanced by verified tokens
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -119,6 +124,10 @@ class Request:
             if self.num_output_tokens >= self.max_output_tokens:
                 return RequestStatus.FINISHED_LENGTH
             self.output_token_ids.append(token_id)
+            if self.grammar is not None and not self.grammar.accept(token_id):
+                # The sampler's mask makes this unreachable; never emit past a broken grammar.
+                self.error = f"token {token_id} does not match the request's grammar"
+                return RequestStatus.FINISHED_ERROR
             if self.num_output_tokens >= params.min_tokens and (
                 (token_id in self.eos_token_ids and not params.ignore_eos)
                 or token_id in params.stop_token_ids

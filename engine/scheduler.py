@@ -269,7 +269,7 @@ class Scheduler:
         if request.first_token_time is None and request.num_output_tokens > 0:
             request.first_token_time = time.monotonic()
         if status is not None:
-            self._finish(request, status)
+            self._finish(request, status, request.error)
         else:
             self.block_manager.trim(request, request.num_computed_tokens + 1)
             self.block_manager.cache_full_blocks(request)

@@ -16,7 +16,8 @@ from typing import Any
 from engine.sampling_params import MAX_LOGPROBS, SamplingParams
 from server.errors import bad_request, from_value_error
 from server.protocol_guided import GuidedFields
-from server.protocol_messages import ChatMessage, Strict, check_messages
+from server.protocol_messages import ChatMessage, Strict, Tool, check_messages
+from server.tools import ToolChoice, ToolSetup, tool_setup
 
 MAX_PROMPTS = 128  # prompts in one /v1/completions batch
 MAX_SEED = 2**63 - 1
@@ -159,6 +160,17 @@ class ChatCompletionRequest(_SamplingRequest):
     logprobs: bool | None = False
     top_logprobs: int | None = None
     add_generation_prompt: bool | None = True
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+
+    @property
+    def guided_field(self) -> str:
+        forced = self.tool_choice is not None and self.tool_choice not in ("none", "auto")
+        return "tools" if forced else super().guided_field
+
+    def tool_setup(self) -> ToolSetup:
+        return tool_setup(self.tools, self.tool_choice, self.parallel_tool_calls)
 
     def check_api_rules(self) -> None:
         super().check_api_rules()
@@ -175,8 +187,16 @@ class ChatCompletionRequest(_SamplingRequest):
             if value is not None and value < 1:
                 raise bad_request(f"{name} must be an integer >= 1, got {value}", name)
 
-    def sampling_params(self, vocab_size: int) -> SamplingParams:
+    def sampling_params(self, vocab_size: int, tools: ToolSetup | None = None) -> SamplingParams:
         values = self._common_sampling(vocab_size)
+        if tools is not None and tools.guided is not None:
+            if "guided" in values:
+                raise bad_request(
+                    "tool_choice required or a named function cannot be combined with "
+                    "response_format or guided_*",
+                    "tool_choice",
+                )
+            values["guided"] = tools.guided
         limit = self.max_completion_tokens
         values["max_tokens"] = limit if limit is not None else self.max_tokens
         if self.logprobs:

@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from engine.sampling_params import GuidedDecoding
+from engine.structured.grammar import check_guided
 from server.errors import bad_request
 from server.protocol_messages import Strict
 
@@ -61,7 +62,20 @@ class GuidedFields(Strict):
         if len(asked) > 1:
             names = " and ".join(name for name, _ in asked)
             raise bad_request(f"{names}: ask for one kind of structured output", asked[1][0])
-        return asked[0][1] if asked else None
+        if not asked:
+            return None
+        name, guided = asked[0]
+        try:
+            check_guided(guided)
+        except ValueError as exc:
+            raise bad_request(f"{name}: {str(exc).removeprefix('guided: ')}", name) from None
+        return guided
+
+    @property
+    def guided_field(self) -> str:
+        """The field that set the request's structured output (names engine refusals)."""
+        fields = ("response_format", "guided_json", "guided_regex", "guided_choice")
+        return next((f for f in fields if getattr(self, f) is not None), "guided_grammar")
 
     def spec_fields(self) -> dict[str, Any]:
         if self.speculation is None:

@@ -94,9 +94,29 @@ class ChatLogprobs(BaseModel):
     content: list[ChatTokenLogprob] | None = None
 
 
+class FunctionCallOut(BaseModel):
+    name: str
+    arguments: str  # JSON text
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCallOut
+
+
+class DeltaToolCall(ToolCallOut):
+    index: int  # the call's position among this choice's calls (streamed whole)
+
+
+def _if_none(value: object) -> bool:
+    return value is None
+
+
 class ChatResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str = ""
+    content: str | None = ""
+    tool_calls: list[ToolCallOut] | None = Field(default=None, exclude_if=_if_none)
 
 
 class ChatChoice(BaseModel):
@@ -118,6 +138,7 @@ class ChatCompletionResponse(BaseModel):
 class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = Field(default=None, exclude_if=_if_none)
 
 
 class ChatChunkChoice(BaseModel):

@@ -98,13 +98,29 @@ class ServingContext:
         return await _off_loop_if_long(len(token_ids), self.tokenizer.decode, token_ids)
 
     async def apply_chat_template(
-        self, messages: list[dict[str, str]], add_generation_prompt: bool
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool,
+        tools: list[dict[str, Any]] | None = None,
     ) -> list[int]:
         size = sum(len(m.get("content") or "") for m in messages)
-        render = self.tokenizer.apply_chat_template
+        tokenizer = self.tokenizer
+        extra = {}
+        if tools is not None:
+            if not getattr(tokenizer, "supports_tools", False):
+                raise bad_request(
+                    "tools: this model's chat template does not support tools (it never reads "
+                    "them), so the model cannot be told about them",
+                    "tools",
+                )
+            extra["tools"] = tools
         try:
             return await _off_loop_if_long(
-                size, render, messages, add_generation_prompt=add_generation_prompt
+                size,
+                tokenizer.apply_chat_template,
+                messages,
+                add_generation_prompt=add_generation_prompt,
+                **extra,
             )
         except (ValueError, TemplateError) as exc:  # e.g. "roles must alternate"
             raise bad_request(
@@ -164,9 +180,14 @@ class ServingContext:
 
     # ---- admission ---------------------------------------------------------------------------
     async def admit(
-        self, request_id: str, prompts: Sequence[list[int]], params: SamplingParams
+        self,
+        request_id: str,
+        prompts: Sequence[list[int]],
+        params: SamplingParams,
+        guided_field: str = "guided",
     ) -> list[RequestStream]:
-        """Admit one engine request per prompt, all or none; engine refusals become API errors."""
+        """Admit one engine request per prompt, all or none; engine refusals become API errors
+        (a grammar the engine cannot compile is named by the field that asked for it)."""
         if self.draining:
             raise self.unavailable("the server is shutting down")
         ids = (
@@ -187,7 +208,11 @@ class ServingContext:
         if errors:
             for stream in streams:
                 stream.close()
-            raise self._admission_error(errors[0])
+            error = self._admission_error(errors[0])
+            if isinstance(error, APIError) and error.param == "guided":
+                message = guided_field + error.message.removeprefix("guided")
+                error = bad_request(message, guided_field)
+            raise error
         return streams
 
     def _admission_error(self, error: BaseException) -> BaseException:

@@ -64,7 +64,7 @@ async def create_completion(ctx: ServingContext, body: CompletionRequest, raw: R
     for prompt in prompts:
         ctx.check_prompt(prompt.token_ids, params.max_tokens)
     ctx.check_request([p.token_ids for p in prompts], params)
-    streams = await ctx.admit(request_id, [p.token_ids for p in prompts], params)
+    streams = await ctx.admit(request_id, [p.token_ids for p in prompts], params, body.guided_field)
     job = _Job(request_id, model, body, prompts, streams)
     if body.stream:
         events = with_error_events(_stream(ctx, job), raw.scope)

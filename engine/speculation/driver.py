@@ -125,6 +125,8 @@ class SpecDriver:
 
     def _cap(self, request: Request) -> int:
         """The engine's draft cap, lowered by the request's own (SamplingParams)."""
+        if self.tree and request.grammar is not None:
+            return 0  # grammar requests verify chains only (a draft cut needs one path)
         own = request.sampling_params.max_draft_tokens
         return self.max_draft_tokens if own is None else min(own, self.max_draft_tokens)
 
@@ -155,8 +157,9 @@ class SpecDriver:
             return Drafts(target_topk=topk)
         start = time.perf_counter()
         drafts = self.proposer.propose(asks)
+        chains = _cut_at_grammar(drafts.chains, sched)
         elapsed = time.perf_counter() - start
-        return Drafts(drafts.chains, drafts.trees, proposer_time=elapsed, target_topk=topk)
+        return Drafts(chains, drafts.trees, proposer_time=elapsed, target_topk=topk)
 
     def _ask(self, scheduled: ScheduledRequest) -> ProposeRequest:
         request = scheduled.request
@@ -248,3 +251,16 @@ class SpecDriver:
             last_goodput=self.last_goodput,
             last_chosen_k=tuple(self._plan.values()),
         )
+
+
+def _cut_at_grammar(chains: dict[str, list[int]], sched: SchedulerOutput) -> dict[str, list[int]]:
+    """Each grammar request's chain up to the first token its grammar rejects: verification
+    masks every draft row with the grammar's state after the drafts before it, which exists
+    only for an accepted prefix (engine/structured/matcher.py)."""
+    cut = dict(chains)
+    for scheduled in sched.scheduled:
+        grammar = scheduled.request.grammar
+        chain = chains.get(scheduled.request_id)
+        if grammar is not None and chain:
+            cut[scheduled.request_id] = chain[: grammar.valid_prefix(chain)]
+    return cut

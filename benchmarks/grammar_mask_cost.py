@@ -1,6 +1,7 @@
 """Cost of a grammar's token mask per decode step on SmolLM2-135M's vocabulary (49,152), CPU.
 
-Both libraries walk the same token sequence (a JSON document valid under the schema below,
+Both libraries (and goodspeed's own path: GrammarMatcher.masks + Sampler's apply_bitmask) walk
+the same token sequence (a JSON document valid under the schema below,
 tokenized by SmolLM2's tokenizer); at every position we time: computing the next-token
 bitmask, applying it to a [1, vocab] float32 logits row, and accepting the token. Compile
 time is reported separately (it is paid once per request, or once per schema with a cache).
@@ -110,6 +111,35 @@ def bench_llguidance(hf, vocab_size: int, token_ids: list[int], repeats: int) ->
     return {"compile_s": compile_s, "runs": runs}
 
 
+def bench_goodspeed(hf, vocab_size: int, token_ids: list[int], repeats: int) -> dict:
+    """Our path: GrammarMatcher.masks (llguidance fill) + Sampler's apply_bitmask (torch)."""
+    from engine.sampler import apply_bitmask
+    from engine.sampling_params import GuidedDecoding
+    from engine.structured.grammar import GrammarCompiler
+
+    class _Tokenizer:
+        def __init__(self, hf) -> None:
+            self.hf = hf
+
+    compiler = GrammarCompiler(_Tokenizer(hf), vocab_size, [hf.eos_token_id])
+    guided = GuidedDecoding("json", json.dumps(SCHEMA))
+    compiler.matcher(guided)  # builds the llguidance tokenizer once
+    start = time.perf_counter()
+    compiler.matcher(guided)
+    compile_s = time.perf_counter() - start
+    logits = torch.randn(1, vocab_size)
+    runs = []
+    for _ in range(repeats):
+        matcher = compiler.matcher(guided)
+
+        def step(token_id: int, matcher=matcher) -> None:
+            apply_bitmask(logits, torch.from_numpy(matcher.masks([])))
+            assert matcher.accept(token_id)
+
+        runs.append(_walk(step, token_ids))
+    return {"compile_s": compile_s, "runs": runs}
+
+
 def _summary(name: str, result: dict) -> str:
     steps = [t for run in result["runs"][1:] or result["runs"] for t in run]  # first run warms up
     ms = sorted(t * 1e3 for t in steps)
@@ -133,6 +163,9 @@ def main() -> None:
     print("| library | compile ms | mean ms/step | p50 | p90 | max |")
     print("|---|---:|---:|---:|---:|---:|")
     print(_summary("llguidance", bench_llguidance(hf, vocab_size, token_ids, args.repeats)))
+    print(
+        _summary("goodspeed (llguidance)", bench_goodspeed(hf, vocab_size, token_ids, args.repeats))
+    )
     try:  # not a goodspeed dependency: `pip install xgrammar` to compare
         print(_summary("xgrammar", bench_xgrammar(hf, vocab_size, token_ids, args.repeats)))
     except ImportError:

@@ -1,6 +1,7 @@
 """Structured output on the real SmolLM2-135M over HTTP with the openai SDK, n-gram speculation
 on: JSON-schema output parses and validates, and greedy output is token-identical with the
-request's speculation turned off (speculation.max_draft_tokens = 0)."""
+request's speculation turned off (speculation.max_draft_tokens = 0); tools are a 400 (its ChatML
+template has no tool support)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import json
 
 import jsonschema
 import pytest
-from openai import OpenAI
+from openai import BadRequestError, OpenAI
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
@@ -63,3 +64,14 @@ def test_json_schema_output_validates_and_is_lossless_under_ngram(client):
             jsonschema.validate(json.loads(texts[-1]), SCHEMA)
         assert texts[0] == texts[1]
     assert drafted > 0
+
+
+def test_tools_are_400_because_smollm2s_template_has_no_tool_support(client):
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    with pytest.raises(BadRequestError) as info:
+        client.chat.completions.create(
+            model=client.models.list().data[0].id,
+            messages=[{"role": "user", "content": "hi"}],
+            tools=[tool],
+        )
+    assert info.value.body["param"] == "tools"

@@ -35,6 +35,8 @@ def grammar_text(guided: GuidedDecoding) -> str:
             return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=_JSON_DEFAULTS)
         if guided.kind == "choice":
             choices = json.loads(guided.spec)
+            if not isinstance(choices, list) or not all(isinstance(c, str) for c in choices):
+                raise ValueError("a choice must be a JSON list of strings")
             lark = "start: " + " | ".join(json.dumps(c) for c in choices)
             return llguidance.LLMatcher.grammar_from_lark(lark)
         if guided.kind == "regex":
@@ -42,13 +44,28 @@ def grammar_text(guided: GuidedDecoding) -> str:
         return llguidance.grammar_from("grammar", guided.spec)  # Lark or GBNF
     except ValueError as exc:
         raise ValueError(f"guided: invalid {guided.kind}: {exc}") from None
+    except BaseException as exc:  # llguidance's Rust panics are BaseExceptions
+        raise as_value_error(exc, guided) from None
+
+
+def as_value_error(exc: BaseException, guided: GuidedDecoding) -> BaseException:
+    """A failure of the grammar library as the request's ValueError (a 400): a Rust panic
+    (pyo3's PanicException derives from BaseException) must never reach the engine thread's
+    loop. Interpreter exits pass through."""
+    if isinstance(exc, KeyboardInterrupt | SystemExit | GeneratorExit):
+        return exc
+    return ValueError(f"guided: the {guided.kind} could not be compiled: {type(exc).__name__}")
 
 
 def check_guided(guided: GuidedDecoding) -> None:
     """Validate without a tokenizer (for API layers, before admission)."""
     import llguidance
 
-    error = llguidance.LLMatcher.validate_grammar(grammar_text(guided))
+    grammar = grammar_text(guided)
+    try:
+        error = llguidance.LLMatcher.validate_grammar(grammar)
+    except BaseException as exc:
+        raise as_value_error(exc, guided) from None
     if error and not error.startswith("WARNING"):
         raise ValueError(f"guided: invalid {guided.kind}: {error}")
 
@@ -68,7 +85,10 @@ class GrammarCompiler:
         if self.tokenizer is None:
             raise ValueError("guided: this model has no tokenizer, so no grammar can apply")
         grammar = grammar_text(guided)
-        matcher = llguidance.LLMatcher(self._llguidance_tokenizer(), grammar, log_level=0)
+        try:
+            matcher = llguidance.LLMatcher(self._llguidance_tokenizer(), grammar, log_level=0)
+        except BaseException as exc:
+            raise as_value_error(exc, guided) from None
         if matcher.is_error():
             raise ValueError(f"guided: invalid {guided.kind}: {matcher.get_error()}")
         return GrammarMatcher(matcher, self.vocab_size)

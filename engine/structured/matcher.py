@@ -8,6 +8,10 @@ Speculation stays lossless under a grammar (docs/api.md):
      token is what plain decoding would emit there;
   3. after verification the matcher consumes the emitted tokens (accept), nothing else.
 Bitmasks are int32 rows, bit i of word w allowing token 32 * w + i (llguidance's layout).
+
+No failure of the library may take the engine down (a Rust panic is a BaseException): accept()
+reports it as a refused token (the request fails alone), valid_prefix() as no usable draft,
+masks() as a RuntimeError inside the step (step isolation fails that request alone).
 """
 
 from __future__ import annotations
@@ -26,13 +30,21 @@ class GrammarMatcher:
 
     def accept(self, token_id: int) -> bool:
         """Advance by one verified token; False when the grammar refuses it."""
-        return bool(self._matcher.consume_token(token_id))
+        try:
+            return bool(self._matcher.consume_token(token_id))
+        except BaseException as exc:
+            _reraise_exits(exc)
+            return False
 
     def valid_prefix(self, draft_ids: Sequence[int]) -> int:
         """How many leading draft tokens the grammar accepts from the current state."""
         if not draft_ids:
             return 0
-        return int(self._matcher.validate_tokens(list(draft_ids)))
+        try:
+            return int(self._matcher.validate_tokens(list(draft_ids)))
+        except BaseException as exc:
+            _reraise_exits(exc)
+            return 0
 
     def masks(self, draft_ids: Sequence[int]) -> np.ndarray:
         """int32 [1 + len(draft_ids), num_words]: the mask of each verification row (the
@@ -49,11 +61,15 @@ class GrammarMatcher:
                     if not self._matcher.consume_token(draft_ids[row]):
                         raise ValueError(f"draft token {draft_ids[row]} breaks the grammar")
                     consumed += 1
+        except BaseException as exc:
+            _reraise_exits(exc)
+            raise RuntimeError(f"grammar mask failed: {type(exc).__name__}: {exc}") from None
         finally:
             if consumed:
                 self._matcher.rollback(consumed)
         return bitmask
 
-    @property
-    def error(self) -> str | None:
-        return self._matcher.get_error() if self._matcher.is_error() else None
+
+def _reraise_exits(exc: BaseException) -> None:
+    if isinstance(exc, KeyboardInterrupt | SystemExit | GeneratorExit):
+        raise exc

@@ -11,6 +11,7 @@ import torch
 from engine.sampler import Sampler, SamplingRow, apply_bitmask
 from engine.sampling_params import GuidedDecoding, SamplingParams
 from engine.structured.grammar import GrammarCompiler, check_guided
+from engine.structured.matcher import GrammarMatcher
 from tests.tiny_tokenizer import save_char_tokenizer
 
 EOS = 2
@@ -96,3 +97,40 @@ def test_guided_params_refuse_ignore_eos_and_min_tokens():
     for extra in ({"ignore_eos": True}, {"min_tokens": 2}):
         with pytest.raises(ValueError, match="^guided"):
             SamplingParams(guided=guided, **extra)
+
+
+class _Panic(BaseException):
+    """What pyo3 raises for a Rust panic: a BaseException, not an Exception."""
+
+
+class _PanickingLibrary:
+    def __getattr__(self, name):
+        def panic(*args, **kwargs):
+            raise _Panic(name)
+
+        return panic
+
+
+def test_a_library_panic_never_escapes_as_a_base_exception():
+    matcher = GrammarMatcher(_PanickingLibrary(), 64)
+    assert matcher.accept(5) is False  # the request fails alone (append_until_stop)
+    assert matcher.valid_prefix([1, 2]) == 0  # no draft for it this step
+    with pytest.raises(RuntimeError, match="grammar mask failed"):  # step isolation's kind
+        matcher.masks([])
+
+
+def test_a_grammar_request_whose_library_fails_fails_alone(tmp_path, monkeypatch):
+    from engine.config import EngineConfig
+    from engine.llm import LLM
+    from tests.conftest import build_tiny_llama
+
+    path = save_char_tokenizer(build_tiny_llama(tmp_path))
+    llm = LLM(config=EngineConfig.from_flat(dict(model=str(path), num_kv_blocks=32, threads=1)))
+    monkeypatch.setattr(GrammarMatcher, "accept", lambda self, token_id: False)
+    bad = SamplingParams(max_tokens=8, temperature=0, guided=GuidedDecoding("regex", "[a-z]+"))
+    good = SamplingParams(max_tokens=8, temperature=0)
+    failed, fine = llm.generate(["hello", "hello"], [bad, good], use_tqdm=False)
+    assert failed.finish_reason == "error" and "grammar" in failed.error
+    assert fine.finish_reason == "length" and len(fine.output_token_ids) == 8
+    stats = llm.engine.stats()
+    assert stats.num_free_blocks == stats.num_total_blocks

@@ -166,6 +166,8 @@ class AsyncEngine:
         if request_id in self._streams:
             raise ValueError(f"request_id {request_id!r} is already in use")
         limit = self.max_num_in_flight
+        if limit is not None and num_choices > limit:  # never admissible: not a retry case
+            raise ValueError(f"n: {num_choices} sequences exceed the in-flight limit {limit}")
         if limit is not None and self.num_in_flight + num_choices > limit:
             raise QueueFullError(
                 f"server busy: {self.num_in_flight} sequences in flight, limit {limit}; retry later"

@@ -29,6 +29,7 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.speculation.driver import build_spec_driver
 from engine.step_isolation import describe, execute_isolating
+from engine.structured.grammar import GrammarCompiler
 
 logger = logging.getLogger(__name__)
 
@@ -47,8 +48,9 @@ class LLMEngine:
         )
         self.eos_token_ids = _eos_ids(runner.arch, tokenizer)
         self.scheduler = Scheduler(config.scheduler, config.cache, runner.num_blocks)
-        self.outputs = OutputProcessor(tokenizer)
         self.spec = build_spec_driver(config.spec, runner, self.scheduler)
+        self.outputs = OutputProcessor(tokenizer, self.spec.proposer_name)
+        self.grammars = GrammarCompiler(tokenizer, self.vocab_size, self.eos_token_ids)
         self._groups: dict[str, list[str]] = {}
         self._aborted: list = []
         self._num_steps = 0
@@ -71,6 +73,8 @@ class LLMEngine:
         arrival_time: float | None = None,
     ) -> None:
         self._validate(request_id, prompt_token_ids, params)
+        guided = params.guided
+        grammars = [self.grammars.matcher(guided) for _ in range(params.n)] if guided else None
         arrival = arrival_time if arrival_time is not None else time.monotonic()
         child_ids = (
             [request_id] if params.n == 1 else [f"{request_id}-{i}" for i in range(params.n)]
@@ -81,11 +85,12 @@ class LLMEngine:
                 request_id=child_id,
                 prompt_token_ids=list(prompt_token_ids),
                 sampling_params=params,
-                eos_token_id=self.eos_token_ids[0] if self.eos_token_ids else None,
+                eos_token_ids=self.eos_token_ids,
                 max_total_tokens=self.max_model_len,
                 arrival_time=arrival,
                 parent_request_id=child_ids[0] if index > 0 else None,
                 seed=base_seed + index,
+                grammar=grammars[index] if grammars else None,
             )
             self.outputs.add(request, index=index, group_id=request_id if params.n > 1 else None)
             self.scheduler.add_request(request)

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 
 from engine.detokenizer import IncrementalDetokenizer
-from engine.outputs import RequestOutput, RequestStepOutput, TokenLogprobs
+from engine.outputs import RequestOutput, RequestStepOutput, SpecStats, TokenLogprobs
 from engine.request import Request
 
 
@@ -27,8 +27,10 @@ class OutputState:
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer) -> None:
+    def __init__(self, tokenizer, proposer: str | None = None) -> None:
+        """proposer: the engine's proposer name, reported with each request's spec counts."""
         self.tokenizer = tokenizer
+        self.proposer = proposer
         self.states: dict[str, OutputState] = {}
 
     def add(self, request: Request, index: int = 0, group_id: str | None = None) -> None:
@@ -89,6 +91,7 @@ class OutputProcessor:
             index=state.index,
             group_id=state.group_id,
             metrics=_timings(request, finished),
+            spec=self._spec(request),
         )
         if output.finish_reason == "stop" and stop_string is None and request.output_token_ids:
             last = request.output_token_ids[-1]
@@ -116,6 +119,17 @@ class OutputProcessor:
             index=state.index if state is not None else 0,
             group_id=state.group_id if state is not None else None,
             metrics=_timings(request, finished=True),
+        )
+
+    def _spec(self, request: Request) -> SpecStats | None:
+        if self.proposer is None:
+            return None
+        counts = request.spec
+        return SpecStats(
+            self.proposer,
+            counts.num_draft_tokens,
+            counts.num_accepted_tokens,
+            counts.num_verify_steps,
         )
 
     @staticmethod

@@ -124,6 +124,16 @@ class ModelOutput:
     step_time: float = 0.0  # seconds, forward + sampling + verification (host-synced)
 
 
+@dataclass(frozen=True)
+class SpecStats:
+    """A request's speculation so far, for its caller (the API reports it in `usage`)."""
+
+    proposer: str  # the engine's proposer (ngram, recycle, draft)
+    num_draft_tokens: int = 0  # draft tokens (tree nodes) verified
+    num_accepted_tokens: int = 0  # of which accepted
+    num_verify_steps: int = 0  # steps that verified at least one draft
+
+
 @dataclass
 class RequestOutput:
     """What the engine hands to callers after each step (and, complete, from LLM.generate)."""
@@ -146,6 +156,7 @@ class RequestOutput:
     index: int = 0  # choice index for n > 1
     group_id: str | None = None  # the user's request id for n > 1 (children share it)
     metrics: dict[str, float] = field(default_factory=dict)  # arrival, first token, finish times
+    spec: SpecStats | None = None  # None when the engine has no proposer
 
 
 @dataclass(frozen=True)

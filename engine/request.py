@@ -15,8 +15,12 @@ import enum
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from engine.structured.matcher import GrammarMatcher
 
 
 class RequestStatus(enum.Enum):
@@ -42,12 +46,27 @@ class RequestStatus(enum.Enum):
         }.get(self)
 
 
+@dataclass
+class SpecCounts:
+    """One request's speculation so far (DESIGN §3: per-request spec statistics)."""
+
+    num_draft_tokens: int = 0  # draft tokens (tree nodes) verified
+    num_accepted_tokens: int = 0  # of which accepted
+    num_verify_steps: int = 0  # steps that verified at least one draft
+
+    def add(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
+        if num_draft_tokens > 0:
+            self.num_draft_tokens += num_draft_tokens
+            self.num_accepted_tokens += num_accepted_tokens
+            self.num_verify_steps += 1
+
+
 @dataclass(eq=False)
 class Request:
     request_id: str
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
-    eos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()  # the model's end-of-sequence ids: any of them stops
     max_total_tokens: int = 1 << 30  # prompt + output cap from the context length (set by engine)
     arrival_time: float = field(default_factory=time.monotonic)
     parent_request_id: str | None = None  # set on children 1..n-1 of an n > 1 request
@@ -62,6 +81,8 @@ class Request:
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     error: str | None = None
+    spec: SpecCounts = field(default_factory=SpecCounts)
+    grammar: GrammarMatcher | None = None  # structured output: advanced by verified tokens
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -103,8 +124,12 @@ class Request:
             if self.num_output_tokens >= self.max_output_tokens:
                 return RequestStatus.FINISHED_LENGTH
             self.output_token_ids.append(token_id)
+            if self.grammar is not None and not self.grammar.accept(token_id):
+                # The sampler's mask makes this unreachable; never emit past a broken grammar.
+                self.error = f"token {token_id} does not match the request's grammar"
+                return RequestStatus.FINISHED_ERROR
             if self.num_output_tokens >= params.min_tokens and (
-                (token_id == self.eos_token_id and not params.ignore_eos)
+                (token_id in self.eos_token_ids and not params.ignore_eos)
                 or token_id in params.stop_token_ids
             ):
                 return RequestStatus.FINISHED_STOPPED

@@ -1,6 +1,8 @@
 """Sampler: logits rows -> each request's next-token distribution -> tokens, plus logprobs.
 
 process() applies, in this order (vLLM / OpenAI semantics):
+    0. structured output: tokens a request's grammar forbids get -inf (a bitmask per row,
+       engine/structured/matcher.py)
     1. logit_bias (added to the logits)
     2. min_tokens: the row's stop ids (EOS + stop_token_ids) get -inf while fewer than
        min_tokens tokens precede this position
@@ -51,13 +53,24 @@ class SamplingRow:
 class Sampler:
     """Stateless; one instance per model runner."""
 
-    def process(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
-        """logits [N, V] -> probabilities [N, V] f32 (one-hot for greedy rows)."""
+    def process(
+        self,
+        logits: torch.Tensor,
+        rows: Sequence[SamplingRow],
+        bitmask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """logits [N, V] -> probabilities [N, V] f32 (one-hot for greedy rows).
+        bitmask: int32 [N, ceil(V / 32)], bit t % 32 of word t // 32 allows token t; None:
+        no row has a grammar."""
         if len(rows) != logits.shape[0]:
             raise ValueError(f"got {logits.shape[0]} logits rows but {len(rows)} sampling rows")
         logits = logits.float()
-        if any(row.needs_logit_edits for row in rows):
+        edits = any(row.needs_logit_edits for row in rows)
+        if edits or bitmask is not None:
             logits = logits.clone()
+        if bitmask is not None:
+            apply_bitmask(logits, bitmask)
+        if edits:
             for i, row in enumerate(rows):
                 if row.needs_logit_edits:
                     _edit_logits(logits[i], row)
@@ -116,6 +129,17 @@ class Sampler:
             )
             for i, token_id in enumerate(token_ids)
         ]
+
+
+def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
+    """In place: -inf where the row's bitmask (int32 [N, W]) has a 0 bit; tokens beyond 32 * W
+    are forbidden."""
+    num_rows, vocab_size = logits.shape
+    bits = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+    allowed = ((bitmask[:, :, None] >> bits) & 1).bool().reshape(num_rows, -1)
+    if allowed.shape[1] < vocab_size:
+        allowed = torch.nn.functional.pad(allowed, (0, vocab_size - allowed.shape[1]))
+    logits.masked_fill_(~allowed[:, :vocab_size].to(logits.device), float("-inf"))
 
 
 def _one_hot(token_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 MAX_LOGPROBS = 20
 MAX_STOP_STRINGS = 64
 MAX_STOP_TOKEN_IDS = 1024  # checked per generated token, on the engine thread all share
 MAX_N = 128
 MAX_INT64 = 2**63 - 1
+MAX_DRAFT_TOKENS = 1024  # a request's own speculation cap (the engine's is usually far lower)
 MAX_TOP_K = 2**31 - 1  # sampling kernels take int32 k; the sampler clamps it to the vocabulary
 # Below this temperature a request is greedy: softmax(logits / T) is a point mass on the argmax
 # anyway, and logits / 1e-50 overflows float32 (inf - inf = NaN probabilities).
@@ -70,7 +72,33 @@ _RULES: tuple[tuple[str, Callable[[object], bool], str], ...] = (
     ("min_tokens", _int_in(0, MAX_INT64), "an integer >= 0"),
     ("logprobs", _optional(_int_in(0, MAX_LOGPROBS)), f"an integer in 0..{MAX_LOGPROBS}"),
     ("prompt_logprobs", _optional(_int_in(0, MAX_LOGPROBS)), f"an integer in 0..{MAX_LOGPROBS}"),
+    (
+        "max_draft_tokens",
+        _optional(_int_in(0, MAX_DRAFT_TOKENS)),
+        f"an integer in 0..{MAX_DRAFT_TOKENS}",
+    ),
 )
+
+GuidedKind = Literal["json", "regex", "choice", "grammar"]
+
+
+@dataclass(frozen=True)
+class GuidedDecoding:
+    """Structured output: generated text must match this (engine/structured/ compiles it).
+
+    kind: json (spec = a JSON schema, as JSON text), regex, choice (a JSON list of strings)
+    or grammar (Lark or GBNF text).
+    """
+
+    kind: GuidedKind
+    spec: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("json", "regex", "choice", "grammar"):
+            raise ValueError(f"guided decoding kind must be json, regex, choice or grammar, "
+                             f"got {_short(self.kind)}")  # fmt: skip
+        if not isinstance(self.spec, str):
+            raise ValueError(f"guided decoding spec must be a string, got {_short(self.spec)}")
 
 
 def _require(ok: bool, name: str, allowed: str, value: object) -> None:
@@ -129,6 +157,8 @@ class SamplingParams:
     logprobs: int | None = None  # top-N logprobs of each generated token (0 = sampled token only)
     prompt_logprobs: int | None = None  # same for the prompt tokens (echo + logprobs)
     skip_special_tokens: bool = True
+    guided: GuidedDecoding | None = None  # structured output: a constraint the output obeys
+    max_draft_tokens: int | None = None  # this request's speculation cap (0: none; None: engine's)
 
     def __post_init__(self) -> None:
         # Normalise list-typed inputs to tuples so the object stays hashable-ish and immutable.
@@ -166,6 +196,13 @@ class SamplingParams:
             "stop_token_ids",
             f"at most {MAX_STOP_TOKEN_IDS} token ids (integers >= 0)",
             self.stop_token_ids,
+        )
+
+        _require(
+            self.guided is None or (not self.ignore_eos and self.min_tokens == 0),
+            "guided",
+            "used without ignore_eos and min_tokens (a finished grammar allows only EOS)",
+            self.guided,
         )
 
     @property

@@ -262,13 +262,14 @@ class Scheduler:
             request.num_computed_tokens = min(computed, request.num_tokens - 1)
             self.block_manager.cache_full_blocks(request)
             return False
+        request.spec.add(step_output.num_draft_tokens, step_output.num_accepted_tokens)
         status = request.append_until_stop(token_ids)
         # Accepted drafts' K/V is valid: a chain rollback is just this length (DESIGN §4).
         request.num_computed_tokens = request.num_tokens - 1
         if request.first_token_time is None and request.num_output_tokens > 0:
             request.first_token_time = time.monotonic()
         if status is not None:
-            self._finish(request, status)
+            self._finish(request, status, request.error)
         else:
             self.block_manager.trim(request, request.num_computed_tokens + 1)
             self.block_manager.cache_full_blocks(request)

@@ -14,20 +14,21 @@ from importlib import metadata
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 
 from engine.async_engine import AsyncEngine
 from server.errors import APIError, UnhandledErrorMiddleware, bad_request, install_error_handlers
 from server.metrics import EngineMetrics
-from server.middleware import GuardMiddleware
+from server.middleware import GuardMiddleware, RequestIdMiddleware
 from server.openapi import json_body
 from server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
     TokenizeRequest,
-    check_messages,
 )
+from server.protocol_messages import check_messages
 from server.responses import ModelCard, ModelList
 from server.serving import ServerSettings, ServingContext, parse_body
 from server.serving_chat import create_chat_completion
@@ -72,7 +73,16 @@ def build_app(engine: AsyncEngine, settings: ServerSettings | None = None) -> Fa
         is_draining=lambda: ctx.draining,
         retry_after_s=settings.retry_after_s,
     )
-    app.add_middleware(UnhandledErrorMiddleware)  # added last: outermost, so it sees every bug
+    if settings.allowed_origins:  # outside the guard: a CORS preflight carries no API key
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(settings.allowed_origins),
+            allow_methods=["*"],
+            allow_headers=["*"],
+            expose_headers=["X-Request-Id"],
+        )
+    app.add_middleware(UnhandledErrorMiddleware)  # outside the rest, so it sees every bug
+    app.add_middleware(RequestIdMiddleware)  # outermost: every response carries the id
     _add_info_routes(app, ctx, metrics)
     _add_generation_routes(app, ctx)
     return app
@@ -96,9 +106,9 @@ def _add_info_routes(app: FastAPI, ctx: ServingContext, metrics: EngineMetrics) 
         content, content_type = metrics.render()
         return Response(content, media_type=content_type)
 
-    def card() -> ModelCard:
+    def card(name: str) -> ModelCard:
         return ModelCard(
-            id=ctx.model_name,
+            id=name,
             created=ctx.created,
             root=ctx.engine.model_name,
             max_model_len=ctx.engine.max_model_len,
@@ -106,12 +116,13 @@ def _add_info_routes(app: FastAPI, ctx: ServingContext, metrics: EngineMetrics) 
 
     @app.get("/v1/models")
     async def list_models() -> Response:
-        return Response(ModelList(data=[card()]).model_dump_json(), media_type="application/json")
+        cards = [card(name) for name in ctx.model_names]
+        return Response(ModelList(data=cards).model_dump_json(), media_type="application/json")
 
     @app.get("/v1/models/{model_id:path}")
     async def retrieve_model(model_id: str) -> Response:
         ctx.check_model(model_id)
-        return Response(card().model_dump_json(), media_type="application/json")
+        return Response(card(model_id).model_dump_json(), media_type="application/json")
 
 
 def _add_generation_routes(app: FastAPI, ctx: ServingContext) -> None:

@@ -30,7 +30,17 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     group.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
     group.add_argument(
-        "--served-model-name", default=None, help="model name clients use (default: the model's)"
+        "--served-model-name",
+        nargs="+",
+        default=[],
+        help="model names clients may use; the first is reported in responses (default: the "
+        "model's file or directory name)",
+    )
+    group.add_argument(
+        "--allowed-origins",
+        nargs="+",
+        default=[],
+        help="browser origins allowed by CORS, e.g. https://app.example or '*' (default: CORS off)",
     )
     group.add_argument(
         "--api-key",
@@ -80,7 +90,8 @@ def run_serve(args: argparse.Namespace) -> int:
         logging.getLogger().setLevel(args.log_level.upper())  # also when basicConfig ran before
         config = config_from_args(args)
         settings = ServerSettings(
-            served_model_name=args.served_model_name,
+            served_model_names=tuple(args.served_model_name),
+            allowed_origins=tuple(args.allowed_origins),
             api_key=args.api_key or None,
             max_body_bytes=parse_size(args.max_body_size),
             max_seqs_per_request=args.max_seqs_per_request,

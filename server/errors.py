@@ -103,6 +103,14 @@ def from_validation_errors(errors: list[dict[str, Any]]) -> APIError:
         return bad_request(f"request body is not valid JSON: {first['msg']}")
     if first["type"] == "model_type" and not _field_path(first["loc"]):
         return bad_request("request body must be a JSON object")
+    unknown = [e for e in errors if e["type"] == "extra_forbidden" and not _union_path(e["loc"])]
+    if unknown:  # a field we do not know: never ignored silently (docs/api.md)
+        param = ".".join(str(p) for p in _field_path(unknown[0]["loc"]))
+        return bad_request(
+            f"{param}: unknown or unsupported field (docs/api.md lists the fields this server "
+            "honours)",
+            param,
+        )
     union_path = _union_path(errors[0]["loc"])
     hint = _UNION_HINTS.get(str(union_path[-1])) if union_path else None
     if hint:  # the value matched none of the field's accepted shapes

@@ -1,5 +1,6 @@
-"""Checks that run before any route: draining (503), API key (401), body size (413).
-Each refusal is logged once (server/errors.py's log_failure).
+"""Checks that run before any route: draining (503), API key (401), body size (413), and the
+request id every response carries (X-Request-Id). Each refusal is logged once
+(server/errors.py's log_failure).
 
 A pure ASGI middleware (no BaseHTTPMiddleware) so that streaming responses and disconnect
 detection pass through untouched. The body is read here, up to the limit, whether or not the
@@ -9,11 +10,17 @@ client sent Content-Length (chunked uploads are counted while reading), then rep
 from __future__ import annotations
 
 import hmac
+import re
+import uuid
 from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server.errors import ERROR_TYPES, error_bytes, log_failure
+
+# A client's X-Request-Id is kept when it is short printable ASCII; otherwise a new one is made.
+_CLIENT_REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,128}")
+REQUEST_ID_HEADER = b"x-request-id"
 
 # Open without an API key and while draining: probes and scrapers must keep working.
 OPEN_PATHS = frozenset({"/health", "/metrics", "/version"})
@@ -138,3 +145,28 @@ async def _send_error(
     ]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+class RequestIdMiddleware:
+    """X-Request-Id: the client's (when usable) or a fresh one, kept in scope["state"] for the
+    handlers and the failure log line, and echoed on every response. Outermost, so even a
+    401, 413 or 500 carries it."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = dict(scope["headers"]).get(REQUEST_ID_HEADER, b"")
+        request_id = given if _CLIENT_REQUEST_ID.fullmatch(given) else uuid.uuid4().hex.encode()
+        scope.setdefault("state", {})["request_id"] = request_id.decode()
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = [h for h in message.get("headers", []) if h[0] != REQUEST_ID_HEADER]
+                message = {**message, "headers": [*headers, (REQUEST_ID_HEADER, request_id)]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)

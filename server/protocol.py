@@ -1,7 +1,9 @@
 """Request bodies of the OpenAI API (plus vLLM-style extras), as strict pydantic models.
 
-Strict: a JSON string is not an integer, 1.5 is not an int, NaN/Infinity are refused. Unknown
-fields are ignored. `null` means "the default" for every optional field, as in OpenAI's API.
+Strict: a JSON string is not an integer, 1.5 is not an int, NaN/Infinity are refused. An unknown
+field is a 400 naming it; the few OpenAI fields accepted without effect (`user`, `metadata`,
+`store`, `service_tier`) are listed in docs/api.md. `null` means "the default" for every
+optional field, as in OpenAI's API.
 Ranges are checked once, by SamplingParams (its ValueError names the field); the models here
 only check types and the few rules that are about the API rather than sampling.
 """
@@ -9,12 +11,13 @@ only check types and the few rules that are about the API rather than sampling.
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
-
-from pydantic import BaseModel, ConfigDict
+from typing import Any
 
 from engine.sampling_params import MAX_LOGPROBS, SamplingParams
 from server.errors import bad_request, from_value_error
+from server.protocol_guided import GuidedFields
+from server.protocol_messages import ChatMessage, Strict, Tool, check_messages
+from server.tools import ToolChoice, ToolSetup, tool_setup
 
 MAX_PROMPTS = 128  # prompts in one /v1/completions batch
 MAX_SEED = 2**63 - 1
@@ -23,15 +26,11 @@ MAX_SEED = 2**63 - 1
 _TOKEN_ID_KEY = re.compile(r"[0-9]{1,19}")
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="ignore")
-
-
-class StreamOptions(_Strict):
+class StreamOptions(Strict):
     include_usage: bool | None = False
 
 
-class _SamplingRequest(_Strict):
+class _SamplingRequest(GuidedFields):
     """Fields shared by completions and chat completions."""
 
     model: str | None = None
@@ -45,7 +44,11 @@ class _SamplingRequest(_Strict):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     logit_bias: dict[str, float] | None = None
+    # Accepted without effect (docs/api.md): bookkeeping fields of OpenAI's API.
     user: str | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
     # Extras beyond OpenAI's schema (vLLM names).
     top_k: int | None = None
     min_p: float | None = None
@@ -84,6 +87,8 @@ class _SamplingRequest(_Strict):
             "include_stop_str_in_output": self.include_stop_str_in_output,
             "skip_special_tokens": self.skip_special_tokens,
             "logit_bias": _logit_bias(self.logit_bias, vocab_size),
+            "guided": self.guided_decoding(),
+            **self.spec_fields(),
         }
         return {k: v for k, v in values.items() if v is not None}
 
@@ -148,32 +153,6 @@ class CompletionRequest(_SamplingRequest):
         return prompt  # type: ignore[return-value]
 
 
-class TextPart(_Strict):
-    type: Literal["text"]
-    text: str
-
-
-class ChatMessage(_Strict):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart] | None = None
-    name: str | None = None
-
-    def as_template_dict(self) -> dict[str, str]:
-        content = self.content
-        if isinstance(content, list):
-            content = "".join(part.text for part in content)
-        role = "system" if self.role == "developer" else self.role
-        return {"role": role, "content": content or ""}
-
-
-def check_messages(messages: list[ChatMessage]) -> None:
-    """Every message must have content: a template cannot render one without it."""
-    for index, message in enumerate(messages):
-        if message.content is None:
-            param = f"messages.{index}.content"
-            raise bad_request(f"{param} is required ({message.role} messages need content)", param)
-
-
 class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessage]
     max_tokens: int | None = None
@@ -181,6 +160,17 @@ class ChatCompletionRequest(_SamplingRequest):
     logprobs: bool | None = False
     top_logprobs: int | None = None
     add_generation_prompt: bool | None = True
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+
+    @property
+    def guided_field(self) -> str:
+        forced = self.tool_choice is not None and self.tool_choice not in ("none", "auto")
+        return "tools" if forced else super().guided_field
+
+    def tool_setup(self) -> ToolSetup:
+        return tool_setup(self.tools, self.tool_choice, self.parallel_tool_calls)
 
     def check_api_rules(self) -> None:
         super().check_api_rules()
@@ -197,8 +187,16 @@ class ChatCompletionRequest(_SamplingRequest):
             if value is not None and value < 1:
                 raise bad_request(f"{name} must be an integer >= 1, got {value}", name)
 
-    def sampling_params(self, vocab_size: int) -> SamplingParams:
+    def sampling_params(self, vocab_size: int, tools: ToolSetup | None = None) -> SamplingParams:
         values = self._common_sampling(vocab_size)
+        if tools is not None and tools.guided is not None:
+            if "guided" in values:
+                raise bad_request(
+                    "tool_choice required or a named function cannot be combined with "
+                    "response_format or guided_*",
+                    "tool_choice",
+                )
+            values["guided"] = tools.guided
         limit = self.max_completion_tokens
         values["max_tokens"] = limit if limit is not None else self.max_tokens
         if self.logprobs:
@@ -206,7 +204,7 @@ class ChatCompletionRequest(_SamplingRequest):
         return build_sampling_params(values)
 
 
-class TokenizeRequest(_Strict):
+class TokenizeRequest(Strict):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
@@ -214,6 +212,6 @@ class TokenizeRequest(_Strict):
     add_generation_prompt: bool | None = True
 
 
-class DetokenizeRequest(_Strict):
+class DetokenizeRequest(Strict):
     model: str | None = None
     tokens: list[int]

@@ -6,22 +6,54 @@ both cases); `usage` is null on chunks except the final `include_usage` one.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
+
+from engine.outputs import SpecStats
+
+
+class SpeculationUsage(BaseModel):
+    """Extension: the request's speculative decoding, summed over its choices."""
+
+    proposer: str
+    draft_tokens: int  # draft tokens verified
+    accepted_tokens: int  # of which accepted
+    verify_steps: int  # steps that verified drafts
+
+    @classmethod
+    def of(cls, stats: Iterable[SpecStats | None]) -> SpeculationUsage | None:
+        known = [s for s in stats if s is not None]
+        if not known:
+            return None
+        return cls(
+            proposer=known[0].proposer,
+            draft_tokens=sum(s.num_draft_tokens for s in known),
+            accepted_tokens=sum(s.num_accepted_tokens for s in known),
+            verify_steps=sum(s.num_verify_steps for s in known),
+        )
 
 
 class UsageInfo(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    # Only when the engine speculates (left out, not null, otherwise).
+    speculation: SpeculationUsage | None = Field(default=None, exclude_if=lambda v: v is None)
 
     @classmethod
-    def of(cls, num_prompt_tokens: int, num_completion_tokens: int) -> UsageInfo:
+    def of(
+        cls,
+        num_prompt_tokens: int,
+        num_completion_tokens: int,
+        spec: Iterable[SpecStats | None] = (),
+    ) -> UsageInfo:
         return cls(
             prompt_tokens=num_prompt_tokens,
             completion_tokens=num_completion_tokens,
             total_tokens=num_prompt_tokens + num_completion_tokens,
+            speculation=SpeculationUsage.of(spec),
         )
 
 
@@ -62,9 +94,29 @@ class ChatLogprobs(BaseModel):
     content: list[ChatTokenLogprob] | None = None
 
 
+class FunctionCallOut(BaseModel):
+    name: str
+    arguments: str  # JSON text
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCallOut
+
+
+class DeltaToolCall(ToolCallOut):
+    index: int  # the call's position among this choice's calls (streamed whole)
+
+
+def _if_none(value: object) -> bool:
+    return value is None
+
+
 class ChatResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str = ""
+    content: str | None = ""
+    tool_calls: list[ToolCallOut] | None = Field(default=None, exclude_if=_if_none)
 
 
 class ChatChoice(BaseModel):
@@ -86,6 +138,7 @@ class ChatCompletionResponse(BaseModel):
 class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = Field(default=None, exclude_if=_if_none)
 
 
 class ChatChunkChoice(BaseModel):

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from fastapi import Request
+from jinja2 import TemplateError
 from pydantic import BaseModel, ValidationError
 
 from engine.async_engine import AsyncEngine, EngineDeadError, QueueFullError, RequestStream
@@ -31,7 +32,10 @@ M = TypeVar("M", bound=BaseModel)
 
 @dataclass(frozen=True)
 class ServerSettings:
-    served_model_name: str | None = None  # None: the engine's model name
+    # Names clients may use for the model; the first is the one responses report.
+    # Empty: the engine's model name.
+    served_model_names: tuple[str, ...] = ()
+    allowed_origins: tuple[str, ...] = ()  # CORS: browser origins allowed; empty: CORS off
     api_key: str | None = None  # None: no authentication
     max_body_bytes: int = 4 * 2**20  # larger request bodies get 413
     retry_after_s: int = 1  # Retry-After of 503 answers
@@ -42,6 +46,8 @@ class ServerSettings:
     max_tokens_per_request: int = 2**18
 
     def __post_init__(self) -> None:
+        if any(not name for name in self.served_model_names):
+            raise ValueError("served model names must not be empty")
         for name in ("max_seqs_per_request", "max_tokens_per_request", "max_body_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -53,17 +59,19 @@ class ServingContext:
     def __init__(self, engine: AsyncEngine, settings: ServerSettings) -> None:
         self.engine = engine
         self.settings = settings
-        self.model_name = settings.served_model_name or engine.model_name
+        self.model_names = settings.served_model_names or (engine.model_name,)
+        self.model_name = self.model_names[0]
         self.texts = TokenTexts(engine.tokenizer)
         self.created = int(time.time())
         self.draining = False
 
     # ---- checks ------------------------------------------------------------------------------
     def check_model(self, model: str | None) -> str:
-        if model is not None and model != self.model_name:
+        if model is not None and model not in self.model_names:
+            names = ", ".join(repr(name) for name in self.model_names)
             raise APIError(
                 404,
-                f"model {model!r} does not exist; this server serves {self.model_name!r}",
+                f"model {model!r} does not exist; this server serves {names}",
                 param="model",
                 code="model_not_found",
             )
@@ -90,15 +98,31 @@ class ServingContext:
         return await _off_loop_if_long(len(token_ids), self.tokenizer.decode, token_ids)
 
     async def apply_chat_template(
-        self, messages: list[dict[str, str]], add_generation_prompt: bool
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool,
+        tools: list[dict[str, Any]] | None = None,
     ) -> list[int]:
         size = sum(len(m.get("content") or "") for m in messages)
-        render = self.tokenizer.apply_chat_template
+        tokenizer = self.tokenizer
+        extra = {}
+        if tools is not None:
+            if not getattr(tokenizer, "supports_tools", False):
+                raise bad_request(
+                    "tools: this model's chat template does not support tools (it never reads "
+                    "them), so the model cannot be told about them",
+                    "tools",
+                )
+            extra["tools"] = tools
         try:
             return await _off_loop_if_long(
-                size, render, messages, add_generation_prompt=add_generation_prompt
+                size,
+                tokenizer.apply_chat_template,
+                messages,
+                add_generation_prompt=add_generation_prompt,
+                **extra,
             )
-        except ValueError as exc:
+        except (ValueError, TemplateError) as exc:  # e.g. "roles must alternate"
             raise bad_request(
                 f"messages: cannot apply the chat template: {exc}", "messages"
             ) from None
@@ -127,10 +151,13 @@ class ServingContext:
         """The per-request caps (ServerSettings) and the token ids the parameters name."""
         settings, n = self.settings, params.n
         num_seqs = len(prompts) * n
-        if num_seqs > settings.max_seqs_per_request:
+        # Beyond the in-flight limit a request could never be admitted: a 400, not a 503.
+        in_flight = self.engine.max_num_in_flight
+        limit = min(settings.max_seqs_per_request, in_flight or settings.max_seqs_per_request)
+        if num_seqs > limit:
             raise bad_request(
                 f"n: {len(prompts)} prompts x n={n} = {num_seqs} sequences; a request may "
-                f"have at most {settings.max_seqs_per_request}",
+                f"have at most {limit}",
                 "n",
             )
         limit = self.engine.max_model_len
@@ -153,9 +180,14 @@ class ServingContext:
 
     # ---- admission ---------------------------------------------------------------------------
     async def admit(
-        self, request_id: str, prompts: Sequence[list[int]], params: SamplingParams
+        self,
+        request_id: str,
+        prompts: Sequence[list[int]],
+        params: SamplingParams,
+        guided_field: str = "guided",
     ) -> list[RequestStream]:
-        """Admit one engine request per prompt, all or none; engine refusals become API errors."""
+        """Admit one engine request per prompt, all or none; engine refusals become API errors
+        (a grammar the engine cannot compile is named by the field that asked for it)."""
         if self.draining:
             raise self.unavailable("the server is shutting down")
         ids = (
@@ -176,7 +208,11 @@ class ServingContext:
         if errors:
             for stream in streams:
                 stream.close()
-            raise self._admission_error(errors[0])
+            error = self._admission_error(errors[0])
+            if isinstance(error, APIError) and error.param == "guided":
+                message = guided_field + error.message.removeprefix("guided")
+                error = bad_request(message, guided_field)
+            raise error
         return streams
 
     def _admission_error(self, error: BaseException) -> BaseException:
@@ -193,9 +229,11 @@ class ServingContext:
 
 
 def new_request_id(raw: Request, prefix: str) -> str:
-    """A fresh request id, also kept on the request so that its failure log line names it."""
+    """The engine's id of this request: unique even when clients reuse an X-Request-Id. The
+    failure log line names the X-Request-Id (RequestIdMiddleware), and names this id too."""
     request_id = f"{prefix}-{uuid.uuid4().hex}"
-    raw.state.request_id = request_id
+    client_id = getattr(raw.state, "request_id", None)
+    raw.state.request_id = request_id if client_id is None else f"{client_id} ({request_id})"
     return request_id
 
 

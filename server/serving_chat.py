@@ -2,6 +2,8 @@
 
 Streaming sends, per choice, a first chunk whose delta carries the role, then content deltas,
 then a chunk with the finish reason; `include_usage` adds a final chunk with empty choices.
+With tools (server/tools.py), `<tool_call>` blocks in the output become `tool_calls`
+(server/tool_parser.py; streamed one whole call per delta) and the finish reason `tool_calls`.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from engine.async_engine import RequestStream
-from engine.outputs import RequestOutput, TokenLogprobs
+from engine.outputs import RequestOutput, SpecStats, TokenLogprobs
 from server.logprobs import chat_logprobs
 from server.protocol import ChatCompletionRequest
 from server.responses import (
@@ -25,10 +27,15 @@ from server.responses import (
     ChatLogprobs,
     ChatResponseMessage,
     DeltaMessage,
+    DeltaToolCall,
+    FunctionCallOut,
+    ToolCallOut,
     UsageInfo,
 )
 from server.serving import ServingContext, new_request_id, until_disconnected
 from server.streaming import SSEResponse, raise_if_failed, sse_event, with_error_events
+from server.tool_parser import ParsedCall, ToolCallStream, parse_tool_calls
+from server.tools import ToolSetup
 
 
 @dataclass
@@ -38,6 +45,7 @@ class _ChatJob:
     body: ChatCompletionRequest
     num_prompt_tokens: int
     stream: RequestStream
+    tools: ToolSetup
     created: int = field(default_factory=lambda: int(time.time()))
 
 
@@ -47,13 +55,15 @@ async def create_chat_completion(
     request_id = new_request_id(raw, "chatcmpl")
     body.check_api_rules()
     model = ctx.check_model(body.model)
-    params = body.sampling_params(ctx.engine.vocab_size)
+    tools = body.tool_setup()
+    params = body.sampling_params(ctx.engine.vocab_size, tools)
     messages = [m.as_template_dict() for m in body.messages]
-    prompt = await ctx.apply_chat_template(messages, body.add_generation_prompt is not False)
+    add_generation_prompt = body.add_generation_prompt is not False
+    prompt = await ctx.apply_chat_template(messages, add_generation_prompt, tools.template_tools)
     ctx.check_prompt(prompt, params.max_tokens, "messages")
     ctx.check_request([prompt], params)
-    (stream,) = await ctx.admit(request_id, [prompt], params)
-    job = _ChatJob(request_id, model, body, len(prompt), stream)
+    (stream,) = await ctx.admit(request_id, [prompt], params, body.guided_field)
+    job = _ChatJob(request_id, model, body, len(prompt), stream, tools)
     if body.stream:
         events = with_error_events(_stream(ctx, job), raw.scope)
         return SSEResponse(events, on_close=stream.close)
@@ -78,29 +88,53 @@ async def _collect(ctx: ServingContext, job: _ChatJob) -> ChatCompletionResponse
     logprobs: list[list[TokenLogprobs]] = [[] for _ in range(n)]
     finish_reasons: list[str | None] = [None] * n
     num_output = [0] * n
+    spec: list[SpecStats | None] = [None] * n
     async for output in job.stream:
         raise_if_failed(output)
+        spec[output.index] = output.spec
         texts[output.index] += output.new_text
         logprobs[output.index].extend(output.logprobs or ())
         num_output[output.index] = output.num_output_tokens
         if output.finished:
             finish_reasons[output.index] = output.finish_reason
-    choices = [
-        ChatChoice(
-            index=i,
-            message=ChatResponseMessage(content=texts[i]),
-            logprobs=_logprobs(ctx, job, logprobs[i]),
-            finish_reason=finish_reasons[i],
+    choices = []
+    for i in range(n):
+        message, finish_reason = _message(texts[i], finish_reasons[i], job.tools.parse)
+        choices.append(
+            ChatChoice(
+                index=i,
+                message=message,
+                logprobs=_logprobs(ctx, job, logprobs[i]),
+                finish_reason=finish_reason,
+            )
         )
-        for i in range(n)
-    ]
     return ChatCompletionResponse(
         id=job.request_id,
         created=job.created,
         model=job.model,
         choices=choices,
-        usage=UsageInfo.of(job.num_prompt_tokens, sum(num_output)),
+        usage=UsageInfo.of(job.num_prompt_tokens, sum(num_output), spec),
     )
+
+
+def _message(
+    text: str, finish_reason: str | None, parse: bool
+) -> tuple[ChatResponseMessage, str | None]:
+    calls = []
+    if parse:
+        content, calls = parse_tool_calls(text)
+    if not calls:
+        return ChatResponseMessage(content=text), finish_reason
+    tool_calls = [_tool_call(call) for call in calls]
+    finish_reason = "tool_calls" if finish_reason == "stop" else finish_reason
+    return ChatResponseMessage(content=content, tool_calls=tool_calls), finish_reason
+
+
+def _tool_call(call: ParsedCall, index: int | None = None) -> ToolCallOut:
+    function = FunctionCallOut(name=call.name, arguments=call.arguments)
+    if index is None:
+        return ToolCallOut(id=call.id, function=function)
+    return DeltaToolCall(index=index, id=call.id, function=function)
 
 
 async def _stream(ctx: ServingContext, job: _ChatJob) -> AsyncIterator[bytes]:
@@ -109,24 +143,47 @@ async def _stream(ctx: ServingContext, job: _ChatJob) -> AsyncIterator[bytes]:
         role = ChatChunkChoice(index=index, delta=DeltaMessage(role="assistant", content=""))
         yield sse_event(_chunk(job, [role]))
     num_output = [0] * n
+    spec: list[SpecStats | None] = [None] * n
+    parsers = [ToolCallStream() if job.tools.parse else None for _ in range(n)]
     async for output in job.stream:
         raise_if_failed(output)
         num_output[output.index] = output.num_output_tokens
+        spec[output.index] = output.spec
         logprobs = _logprobs(ctx, job, output.logprobs or [])
         has_logprobs = logprobs is not None and bool(logprobs.content)
-        if not (output.new_text or output.finished or has_logprobs):
+        delta = _delta(output, parsers[output.index])
+        if not (delta.content or delta.tool_calls or output.finished or has_logprobs):
             continue
-        yield sse_event(_chunk(job, [_chunk_choice(output, logprobs)]))
+        parser = parsers[output.index]
+        called = parser is not None and parser.num_calls > 0
+        yield sse_event(_chunk(job, [_chunk_choice(output, delta, logprobs, called)]))
     if job.body.include_usage:
-        yield sse_event(_chunk(job, [], UsageInfo.of(job.num_prompt_tokens, sum(num_output))))
+        usage = UsageInfo.of(job.num_prompt_tokens, sum(num_output), spec)
+        yield sse_event(_chunk(job, [], usage))
 
 
-def _chunk_choice(output: RequestOutput, logprobs: ChatLogprobs | None) -> ChatChunkChoice:
+def _delta(output: RequestOutput, parser: ToolCallStream | None) -> DeltaMessage:
+    if parser is None:
+        return DeltaMessage(content=output.new_text)
+    first = parser.num_calls
+    content, calls = parser.feed(output.new_text)
+    if output.finished:
+        content += parser.finish()
+    tool_calls = [_tool_call(call, first + i) for i, call in enumerate(calls)]
+    return DeltaMessage(content=content, tool_calls=tool_calls or None)
+
+
+def _chunk_choice(
+    output: RequestOutput, delta: DeltaMessage, logprobs: ChatLogprobs | None, called: bool
+) -> ChatChunkChoice:
+    finish_reason = output.finish_reason if output.finished else None
+    if called and finish_reason == "stop":
+        finish_reason = "tool_calls"
     return ChatChunkChoice(
         index=output.index,
-        delta=DeltaMessage(content=output.new_text),
+        delta=delta,
         logprobs=logprobs,
-        finish_reason=output.finish_reason if output.finished else None,
+        finish_reason=finish_reason,
     )
 
 

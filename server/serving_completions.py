@@ -15,7 +15,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from engine.async_engine import RequestStream
-from engine.outputs import RequestOutput, TokenLogprobs
+from engine.outputs import RequestOutput, SpecStats, TokenLogprobs
 from server.logprobs import completion_logprobs, generated_positions, prompt_positions
 from server.protocol import CompletionRequest
 from server.responses import CompletionChoice, CompletionResponse, UsageInfo
@@ -64,7 +64,7 @@ async def create_completion(ctx: ServingContext, body: CompletionRequest, raw: R
     for prompt in prompts:
         ctx.check_prompt(prompt.token_ids, params.max_tokens)
     ctx.check_request([p.token_ids for p in prompts], params)
-    streams = await ctx.admit(request_id, [p.token_ids for p in prompts], params)
+    streams = await ctx.admit(request_id, [p.token_ids for p in prompts], params, body.guided_field)
     job = _Job(request_id, model, body, prompts, streams)
     if body.stream:
         events = with_error_events(_stream(ctx, job), raw.scope)
@@ -91,8 +91,10 @@ class _Choice:
     prompt_logprobs: list[TokenLogprobs | None] = field(default_factory=list)
     finish_reason: str | None = None
     num_output_tokens: int = 0
+    spec: SpecStats | None = None
 
     def add(self, output: RequestOutput) -> None:
+        self.spec = output.spec
         self.text += output.new_text
         self.logprobs.extend(output.logprobs or ())
         if output.prompt_logprobs:
@@ -127,16 +129,20 @@ async def _collect(ctx: ServingContext, job: _Job) -> CompletionResponse:
         created=job.created,
         model=job.model,
         choices=response_choices,
-        usage=UsageInfo.of(sum(len(p.token_ids) for p in job.prompts), num_completion),
+        usage=UsageInfo.of(
+            sum(len(p.token_ids) for p in job.prompts), num_completion, [c.spec for c in choices]
+        ),
     )
 
 
 async def _stream(ctx: ServingContext, job: _Job) -> AsyncIterator[bytes]:
     offsets: dict[int, int] = {}  # choice index -> text offset reached (logprobs text_offset)
     num_output: dict[int, int] = {}
+    spec: dict[int, SpecStats | None] = {}
     async for position, output in merge_streams(job.streams):
         raise_if_failed(output)
         index = position * job.n + output.index
+        spec[index] = output.spec
         prompt = job.prompts[position]
         echo = bool(job.body.echo) and index not in offsets  # the prompt goes in the first chunk
         text = prompt.text + output.new_text if echo else output.new_text
@@ -155,7 +161,8 @@ async def _stream(ctx: ServingContext, job: _Job) -> AsyncIterator[bytes]:
         yield sse_event(_chunk(job, [choice]))
     if job.body.include_usage:
         num_prompt = sum(len(p.token_ids) for p in job.prompts)
-        yield sse_event(_chunk(job, [], UsageInfo.of(num_prompt, sum(num_output.values()))))
+        usage = UsageInfo.of(num_prompt, sum(num_output.values()), spec.values())
+        yield sse_event(_chunk(job, [], usage))
 
 
 def _positions(

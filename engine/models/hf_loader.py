@@ -18,7 +18,18 @@ def hf_config(model_dir: Path) -> ModelArchConfig:
     config_path = model_dir / "config.json"
     if not config_path.is_file():
         raise ValueError(f"{model_dir} has no config.json; expected an HF model directory")
-    return ModelArchConfig.from_hf_config(json.loads(config_path.read_text()))
+    config = json.loads(config_path.read_text())
+    generation = model_dir / "generation_config.json"
+    if generation.is_file():  # its eos_token_id (often a list) adds to config.json's
+        extra = json.loads(generation.read_text()).get("eos_token_id")
+        config["eos_token_id"] = _id_list(config.get("eos_token_id")) + [
+            t for t in _id_list(extra) if t not in _id_list(config.get("eos_token_id"))
+        ]
+    return ModelArchConfig.from_hf_config(config)
+
+
+def _id_list(value: int | list[int] | None) -> list[int]:
+    return [] if value is None else list(value) if isinstance(value, list) else [value]
 
 
 def safetensors_files(model_dir: Path) -> list[Path]:

@@ -50,17 +50,29 @@ class Tokenizer:
     def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
         return self.hf.convert_ids_to_tokens(ids)
 
+    @property
+    def supports_tools(self) -> bool:
+        """Whether the chat template renders tool definitions (it reads `tools`)."""
+        return "tools" in (getattr(self.hf, "chat_template", None) or "")
+
     def apply_chat_template(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
     ) -> list[int]:
-        """Token ids of `messages` rendered by the model's chat template."""
+        """Token ids of `messages` (and `tools`) rendered by the model's chat template."""
         if not getattr(self.hf, "chat_template", None):
             raise ValueError(
                 "this model's tokenizer has no chat template; use the completions endpoint "
                 "(plain prompt) instead of chat"
             )
         encoded = self.hf.apply_chat_template(
-            messages, add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=True
+            messages,
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            tokenize=True,
+            return_dict=True,
         )
         return list(encoded["input_ids"])
 

@@ -19,6 +19,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from engine.input_batch import RequestRows
@@ -51,7 +52,7 @@ def sampling_row(request: Request, extra_output: Sequence[int] = ()) -> Sampling
     needs_history = params.needs_penalties or params.min_tokens > 0
     blocked = ()
     if params.min_tokens > 0:
-        eos = () if request.eos_token_id is None or params.ignore_eos else (request.eos_token_id,)
+        eos = () if params.ignore_eos else request.eos_token_ids
         blocked = (*eos, *params.stop_token_ids)
     return SamplingRow(
         params=params,
@@ -95,7 +96,8 @@ class BatchVerifier:
         device = logits.device
         index = torch.tensor([r for rows in sampling for r in rows.logit_rows], device=device)
         step_logits = logits[index]
-        probs = self.sampler.process(step_logits, self._sampling_rows(sampling))
+        bitmask = _grammar_masks(sampling, device)
+        probs = self.sampler.process(step_logits, self._sampling_rows(sampling), bitmask)
         targets = self.sampler.sample(probs, self._uniforms(sampling, device))
         parts = [targets, self.sampler.valid_rows(step_logits, probs).long()]
         if target_topk > 0:
@@ -170,6 +172,25 @@ class BatchVerifier:
             target_topk_ids=tuple(tuple(topk[i]) for i in local) if topk else (),
             draft_topk_ids=tuple(tuple(row) for row in topk[1:]),
         )
+
+
+def _grammar_masks(sampling: Sequence[RequestRows], device: torch.device) -> torch.Tensor | None:
+    """int32 [num_rows, words]: each grammar request's rows masked by its grammar after the
+    drafts before them (engine/structured/matcher.py); other rows allow everything. None when
+    no request has a grammar."""
+    grammars = [rows.scheduled.request.grammar for rows in sampling]
+    if all(g is None for g in grammars):
+        return None
+    num_words = next(g.num_words for g in grammars if g is not None)
+    parts = []
+    for rows, grammar in zip(sampling, grammars):
+        if grammar is None:
+            parts.append(np.full((len(rows.logit_rows), num_words), -1, dtype=np.int32))
+            continue
+        if rows.tree is not None:
+            raise ValueError("a grammar request was given a draft tree (chains only)")
+        parts.append(grammar.masks(rows.draft_token_ids))
+    return torch.from_numpy(np.concatenate(parts)).to(device)
 
 
 def _row_error(targets: list[int], valid: list[int], vocab_size: int) -> str | None:

@@ -69,7 +69,7 @@ class _RequestView:
     sampling_params: SamplingParams
     prompt_token_ids: Sequence[int]
     output_token_ids: Sequence[int]
-    eos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
 
 
 class DraftModelProposer:
@@ -257,7 +257,7 @@ class DraftModelProposer:
                 params,
                 ask.token_ids[: ask.num_prompt_tokens],
                 ask.token_ids[ask.num_prompt_tokens :],
-                ask.eos_token_id,
+                ask.eos_token_ids,
             )
             rows.append(sampling_row(view, history))  # type: ignore[arg-type]
         return rows

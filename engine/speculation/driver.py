@@ -98,6 +98,11 @@ class SpecDriver:
         self.accepted_per_position_total: list[int] = []
         self.last_goodput = 0.0
 
+    @property
+    def proposer_name(self) -> str | None:
+        """The proposer's name when speculation is on (a request may still turn it off)."""
+        return getattr(self.proposer, "name", None) if self.enabled else None
+
     # ---- 1. plan -------------------------------------------------------------------------
     def plan(self, running: Sequence[Request], waiting: Sequence[Request] = ()) -> SpecPlan:
         """k per caught-up running request; the step's base features are what it will run:
@@ -107,7 +112,7 @@ class SpecDriver:
             return {}
         candidates = []
         for request in running:
-            max_draft_tokens = min(self.max_draft_tokens, request.num_remaining_output_tokens - 1)
+            max_draft_tokens = min(self._cap(request), request.num_remaining_output_tokens - 1)
             caught_up = request.num_computed_tokens == request.num_tokens - 1
             if caught_up and max_draft_tokens > 0:
                 candidates.append(
@@ -117,6 +122,13 @@ class SpecDriver:
         self._base = StepFeatures.from_shapes(shapes, self.draft_model, self.graphs)
         self._plan = self.policy.plan(candidates, self._base) if candidates else {}
         return self._plan
+
+    def _cap(self, request: Request) -> int:
+        """The engine's draft cap, lowered by the request's own (SamplingParams)."""
+        if self.tree and request.grammar is not None:
+            return 0  # grammar requests verify chains only (a draft cut needs one path)
+        own = request.sampling_params.max_draft_tokens
+        return self.max_draft_tokens if own is None else min(own, self.max_draft_tokens)
 
     def _step_shapes(
         self, running: Sequence[Request], waiting: Sequence[Request]
@@ -145,8 +157,9 @@ class SpecDriver:
             return Drafts(target_topk=topk)
         start = time.perf_counter()
         drafts = self.proposer.propose(asks)
+        chains = _cut_at_grammar(drafts.chains, sched)
         elapsed = time.perf_counter() - start
-        return Drafts(drafts.chains, drafts.trees, proposer_time=elapsed, target_topk=topk)
+        return Drafts(chains, drafts.trees, proposer_time=elapsed, target_topk=topk)
 
     def _ask(self, scheduled: ScheduledRequest) -> ProposeRequest:
         request = scheduled.request
@@ -157,7 +170,7 @@ class SpecDriver:
             self.tree,
             params=request.sampling_params,
             num_prompt_tokens=request.num_prompt_tokens,
-            eos_token_id=request.eos_token_id,
+            eos_token_ids=request.eos_token_ids,
             seed=request.seed,
             block_ids=tuple(request.block_ids),
             tree_template=self._template(scheduled.num_draft_tokens),
@@ -238,3 +251,16 @@ class SpecDriver:
             last_goodput=self.last_goodput,
             last_chosen_k=tuple(self._plan.values()),
         )
+
+
+def _cut_at_grammar(chains: dict[str, list[int]], sched: SchedulerOutput) -> dict[str, list[int]]:
+    """Each grammar request's chain up to the first token its grammar rejects: verification
+    masks every draft row with the grammar's state after the drafts before it, which exists
+    only for an accepted prefix (engine/structured/matcher.py)."""
+    cut = dict(chains)
+    for scheduled in sched.scheduled:
+        grammar = scheduled.request.grammar
+        chain = chains.get(scheduled.request_id)
+        if grammar is not None and chain:
+            cut[scheduled.request_id] = chain[: grammar.valid_prefix(chain)]
+    return cut

@@ -35,7 +35,7 @@ class ProposeRequest:
     # block table, into the slots the scheduler reserved for this step's drafts.
     params: SamplingParams | None = None  # None: greedy
     num_prompt_tokens: int = 0  # token_ids[:num_prompt_tokens] is the prompt (penalty history)
-    eos_token_id: int | None = None  # blocked before min_tokens, as in the target's sampler
+    eos_token_ids: tuple[int, ...] = ()  # blocked before min_tokens, as in the target's sampler
     seed: int | None = None  # the request's effective seed; a draft RNG is derived from it
     block_ids: tuple[int, ...] = ()  # the request's KV cache blocks this step
     # Trees: (parent slot, rank) nodes best first, learned from verified trees

@@ -38,7 +38,7 @@ def make_requests(
             request_id=f"{id_prefix}{i}",
             prompt_token_ids=list(prefix) + [10_000 * (i + 1) + j for j in range(prompt_len)],
             sampling_params=params,
-            eos_token_id=eos_token_id,
+            eos_token_ids=() if eos_token_id is None else (eos_token_id,),
             max_total_tokens=max_total_tokens,
             arrival_time=float(i),
         )

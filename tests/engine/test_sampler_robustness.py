@@ -115,7 +115,7 @@ def test_any_values_are_refused_by_name_or_sample_a_valid_token(kwargs, scale, p
     except ValueError as exc:  # the server's 400: from_value_error names the first word
         assert re.match(r"[a-z_]+", str(exc)).group(0) in FIELDS, exc
         return
-    request = Request("fuzz", prompt, params, eos_token_id=2, seed=params.seed)
+    request = Request("fuzz", prompt, params, eos_token_ids=(2,), seed=params.seed)
     request.output_token_ids = output
     neighbour = SamplingRow(SamplingParams(temperature=0.8, top_p=0.9))
     logits = LOGITS * scale

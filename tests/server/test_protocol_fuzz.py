@@ -62,7 +62,7 @@ def sample_or_refuse(request, prompts: list[list[int]], body) -> None:
         assert from_value_error(exc).param in ENGINE_CHECKED, exc
         event("refused by the engine's checks")
         return
-    row = sampling_row(Request("fuzz", prompts[0], params, eos_token_id=2, seed=params.seed))
+    row = sampling_row(Request("fuzz", prompts[0], params, eos_token_ids=(2,), seed=params.seed))
     probs = SAMPLER.process(LOGITS, [row])
     token = int(SAMPLER.sample(probs, torch.tensor([0.5], dtype=torch.float64)))
     assert bool(SAMPLER.valid_rows(LOGITS, probs)[0]) and 0 <= token < VOCAB

@@ -29,7 +29,7 @@ def real_server(smollm2_path):
     from engine.llm_engine import LLMEngine
 
     config = EngineConfig.from_flat({"model": str(smollm2_path), **ENGINE_FLAGS})
-    server = run_server(LLMEngine.from_config(config), served_model_name="smollm2")
+    server = run_server(LLMEngine.from_config(config), served_model_names=("smollm2",))
     yield server
     server.stop()
 

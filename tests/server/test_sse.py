@@ -91,7 +91,7 @@ def test_metrics_count_generated_tokens(start_server):
 
 
 def test_version_and_served_model_name(start_server):
-    server = start_server(served_model_name="my-alias")
+    server = start_server(served_model_names=("my-alias",))
     assert "version" in httpx.get(server.url + "/version").json()
     models = httpx.get(server.url + "/v1/models").json()
     assert [m["id"] for m in models["data"]] == ["my-alias"]

@@ -11,6 +11,7 @@ from engine.config import EngineConfig
 from engine.llm import LLM
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
+from tests.engine.speculation.test_driver import record_plans
 from tests.server.harness import run_server
 from tests.tiny_tokenizer import save_char_tokenizer
 
@@ -27,15 +28,8 @@ def _llm(model_dir, tmp_path, policy: str) -> LLM:
 
 def _run(llm: LLM, cap: int | None):
     params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, max_draft_tokens=cap)
-    plans: list[dict[str, int]] = []
     original = llm.engine.spec.plan
-
-    def plan(running, waiting=()):
-        result = original(running, waiting)
-        plans.append(dict(result))
-        return result
-
-    llm.engine.spec.plan = plan
+    plans = record_plans(llm)
     try:
         outputs = llm.generate(PROMPTS, params, use_tqdm=False)
     finally:

@@ -38,7 +38,7 @@ _FLAGS: tuple[tuple[str, type, str], ...] = (
     ("--spec-cost-cache", str, "cost-model cache JSON, none = off (default ~/.cache/goodspeed/)"),
     ("--device", str, "cpu | cuda | cuda:N"),
     ("--threads", int, "torch intra-op threads"),
-    ("--attention-backend", str, "auto | reference | flashinfer"),
+    ("--attention-backend", str, "auto | reference | cpu | flashinfer"),
 )
 
 

@@ -18,7 +18,7 @@ DEFAULT_COST_CACHE = "~/.cache/goodspeed/cost_models.json"
 _DTYPES = ("float32", "bfloat16", "float16")
 _WEIGHTS = ("auto", "gguf", "float32")
 _PROPOSERS = ("none", "ngram", "recycle", "draft")
-_BACKENDS = ("auto", "reference", "flashinfer")
+_BACKENDS = ("auto", "reference", "cpu", "flashinfer")
 _SIZE_UNITS = {
     "": 1,
     "b": 1,

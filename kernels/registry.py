@@ -1,7 +1,8 @@
-"""Pick the attention backend by name: "reference", "flashinfer" or "auto".
+"""Pick the attention backend by name: "reference", "cpu", "flashinfer" or "auto".
 
 auto = FlashInfer when the device is CUDA, the dtype is one its kernels take (when known) and
-flashinfer imports; the reference backend otherwise. One log line says which was chosen and why.
+flashinfer imports; the native CPU backend (kernels/cpu_paged.py) on the CPU in float32 when
+the extension loaded; the reference backend otherwise. One log line says which and why.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from kernels.attention import AttentionBackend
 
 logger = logging.getLogger(__name__)
 
-BACKEND_NAMES = ("auto", "reference", "flashinfer")
+BACKEND_NAMES = ("auto", "reference", "cpu", "flashinfer")
 
 
 def flashinfer_unavailable_reason(
@@ -40,6 +41,25 @@ def _reference() -> AttentionBackend:
     return ReferenceBackend()
 
 
+def cpu_unavailable_reason(device: torch.device, dtype: torch.dtype | None = None) -> str | None:
+    """Why the native CPU backend cannot run here, or None when it can."""
+    if device.type != "cpu":
+        return f"device is {device.type}"
+    if dtype is not None and dtype != torch.float32:
+        return f"dtype {dtype} is not float32"
+    from kernels.cpu.build import load_native
+
+    if load_native() is None:
+        return "the native CPU kernels are not built (see the warning above)"
+    return None
+
+
+def _cpu() -> AttentionBackend:
+    from kernels.cpu_paged import CpuPagedBackend
+
+    return CpuPagedBackend()
+
+
 def _flashinfer(device: torch.device) -> AttentionBackend:
     from kernels.flashinfer_backend import FlashInferBackend
 
@@ -56,6 +76,12 @@ def make_attention_backend(
     if name == "reference":
         logger.info("attention backend: reference (requested)")
         return _reference()
+    if name == "cpu":
+        reason = cpu_unavailable_reason(device, dtype)
+        if reason is not None:
+            raise ValueError(f"attention_backend=cpu is unavailable: {reason}")
+        logger.info("attention backend: cpu (requested)")
+        return _cpu()
     reason = flashinfer_unavailable_reason(device, dtype)
     if name == "flashinfer":
         if reason is not None:
@@ -68,5 +94,9 @@ def make_attention_backend(
     if reason is None:
         logger.info("attention backend: flashinfer (auto: CUDA and flashinfer available)")
         return _flashinfer(device)
-    logger.info("attention backend: reference (auto: %s)", reason)
+    cpu_reason = cpu_unavailable_reason(device, dtype)
+    if cpu_reason is None:
+        logger.info("attention backend: cpu (auto: native CPU kernels, float32)")
+        return _cpu()
+    logger.info("attention backend: reference (auto: %s; %s)", reason, cpu_reason)
     return _reference()

@@ -5,9 +5,10 @@ laid end to end. Attention goes through an AttentionBackend, which the runner `p
 calling forward; each layer hands it q/k/v and gets the attended values back, so this module
 never sees block tables or masks.
 
-Numerics follow transformers' Llama: RMSNorm in float32, RoPE in the rotate-half convention
-with cos/sin computed in float32, SwiGLU MLP. Q/K/V and gate/up are fused into one Linear each
-(fewer, larger matmuls on CPU); `load_weights` maps HF parameter names onto the fused slices.
+Numerics follow transformers' Llama (engine/models/layers.py: RMSNorm, RoPE; SwiGLU MLP). Q/K/V
+and gate/up are fused into one Linear each (fewer, larger matmuls on CPU); `load_weights` maps
+HF parameter names onto the fused slices. A layer hands on its output as a delta: the next
+layer's norm adds it to the residual stream (one fused op on CPU).
 """
 
 from __future__ import annotations
@@ -16,74 +17,20 @@ from collections import defaultdict
 from collections.abc import Iterable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from engine.models.arch_config import ModelArchConfig
+from engine.models.layers import RMSNorm, Rotary
 from engine.models.linear import Linear, install_quantized, linear
 from kernels.attention import AttentionBackend, KVCacheSpec
 from kernels.cpu import QuantizedWeight
+from kernels.cpu.fused import silu_mul
 
 __all__ = ["LlamaForCausalLM", "ModelArchConfig"]
 
 # Extra weight name the GGUF loader emits for llama.cpp's `rope_freqs` tensor (per-frequency
 # divisors that encode Llama-3 rope scaling in GGUF files).
 ROPE_FREQ_FACTORS = "model.rope_freq_factors"
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, hidden_size: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(hidden_size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in float32 and scale in the model dtype, as transformers does.
-        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
-        return self.weight * normed.to(x.dtype)
-
-
-class Rotary(nn.Module):
-    """cos/sin tables [max_positions, head_dim], computed once, indexed by position.
-
-    rotate_half(x) = cat(-x2, x1) = roll(x, D/2) * sign with sign = (-1,..,-1, 1,..,1), so the
-    sign is folded into `sin_signed` and RoPE costs one roll, two multiplies and an add.
-    """
-
-    def __init__(self, config: ModelArchConfig) -> None:
-        super().__init__()
-        self.config = config
-        self.register_buffer("cos", torch.empty(0), persistent=False)
-        self.register_buffer("sin_signed", torch.empty(0), persistent=False)
-        self.reset()
-
-    def reset(self, freq_factors: torch.Tensor | None = None) -> None:
-        """(Re)build the tables; `freq_factors` [head_dim // 2] divide the frequencies (GGUF)."""
-        inv_freq = self.config.inv_freq()
-        if freq_factors is not None:
-            inv_freq = inv_freq / freq_factors.float().cpu()
-        cpu = torch.device("cpu")
-        positions = torch.arange(
-            self.config.max_position_embeddings, dtype=torch.float32, device=cpu
-        )
-        freqs = torch.outer(positions, inv_freq)
-        half = freqs.shape[-1]
-        sign = torch.cat([-torch.ones(half, device=cpu), torch.ones(half, device=cpu)])
-        emb = torch.cat([freqs, freqs], dim=-1)
-        # Tables are computed on the CPU (explicit devices, so this also works inside a
-        # `torch.device("meta")` block, where the loader calls reset() again after to_empty()).
-        device, dtype = self.cos.device, self.cos.dtype
-        self.cos = emb.cos().to(device=device, dtype=dtype)
-        self.sin_signed = (emb.sin() * sign).to(device=device, dtype=dtype)
-
-    def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions [T] -> (cos, sin_signed), each [T, 1, head_dim], shared by all layers."""
-        return self.cos[positions, None], self.sin_signed[positions, None]
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
-    """x [T, heads, D] -> x * cos + rotate_half(x) * sin."""
-    return torch.addcmul(x * cos, torch.roll(x, x.shape[-1] // 2, dims=-1), sin_signed)
 
 
 class LlamaAttention(nn.Module):
@@ -100,14 +47,14 @@ class LlamaAttention(nn.Module):
         )
 
     def forward(
-        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], backend: AttentionBackend
+        self, x: torch.Tensor, rotary: Rotary, positions: torch.Tensor, backend: AttentionBackend
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
         qkv = self.qkv_proj(x)
-        # Q and K are adjacent in the fused output: rotate them in one go.
+        # Q and K are adjacent in the fused output: rotate them in one go, in place.
         num_qk = self.num_heads + self.num_kv_heads
         qk = qkv[:, : num_qk * self.head_dim].view(num_tokens, num_qk, self.head_dim)
-        qk = apply_rope(qk, *rope)
+        rotary.rotate_(qk, positions)
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         v = qkv[:, num_qk * self.head_dim :].view(num_tokens, self.num_kv_heads, self.head_dim)
         out = backend.forward(self.layer_idx, q, k, v, self.scale)
@@ -122,8 +69,7 @@ class LlamaMLP(nn.Module):
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(silu_mul(self.gate_up_proj(x)))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -135,10 +81,18 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = LlamaMLP(config)
 
     def forward(
-        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], backend: AttentionBackend
-    ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rope, backend)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        self,
+        residual: torch.Tensor,
+        delta: torch.Tensor | None,
+        rotary: Rotary,
+        positions: torch.Tensor,
+        backend: AttentionBackend,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(residual stream, the previous layer's output) -> the same pair after this layer."""
+        residual, h = self.input_layernorm(residual, delta)
+        attended = self.self_attn(h, rotary, positions, backend)
+        residual, h = self.post_attention_layernorm(residual, attended)
+        return residual, self.mlp(h)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -156,15 +110,23 @@ class LlamaForCausalLM(nn.Module):
             else Linear(config.hidden_size, config.vocab_size, bias=False)
         )
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        num_layers: int | None = None,
+        backend: AttentionBackend | None = None,
+    ) -> torch.Tensor:
         """input_ids, positions: [T] int64 -> final-norm hidden states [T, hidden].
 
-        Positions must be < config.max_position_embeddings (the RoPE table's length)."""
-        x = self.embed_tokens(input_ids)
-        rope = self.rotary.lookup(positions)
-        for layer in self.layers:
-            x = layer(x, rope, self.backend)
-        return self.norm(x)
+        Positions must be < config.max_position_embeddings (the RoPE table's length).
+        `num_layers` runs only the first layers (a self-draft), on `backend` if given."""
+        residual, delta = self.embed_tokens(input_ids), None
+        for layer in self.layers[:num_layers]:
+            residual, delta = layer(
+                residual, delta, self.rotary, positions, backend or self.backend
+            )
+        return self.norm(residual, delta)[1]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden] (only the rows that need sampling) -> float32 logits [N, vocab]."""

@@ -48,15 +48,11 @@ class SelfDraft:
 
     def __init__(self, target: LlamaForCausalLM, num_layers: int, backend: AttentionBackend):
         self.target = target
-        self.layers = target.layers[:num_layers]
+        self.num_layers = num_layers
         self.backend = backend
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        x = self.target.embed_tokens(input_ids)
-        rope = self.target.rotary.lookup(positions)
-        for layer in self.layers:
-            x = layer(x, rope, self.backend)
-        return self.target.norm(x)
+        return self.target(input_ids, positions, self.num_layers, self.backend)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.target.compute_logits(hidden)

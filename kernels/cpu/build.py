@@ -32,6 +32,7 @@ import torch
 logger = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
+SOURCES = ("qlinear.cpp", "decode_ops.cpp")  # translation units; the headers are included
 # No FMA contraction outside explicit intrinsics: the scalar path's arithmetic stays as written.
 # -fopenmp: at::parallel_for is a header template that only fans out when the extension itself
 # is compiled with OpenMP (as ATen is); without it every call ran on one thread.
@@ -98,7 +99,7 @@ def _compile(directory: Path, name: str) -> ModuleType:
     start = time.perf_counter()
     module = load(
         name=name,
-        sources=[str(CSRC / "qlinear.cpp")],
+        sources=[str(CSRC / name) for name in SOURCES],
         extra_cflags=list(CFLAGS),
         extra_ldflags=list(LDFLAGS),
         build_directory=str(directory),

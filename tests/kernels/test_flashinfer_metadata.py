@@ -166,13 +166,29 @@ def test_padded_batch_size_is_the_next_captured_size() -> None:
     assert padded_batch_size(65, sizes) is None
 
 
-def test_registry_picks_reference_on_cpu_and_logs_it(caplog) -> None:
-    pytest.importorskip("kernels.reference")
+def test_registry_picks_reference_on_cpu_without_native_kernels(monkeypatch, caplog) -> None:
+    monkeypatch.setattr(registry, "cpu_unavailable_reason", lambda device, dtype: "no compiler")
     with caplog.at_level(logging.INFO, logger="kernels.registry"):
         backend = registry.make_attention_backend("auto", torch.device("cpu"))
     assert backend.name == "reference"
     lines = [r.getMessage() for r in caplog.records if r.name == "kernels.registry"]
-    assert lines == ["attention backend: reference (auto: device is cpu, FlashInfer needs CUDA)"]
+    expected = (
+        "attention backend: reference (auto: device is cpu, FlashInfer needs CUDA; no compiler)"
+    )
+    assert lines == [expected]
+
+
+def test_registry_picks_cpu_backend_for_float32_when_native_kernels_load(caplog) -> None:
+    from kernels.cpu import native_available
+
+    if not native_available():
+        pytest.skip("native CPU kernels not built here")
+    with caplog.at_level(logging.INFO, logger="kernels.registry"):
+        assert registry.make_attention_backend("auto", "cpu", torch.float32).name == "cpu"
+        assert registry.make_attention_backend("auto", "cpu", torch.bfloat16).name == "reference"
+    assert "attention backend: cpu (auto" in caplog.text
+    with pytest.raises(ValueError, match="attention_backend=cpu is unavailable: dtype"):
+        registry.make_attention_backend("cpu", "cpu", torch.bfloat16)
 
 
 def test_registry_auto_picks_flashinfer_when_available(monkeypatch, caplog) -> None:

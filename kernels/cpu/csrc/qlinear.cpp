@@ -101,10 +101,13 @@ at::Tensor dequantize(const at::Tensor& blocks, int64_t format, int64_t K, int64
 }
 
 }  // namespace
+
+void register_decode_ops(pybind11::module& m);  // decode_ops.cpp
+
 }  // namespace goodspeed
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "goodspeed CPU kernels: linear layers over GGUF quantized blocks";
+  m.doc() = "goodspeed CPU kernels: GGUF quantized linear layers and the fused decode-step ops";
   m.def("qlinear_out", &goodspeed::qlinear_out, "out = x @ dequant(blocks)^T (+ bias)",
         pybind11::arg("x"), pybind11::arg("blocks"), pybind11::arg("format"),
         pybind11::arg("bias"), pybind11::arg("out"), pybind11::arg("isa") = 0);
@@ -113,4 +116,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("isa") = 0);
   m.def("cpu_has_avx2", &goodspeed::cpu_has_avx2, "AVX2, FMA and F16C are usable");
   m.def("panel_width", []() { return goodspeed::kPanel; });
+  goodspeed::register_decode_ops(m);
 }

@@ -1,0 +1,83 @@
+"""CPU paged attention backend: native kernels that read the paged KV cache in place.
+
+Same cache layout and contract as the reference backend (kernels/attention.py), which it
+extends for allocation and slot copies. Per step `plan` builds three small tensors on the
+host: for every query token its request, the request's history length before this step's
+tokens, the token's index among them and their number; tree masks become one uint8 row per
+token (chains and prefill chunks need none: query j sees new tokens 0..j). Per layer one
+native call writes k/v into the cache and attends every (token, KV head) pair in parallel,
+keys in position order, so a token's output is the same whichever step (decode, verify
+chain, prefill chunk) computes it and whatever else is in the batch.
+
+Measured against the reference backend's gather + SDPA in docs/benchmarks.md §5c.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.attention import AttentionMetadata
+from kernels.cpu.build import load_native
+from kernels.reference import ReferenceBackend
+
+
+class CpuPagedBackend(ReferenceBackend):
+    name = "cpu"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._ops = load_native()
+        if self._ops is None:
+            raise RuntimeError("the native CPU kernels are not available")
+        self._tokens: torch.Tensor | None = None  # [T, 4] int32
+        self._mask: torch.Tensor | None = None  # [T, max_q_len] uint8, or None
+        self._slots: torch.Tensor | None = None
+        self._tables: torch.Tensor | None = None
+
+    def plan(self, metadata: AttentionMetadata) -> None:
+        assert self.spec is not None, "allocate() must run before plan()"
+        self.metadata = metadata
+        rows = []
+        for request, (q_len, seq_len) in enumerate(
+            zip(metadata.query_lens_host, metadata.seq_lens_host, strict=True)
+        ):
+            history = seq_len - q_len
+            rows.extend((request, history, j, q_len) for j in range(q_len))
+        self._tokens = torch.tensor(rows, dtype=torch.int32).reshape(-1, 4)
+        self._mask = self._tree_rows(metadata)
+        self._slots = metadata.slot_mapping.to(torch.int64).contiguous()
+        self._tables = metadata.block_tables.to(torch.int32).contiguous()
+
+    @staticmethod
+    def _tree_rows(metadata: AttentionMetadata) -> torch.Tensor | None:
+        """Token t's row of its request's tree mask (causal rows for requests without one)."""
+        masks = metadata.tree_masks
+        if not any(m is not None for m in masks):
+            return None
+        width = max(metadata.query_lens_host)
+        out = torch.zeros(metadata.num_tokens, width, dtype=torch.uint8)
+        start = 0
+        for q_len, mask in zip(metadata.query_lens_host, masks, strict=True):
+            if mask is None:
+                mask = torch.ones(q_len, q_len, dtype=torch.bool).tril()
+            out[start : start + q_len, :q_len] = mask.to(torch.uint8)
+            start += q_len
+        return out
+
+    def forward(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+    ) -> torch.Tensor:
+        out = torch.empty(q.shape, dtype=torch.float32)
+        self._ops.paged_attention_out(
+            q,
+            k,
+            v,
+            self.kv_caches[layer],
+            self._slots,
+            self._tables,
+            self._tokens,
+            self._mask,
+            scale,
+            out,
+        )
+        return out

@@ -1,0 +1,126 @@
+"""The native CPU attention backend (kernels/cpu_paged.py) against the reference backend on
+random ragged batches (prefill, chunks with history, decodes, trees; GQA; AVX2 and scalar head
+sizes), and its two invariances: a row's output does not depend on the rest of the batch, and
+a token verified inside a chain gets bitwise the output a plain decode step gives it."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+
+from kernels.attention import KVCacheSpec
+from kernels.reference import ReferenceBackend
+from tests.kernels.flashinfer_fakes import RequestCase, make_metadata, random_cases
+
+pytestmark = pytest.mark.usefixtures("native")
+NUM_BLOCKS, NUM_LAYERS = 256, 2
+KINDS = {"prefill": ("prefill",), "chunk": ("chunk",), "decode": ("decode",), "tree": ("tree",)}
+KINDS["mixed"] = ("prefill", "chunk", "decode", "tree")
+# (query heads, KV heads, head_dim): SmolLM2's 9/3/64, MHA, and a head size off the AVX2 path.
+SHAPES = [(9, 3, 64), (4, 4, 32), (6, 2, 12)]
+
+
+def backends(num_kv_heads: int, head_dim: int, block_size: int):
+    from kernels.cpu_paged import CpuPagedBackend
+
+    spec = KVCacheSpec(
+        NUM_LAYERS, NUM_BLOCKS, block_size, num_kv_heads, head_dim, torch.float32, "cpu"
+    )
+    fast, slow = CpuPagedBackend(), ReferenceBackend()
+    fast.allocate(spec)
+    slow.allocate(spec)
+    return fast, slow
+
+
+def qkv(n: int, heads: int, kv_heads: int, head_dim: int, generator: torch.Generator):
+    fused = torch.randn(n, (heads + 2 * kv_heads) * head_dim, generator=generator)
+    view = fused.view(n, heads + 2 * kv_heads, head_dim)  # strided q/k/v, as the model passes
+    return view[:, :heads], view[:, heads : heads + kv_heads], view[:, heads + kv_heads :]
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+@pytest.mark.parametrize("heads, kv_heads, head_dim", SHAPES)
+@pytest.mark.parametrize("block_size", [4, 16])
+@pytest.mark.parametrize("seed", range(3))
+def test_matches_reference(kind, heads, kv_heads, head_dim, block_size, seed) -> None:
+    rng, generator = random.Random(seed), torch.Generator().manual_seed(seed)
+    fast, slow = backends(kv_heads, head_dim, block_size)
+    cases = random_cases(rng, rng.randint(1, 6), KINDS[kind])
+    metadata, _ = make_metadata(rng, cases, block_size, NUM_BLOCKS)
+    fast.plan(metadata)
+    slow.plan(metadata)
+    scale = 1 / math.sqrt(head_dim)
+    for layer in range(NUM_LAYERS):
+        # Fill the history too: random K/V everywhere, the same in both caches.
+        history = torch.randn(slow.kv_caches[layer].shape, generator=generator)
+        fast.kv_caches[layer].copy_(history)
+        slow.kv_caches[layer].copy_(history)
+        q, k, v = qkv(metadata.num_tokens, heads, kv_heads, head_dim, generator)
+        got = fast.forward(layer, q, k, v, scale)
+        want = slow.forward(layer, q, k, v, scale)
+        torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+        assert torch.equal(fast.kv_caches[layer], slow.kv_caches[layer])
+
+
+def run_alone_and_batched(cases: list[RequestCase], seed: int):
+    """Each request's output alone (one plan per request) and inside the whole batch."""
+    rng, generator = random.Random(seed), torch.Generator().manual_seed(seed)
+    fast, _ = backends(3, 64, 16)
+    metadata, _ = make_metadata(rng, cases, 16, NUM_BLOCKS)
+    fast.kv_caches[0].copy_(torch.randn(fast.kv_caches[0].shape, generator=generator))
+    q, k, v = qkv(metadata.num_tokens, 9, 3, 64, generator)
+    snapshot = fast.kv_caches[0].clone()
+    fast.plan(metadata)
+    batched = fast.forward(0, q, k, v, 0.125)
+    starts = metadata.query_start_loc.tolist()
+    for i in range(len(cases)):
+        fast.kv_caches[0].copy_(snapshot)
+        rows = slice(starts[i], starts[i + 1])
+        fast.plan(single_request(metadata, i, rows))
+        yield batched[rows], fast.forward(0, q[rows], k[rows], v[rows], 0.125)
+
+
+def single_request(metadata, i: int, rows: slice):
+    from kernels.attention import AttentionMetadata
+
+    q_len = rows.stop - rows.start
+    masks = metadata.tree_masks[i : i + 1] if metadata.tree_masks else ()
+    return AttentionMetadata(
+        query_start_loc=torch.tensor([0, q_len], dtype=torch.int32),
+        seq_lens=metadata.seq_lens[i : i + 1],
+        block_tables=metadata.block_tables[i : i + 1],
+        slot_mapping=metadata.slot_mapping[rows],
+        query_lens_host=(q_len,),
+        seq_lens_host=metadata.seq_lens_host[i : i + 1],
+        tree_masks=masks,
+    )
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_request_is_bitwise_the_same_alone_and_in_a_batch(seed: int) -> None:
+    cases = random_cases(random.Random(100 + seed), 6, KINDS["mixed"])
+    for batched, alone in run_alone_and_batched(cases, seed):
+        assert torch.equal(batched, alone)
+
+
+def test_a_chain_token_gets_the_output_of_a_decode_step() -> None:
+    """Verify a 5-token chain after 37 tokens of history, then decode each of those tokens on
+    its own over the same cache: the outputs are bitwise equal."""
+    generator = torch.Generator().manual_seed(7)
+    fast, _ = backends(3, 64, 16)
+    fast.kv_caches[0].copy_(torch.randn(fast.kv_caches[0].shape, generator=generator))
+    history, chain = 37, 5
+    cases = [RequestCase(history, chain)]
+    metadata, _ = make_metadata(random.Random(1), cases, 16, NUM_BLOCKS)
+    q, k, v = qkv(chain, 9, 3, 64, generator)
+    fast.plan(metadata)
+    verified = fast.forward(0, q, k, v, 0.125)
+    for j in range(chain):
+        step = single_request(metadata, 0, slice(j, j + 1))
+        step = type(step)(**{**step.__dict__, "seq_lens_host": (history + j + 1,)})
+        fast.plan(step)
+        decoded = fast.forward(0, q[j : j + 1], k[j : j + 1], v[j : j + 1], 0.125)
+        assert torch.equal(decoded[0], verified[j])

@@ -3,7 +3,8 @@
 //  * fused (AVX2, M <= kMaxFused): each 32-weight group is decoded in registers and applied to
 //    all M rows at once; weight memory is read once and nothing is stored but the outputs.
 //  * panel (AVX2 for M > kMaxFused, and the scalar path): kPanel weight rows are dequantised
-//    into a float32 scratch panel, then register tiles of up to 4 rows sweep it.
+//    into a float32 scratch panel, then register tiles of up to 4 rows sweep it (twice: the
+//    even groups, then the odd ones, tiles.h).
 #pragma once
 
 #include <algorithm>
@@ -85,13 +86,15 @@ void fused_cols(const Problem& p, int64_t n0, int64_t cols) {
   }
 }
 
-// Weight rows per fused tile: about 8 independent accumulators, within 16 ymm registers.
+// Weight rows per fused tile: about 8 independent accumulators within 16 ymm registers. Up to
+// three outputs per tile, both partial sums run interleaved (tiles.h): one weight row at a time
+// (wider single-row tiles spilled: measured slower).
 template <class F>
 void run_fused(const Problem& p, int64_t n0, int64_t cols) {
   switch (p.M) {
-    case 1: fused_cols<F, 1, 6>(p, n0, cols); break;
-    case 2: fused_cols<F, 2, 4>(p, n0, cols); break;
-    case 3: fused_cols<F, 3, 2>(p, n0, cols); break;
+    case 1: fused_cols<F, 1, 1>(p, n0, cols); break;
+    case 2: fused_cols<F, 2, 1>(p, n0, cols); break;
+    case 3: fused_cols<F, 3, 1>(p, n0, cols); break;
     case 4: fused_cols<F, 4, 2>(p, n0, cols); break;
     case 5: fused_cols<F, 5, 1>(p, n0, cols); break;
     case 6: fused_cols<F, 6, 1>(p, n0, cols); break;

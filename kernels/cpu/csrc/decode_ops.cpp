@@ -103,35 +103,6 @@ void silu_mul_out(const at::Tensor& gate_up, at::Tensor& out) {
 }
 
 // ---- paged attention ----
-// Dot products and AXPYs over one head (D floats): 8 lanes then a fixed horizontal sum on
-// AVX2 (D % 8 == 0), plain loops otherwise. Which one runs is fixed per process.
-GS_AVX2_FMA float dot_avx2(const float* a, const float* b, int64_t D) {
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t d = 0; d < D; d += 8) {
-    acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), acc);
-  }
-  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
-}
-
-GS_AVX2_FMA void axpy_avx2(float a, const float* x, float* y, int64_t D) {
-  const __m256 va = _mm256_set1_ps(a);
-  for (int64_t d = 0; d < D; d += 8) {
-    _mm256_storeu_ps(y + d, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + d), _mm256_loadu_ps(y + d)));
-  }
-}
-
-float dot_scalar(const float* a, const float* b, int64_t D) {
-  float acc = 0.0f;
-  for (int64_t d = 0; d < D; ++d) acc += a[d] * b[d];
-  return acc;
-}
-
-void axpy_scalar(float a, const float* x, float* y, int64_t D) {
-  for (int64_t d = 0; d < D; ++d) y[d] += a * x[d];
-}
-
 struct Paged {
   float* cache;  // [blocks, 2, block_size, kv_heads, D]
   int64_t block_size, kv_heads, D;
@@ -149,43 +120,102 @@ struct QueryTask {
   const int32_t* table;  // the request's block table
   int64_t hist, local, q_len;  // keys 0..hist-1 always; new key j if visible(j)
   const uint8_t* mask;  // [q_len] row of a tree mask, or nullptr: causal (j <= local)
+
+  bool visible(int64_t p) const {
+    if (p < hist) return true;
+    return mask ? mask[p - hist] != 0 : p - hist <= local;
+  }
 };
 
-template <bool kAvx2>
-void attend(const Paged& c, const QueryTask& task, int64_t g, int64_t group, float scale,
-            std::vector<float>& scores) {
-  const int64_t n = task.hist + task.q_len, D = c.D;
-  scores.assign(group * n, -std::numeric_limits<float>::infinity());
-  auto visible = [&](int64_t p) {
-    if (p < task.hist) return true;
-    const int64_t j = p - task.hist;
-    return task.mask ? task.mask[j] != 0 : j <= task.local;
-  };
+// Scores (already scaled; -inf for keys not seen) -> softmax weights in place; returns 1 / sum.
+inline float softmax_(float* s, int64_t n) {
+  float top = -std::numeric_limits<float>::infinity();
+  for (int64_t p = 0; p < n; ++p) top = std::max(top, s[p]);
+  float total = 0.0f;
   for (int64_t p = 0; p < n; ++p) {
-    if (!visible(p)) continue;
-    const float* k = c.k_of(task.table[p / c.block_size], p % c.block_size, g);
-    for (int64_t h = 0; h < group; ++h) {
-      const float* q = task.q + h * task.q_head_stride;
-      scores[h * n + p] = (kAvx2 ? dot_avx2(q, k, D) : dot_scalar(q, k, D)) * scale;
+    s[p] = std::exp(s[p] - top);  // exp(-inf) = 0 for keys the query does not see
+    total += s[p];
+  }
+  return 1.0f / total;
+}
+
+// Dot products and AXPYs over one head of D floats: eight lanes and a fixed horizontal sum on
+// AVX2 (D % 8 == 0), plain loops otherwise. Which one runs is fixed per process, and each
+// query's keys are visited in position order, so a query's result never depends on the batch.
+GS_AVX2_FMA void attend_avx2(const Paged& c, const QueryTask& task, int64_t g, int64_t group,
+                             float scale, float* scores) {
+  const int64_t n = task.hist + task.q_len, D = c.D, bs = c.block_size;
+  for (int64_t i = 0; i < group * n; ++i) scores[i] = -std::numeric_limits<float>::infinity();
+  for (int64_t p0 = 0; p0 < n; p0 += bs) {  // block by block: no division per key
+    const float* k = c.k_of(task.table[p0 / bs], 0, g);
+    for (int64_t p = p0; p < std::min(n, p0 + bs); ++p, k += c.kv_heads * D) {
+      if (!task.visible(p)) continue;
+      for (int64_t h = 0; h < group; ++h) {
+        const float* q = task.q + h * task.q_head_stride;
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t d = 0; d < D; d += 8) {
+          acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + d), acc);
+        }
+        const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+        const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+        scores[h * n + p] = _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1))) * scale;
+      }
+    }
+  }
+  float inverse[64];
+  for (int64_t h = 0; h < group; ++h) inverse[h] = softmax_(scores + h * n, n);
+  for (int64_t h = 0; h < group; ++h) {
+    float* out = task.out + h * D;
+    for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(out + d, _mm256_setzero_ps());
+  }
+  for (int64_t p0 = 0; p0 < n; p0 += bs) {
+    const float* v = c.k_of(task.table[p0 / bs], 0, g) + c.v_shift();
+    for (int64_t p = p0; p < std::min(n, p0 + bs); ++p, v += c.kv_heads * D) {
+      for (int64_t h = 0; h < group; ++h) {
+        const float weight = scores[h * n + p];
+        if (weight == 0.0f) continue;
+        float* out = task.out + h * D;
+        const __m256 w = _mm256_set1_ps(weight);
+        for (int64_t d = 0; d < D; d += 8) {
+          _mm256_storeu_ps(out + d,
+                           _mm256_fmadd_ps(w, _mm256_loadu_ps(v + d), _mm256_loadu_ps(out + d)));
+        }
+      }
     }
   }
   for (int64_t h = 0; h < group; ++h) {
-    float* s = scores.data() + h * n;
-    float top = -std::numeric_limits<float>::infinity();
-    for (int64_t p = 0; p < n; ++p) top = std::max(top, s[p]);
-    float total = 0.0f;
-    for (int64_t p = 0; p < n; ++p) {
-      s[p] = std::exp(s[p] - top);  // exp(-inf) = 0 for keys the query does not see
-      total += s[p];
+    float* out = task.out + h * D;
+    const __m256 inv = _mm256_set1_ps(inverse[h]);
+    for (int64_t d = 0; d < D; d += 8) {
+      _mm256_storeu_ps(out + d, _mm256_mul_ps(_mm256_loadu_ps(out + d), inv));
     }
+  }
+}
+
+void attend_scalar(const Paged& c, const QueryTask& task, int64_t g, int64_t group, float scale,
+                   float* scores) {
+  const int64_t n = task.hist + task.q_len, D = c.D;
+  for (int64_t i = 0; i < group * n; ++i) scores[i] = -std::numeric_limits<float>::infinity();
+  for (int64_t p = 0; p < n; ++p) {
+    if (!task.visible(p)) continue;
+    const float* k = c.k_of(task.table[p / c.block_size], p % c.block_size, g);
+    for (int64_t h = 0; h < group; ++h) {
+      const float* q = task.q + h * task.q_head_stride;
+      float acc = 0.0f;
+      for (int64_t d = 0; d < D; ++d) acc += q[d] * k[d];
+      scores[h * n + p] = acc * scale;
+    }
+  }
+  for (int64_t h = 0; h < group; ++h) {
+    float* s = scores + h * n;
+    const float inv = softmax_(s, n);
     float* out = task.out + h * D;
     for (int64_t d = 0; d < D; ++d) out[d] = 0.0f;
     for (int64_t p = 0; p < n; ++p) {
       if (s[p] == 0.0f) continue;
       const float* v = c.k_of(task.table[p / c.block_size], p % c.block_size, g) + c.v_shift();
-      kAvx2 ? axpy_avx2(s[p], v, out, D) : axpy_scalar(s[p], v, out, D);
+      for (int64_t d = 0; d < D; ++d) out[d] += s[p] * v[d];
     }
-    const float inv = 1.0f / total;
     for (int64_t d = 0; d < D; ++d) out[d] *= inv;
   }
 }
@@ -223,7 +253,8 @@ void paged_attention_out(const at::Tensor& q, const at::Tensor& k, const at::Ten
                   tokens.size(1) == 4 && tokens.size(0) == q.size(0),
               "tokens must be int32 [T, 4]");
   const int64_t T = q.size(0), H = q.size(1), D = q.size(2), Hkv = k.size(1);
-  TORCH_CHECK(H % Hkv == 0 && cache.size(3) == Hkv && cache.size(4) == D, "head shapes");
+  TORCH_CHECK(H % Hkv == 0 && H / Hkv <= 64 && cache.size(3) == Hkv && cache.size(4) == D,
+              "head shapes (at most 64 query heads per KV head)");
   if (mask) {
     TORCH_CHECK(mask->scalar_type() == at::kByte && mask->is_contiguous() && mask->dim() == 2 &&
                     mask->size(0) == T,
@@ -234,7 +265,12 @@ void paged_attention_out(const at::Tensor& q, const at::Tensor& k, const at::Ten
   const int32_t* info = tokens.data_ptr<int32_t>();
   const int64_t group = H / Hkv, max_blocks = block_tables.size(1);
   const bool avx2 = D % 8 == 0 && avx2_fma();
-  at::parallel_for(0, T * Hkv, 1, [&](int64_t begin, int64_t end) {
+  // Threads only pay off past a few thousand (query, key) pairs: a batch-1 decode at a short
+  // context runs inline (measured: 2 threads made one such call ~10x slower on this VM).
+  int64_t pairs = 0;
+  for (int64_t t = 0; t < T; ++t) pairs += info[4 * t + 1] + info[4 * t + 3];
+  const int64_t grain = pairs * Hkv < 16384 ? T * Hkv : 1;
+  at::parallel_for(0, T * Hkv, grain, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
     for (int64_t item = begin; item < end; ++item) {
       const int64_t t = item / Hkv, g = item % Hkv;
@@ -248,10 +284,11 @@ void paged_attention_out(const at::Tensor& q, const at::Tensor& k, const at::Ten
           row[2],
           row[3],
           mask ? mask->data_ptr<uint8_t>() + t * mask->size(1) : nullptr};
+      scores.resize(group * (row[1] + row[3]));
       if (avx2) {
-        attend<true>(c, task, g, group, (float)scale, scores);
+        attend_avx2(c, task, g, group, (float)scale, scores.data());
       } else {
-        attend<false>(c, task, g, group, (float)scale, scores);
+        attend_scalar(c, task, g, group, (float)scale, scores.data());
       }
     }
   });

@@ -306,7 +306,7 @@ void register_decode_ops(pybind11::module& m) {
         pybind11::arg("out"));
   m.def("paged_attention_out", &paged_attention_out,
         "write k/v into the paged cache, then attend each query over the keys it sees",
-        pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("cache"),
+        pybind11::call_guard<pybind11::gil_scoped_release>(), pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("cache"),
         pybind11::arg("slots"), pybind11::arg("block_tables"), pybind11::arg("tokens"),
         pybind11::arg("mask"), pybind11::arg("scale"), pybind11::arg("out"));
 }

@@ -108,8 +108,9 @@ void register_decode_ops(pybind11::module& m);  // decode_ops.cpp
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "goodspeed CPU kernels: GGUF quantized linear layers and the fused decode-step ops";
+  // The long ops release the GIL: the server's event loop runs while the engine computes.
   m.def("qlinear_out", &goodspeed::qlinear_out, "out = x @ dequant(blocks)^T (+ bias)",
-        pybind11::arg("x"), pybind11::arg("blocks"), pybind11::arg("format"),
+        pybind11::call_guard<pybind11::gil_scoped_release>(), pybind11::arg("x"), pybind11::arg("blocks"), pybind11::arg("format"),
         pybind11::arg("bias"), pybind11::arg("out"), pybind11::arg("isa") = 0);
   m.def("dequantize", &goodspeed::dequantize, "blocks [N, row_bytes] -> float32 [N, K]",
         pybind11::arg("blocks"), pybind11::arg("format"), pybind11::arg("K"),

@@ -93,6 +93,8 @@ class SpecDriver:
             graphs=graphs,
             tree_shape=self.tree_shape,
             proposers=config.proposers if self.choice else (),
+            # the model-free proposers' CPU seconds per request, as the ProposerSet measures them
+            propose_seconds=proposer.seconds_per_request if self.choice else None,
         )
         self.seed_report: SeedReport | None = None
         self._plan: SpecPlan = {}
@@ -131,8 +133,6 @@ class SpecDriver:
                 )
         shapes = self._step_shapes(running, waiting)
         self._base = StepFeatures.from_shapes(shapes, self.draft_model, self.graphs)
-        if self.choice:  # model-free proposers' CPU time per request, as measured
-            self.policy.propose_seconds.update(self.proposer.seconds_per_request)
         self._plan = self.policy.plan(candidates, self._base) if candidates else {}
         self._chosen = self.policy.chosen_proposers() if self.choice else {}
         return self._plan

@@ -51,10 +51,12 @@ class GoodputPolicy:
         graphs: bool = False,
         tree_shape: TreeShapeEstimator | None = None,
         proposers: Sequence[str] = (),
+        propose_seconds: dict[str, float] | None = None,
     ) -> None:
         """proposers: the names to choose among (proposer choice); `draft` runs draft-model
         passes. Empty or one name: that proposer only, with draft_model saying whether it
-        runs passes (the single-proposer policy)."""
+        runs passes (the single-proposer policy). propose_seconds: CPU seconds per request of
+        the model-free proposers, a live mapping its owner (ProposerSet) keeps measuring."""
         if max_draft_tokens < 0 or (tree and max_draft_tokens > MAX_TREE_NODES):
             raise ValueError(
                 f"max_draft_tokens must be in 0..{MAX_TREE_NODES if tree else 'inf'}: {max_draft_tokens}"
@@ -73,8 +75,7 @@ class GoodputPolicy:
             name: AcceptanceEstimator(prior, tree=tree, decay=decay) for name in self.proposers
         }
         self.acceptance = self.estimators[self.proposers[0]]
-        # Measured CPU seconds per request of each model-free proposer (the driver sets them).
-        self.propose_seconds: dict[str, float] = {}
+        self.propose_seconds = propose_seconds if propose_seconds is not None else {}
         self._num_plans = 0
         # (request_id, proposer) -> the plan that last ran it (or first saw the request)
         self._last_speculated: dict[tuple[str, str], int] = {}

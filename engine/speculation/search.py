@@ -27,6 +27,7 @@ tried too, so the plan without the draft model competes.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -50,12 +51,15 @@ class SearchSlot:
     draft: bool | None = None  # runs draft-model passes; None: the problem's draft_model
     propose_seconds: float = 0.0  # CPU seconds of proposing for this request, when k > 0
     cumulative: list[float] = field(init=False)
+    negated: list[float] | None = field(init=False)  # -gains, when gains never increase
 
     def __post_init__(self) -> None:
         total, self.cumulative = 0.0, [0.0]
         for gain in self.gains[: self.cap]:
             total += gain
             self.cumulative.append(total)
+        negated = [-g for g in self.gains[: self.cap]]
+        self.negated = negated if all(x <= y for x, y in zip(negated, negated[1:])) else None
 
 
 @dataclass(frozen=True)
@@ -83,13 +87,18 @@ class SearchProblem:
         return self.draft_model if slot.draft is None else slot.draft
 
     @cached_property
+    def draft_flags(self) -> tuple[tuple[bool, ...], ...]:
+        """runs_draft of every option, aligned with options."""
+        return tuple(tuple(map(self.runs_draft, options)) for options in self.options)
+
+    @cached_property
     def any_draft(self) -> bool:
-        return any(self.runs_draft(o) for options in self.options for o in options)
+        return any(any(flags) for flags in self.draft_flags)
 
     @cached_property
     def any_free(self) -> bool:
         """Some option runs no draft-model pass (only asked when some option does)."""
-        return any(not self.runs_draft(o) for options in self.options for o in options)
+        return not all(all(flags) for flags in self.draft_flags)
 
     def chosen(self, picks: Sequence[int] | None) -> list[SearchSlot]:
         if picks is None:
@@ -147,14 +156,17 @@ def _max_draft_cap(problem: SearchProblem) -> int:
 
 
 def _uniform_picks(problem: SearchProblem) -> list[list[int]]:
-    """Per proposer, the picks that give every request that proposer's option (a request
-    without it, e.g. one forced to probe another, keeps its first option)."""
-    names = dict.fromkeys(o.proposer for options in problem.options for o in options)
-    picks = []
-    for name in names:
-        index = [{o.proposer: i for i, o in enumerate(options)} for options in problem.options]
-        picks.append([by_name.get(name, 0) for by_name in index])
-    return picks
+    """The options the uniform plans use: each request's model-free option with the best
+    first gain, and (when there is one) its draft-model option, whose passes uniform plans
+    share across the batch; a request without such an option keeps its first."""
+    free, draft = [], []
+    for options, flags in zip(problem.options, problem.draft_flags):
+        ranked = sorted((-o.cumulative[min(1, o.cap)], i) for i, o in enumerate(options))
+        free.append(next((i for _, i in ranked if not flags[i]), 0))
+        draft.append(next((i for _, i in ranked if flags[i]), 0))
+    if not problem.any_draft:
+        return [free]
+    return [free, draft] if problem.any_free else [draft]
 
 
 def _best_uniform(problem: SearchProblem, best: SearchResult, picks: list[int]) -> SearchResult:
@@ -212,7 +224,10 @@ def _dinkelbach(
     level, best_ks, best_picks, best_goodput = start.goodput, ks, picks, start.goodput
     for _ in range(MAX_ROUNDS):
         costs = _marginal_costs(problem, ks, picks, cap)
-        chosen = [_best_option(problem, options, cap, level, costs) for options in problem.options]
+        chosen = [
+            _best_option(options, flags, cap, level, costs)
+            for options, flags in zip(problem.options, problem.draft_flags)
+        ]
         new_ks, new_picks = [k for k, _ in chosen], [p for _, p in chosen]
         result = problem.evaluate(new_ks, new_picks)
         if result.goodput > best_goodput:
@@ -257,12 +272,14 @@ def _marginal_costs(
 
 
 def _best_option(
-    problem: SearchProblem, options: Sequence[SearchSlot], cap: int, level: float, costs: _Costs
+    options: Sequence[SearchSlot], flags: Sequence[bool], cap: int, level: float, costs: _Costs
 ) -> tuple[int, int]:
     """(k, option index) maximising E(k) - level * seconds(k) over the slot's options."""
+    if len(options) == 1:
+        limit = min(cap, options[0].cap) if flags[0] else options[0].cap
+        return _best_k(options[0], limit, level, costs.per_token, costs.per_request)[0], 0
     best_k, best_pick, best_value = options[0].floor, 0, -float("inf")
-    for pick, slot in enumerate(options):
-        draft = problem.runs_draft(slot)
+    for pick, (slot, draft) in enumerate(zip(options, flags)):
         limit = min(cap, slot.cap) if draft else slot.cap
         fixed = (costs.per_request if draft else costs.per_request_free) + slot.propose_seconds
         k, value = _best_k(slot, limit, level, costs.per_token, fixed)
@@ -275,7 +292,10 @@ def _best_k(
     slot: SearchSlot, cap: int, level: float, per_token: float, per_request: float
 ) -> tuple[int, float]:
     """argmax over k in [floor, cap] of E(k) - level * (per_token * k + per_request * [k > 0]),
-    and its value."""
+    and its value. Gains that never increase make E(k) - level * per_token * k concave past
+    k = 0: its best k > 0 is the number of gains above level * per_token, clamped."""
+    if slot.negated is not None:
+        return _best_k_concave(slot, cap, level * per_token, level * per_request)
     best_k, best_value = slot.floor, -float("inf")
     for k in range(slot.floor, cap + 1):
         cost = level * (per_token * k + (per_request if k > 0 else 0.0))
@@ -283,6 +303,20 @@ def _best_k(
         if value > best_value:
             best_k, best_value = k, value
     return best_k, best_value
+
+
+def _best_k_concave(
+    slot: SearchSlot, cap: int, token_cost: float, request_cost: float
+) -> tuple[int, float]:
+    """_best_k for non-increasing gains (the first best k on ties, as its loop finds)."""
+    low = max(1, slot.floor)
+    if cap < low:  # only k = 0 is allowed, or nothing is (a floor above the cap)
+        return (0, 0.0) if slot.floor == 0 else (slot.floor, -float("inf"))
+    k = min(cap, max(low, bisect.bisect_left(slot.negated, -token_cost)))
+    value = slot.cumulative[k] - (token_cost * k + request_cost)
+    if slot.floor == 0 and value <= 0.0:
+        return 0, 0.0
+    return k, value
 
 
 def _within_budget(problem: SearchProblem, ks: list[int], picks: Sequence[int]) -> list[int]:

@@ -100,7 +100,7 @@ class SpecDriver:
         self._plan: SpecPlan = {}
         self._chosen: dict[str, str] = {}  # request_id -> proposer (choice), for this step
         self._base = StepFeatures()
-        self.totals = SpecTotals()
+        self.totals = SpecTotals(config.proposers if self.enabled else ())
         self.last_goodput = 0.0
 
     @property

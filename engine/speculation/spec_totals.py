@@ -15,11 +15,18 @@ class ProposerTotals:
 
 @dataclass
 class SpecTotals:
+    """proposers: the engine's proposers, listed (at zero) before they first draft."""
+
+    proposers: tuple[str, ...] = ()
     num_drafts: int = 0
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
     by_proposer: dict[str, ProposerTotals] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in self.proposers:
+            self.by_proposer.setdefault(name, ProposerTotals())
 
     def count(self, proposer: str, num_draft_tokens: int, num_accepted: int) -> None:
         """One verified draft (chain or tree) of `proposer`."""

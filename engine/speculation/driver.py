@@ -11,6 +11,7 @@ cost model with a start-up profile of the real model.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -134,7 +135,7 @@ class SpecDriver:
         shapes = self._step_shapes(running, waiting)
         self._base = StepFeatures.from_shapes(shapes, self.draft_model, self.graphs)
         self._plan = self.policy.plan(candidates, self._base) if candidates else {}
-        self._chosen = self.policy.chosen_proposers() if self.choice else {}
+        self._chosen = self.policy.chosen_proposers() if self.choice and self._plan else {}
         return self._plan
 
     def _cap(self, request: Request) -> int:
@@ -228,7 +229,7 @@ class SpecDriver:
             (s.start, s.num_new_tokens - s.num_draft_tokens, drafts.num_draft_tokens(s.request_id))
             for s in sched.scheduled
         ]
-        features = StepFeatures.from_shapes(shapes, self.draft_model, self.graphs)
+        features = self._features(shapes, drafts)
         seconds = out.step_time + drafts.proposer_time
         # Choice: model-free proposing is priced per request apart from the cost model.
         model_seconds = seconds - (self.proposer.free_seconds if self.choice else 0.0)
@@ -238,6 +239,22 @@ class SpecDriver:
             self.policy.observe(results, features, model_seconds)
         else:
             self.cost_model.observe(features, model_seconds)
+
+    def _features(self, shapes: list[tuple[int, int, int]], drafts: Drafts) -> StepFeatures:
+        """The step's features; with proposer choice the draft model ran as many passes as
+        the longest draft of the requests it drafted for, not of every request."""
+        if not self.choice:
+            return StepFeatures.from_shapes(shapes, self.draft_model, self.graphs)
+        features = StepFeatures.from_shapes(shapes, False, self.graphs)
+        passes = max(
+            (
+                drafts.num_draft_tokens(r)
+                for r, name in self._chosen.items()
+                if name == DRAFT_PROPOSER
+            ),
+            default=0,
+        )
+        return dataclasses.replace(features, num_draft_steps=passes)
 
     def _result(
         self, scheduled: ScheduledRequest, num_draft_tokens: int, num_accepted: int

@@ -12,6 +12,7 @@ and afterwards the KV pool is whole and no proposer or policy keeps per-request 
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -54,6 +55,7 @@ class RandomChoicePolicy:
         self.names, self.rng = names, random.Random(seed)
         self.chosen: dict[str, str] = {}
         self.runs: set[tuple[str, str]] = set()  # (request, proposer) pairs planned
+        self.observed: list[tuple[list, object]] = []  # (results, features) per step
 
     def plan(self, candidates, base):
         self.chosen = {c.request_id: self.rng.choice(self.names) for c in candidates}
@@ -66,7 +68,7 @@ class RandomChoicePolicy:
         return self.chosen
 
     def observe(self, results, features, step_seconds) -> None:
-        return None
+        self.observed.append((list(results), features))
 
     def release(self, request_id: str) -> None:
         return None
@@ -83,9 +85,10 @@ def make_llm(model_dir, tmp_path, **flat) -> LLM:
     return LLM(config=EngineConfig.from_flat({**base, **flat}))
 
 
-def run(llm: LLM) -> list[list[int]]:
+def run(llm: LLM, max_tokens: int = 32) -> list[list[int]]:
     prompts = PROMPTS + PROMPTS[:2]
     params = [GREEDY] * len(PROMPTS) + SAMPLED
+    params = [dataclasses.replace(p, max_tokens=max_tokens) for p in params]
     return [o.output_token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
 
 
@@ -115,6 +118,11 @@ def test_random_proposer_switching_is_lossless_and_leaks_nothing(
     outputs = llm.generate(PROMPTS + PROMPTS[:2], [GREEDY] * 4 + SAMPLED, use_tqdm=False)
     assert [o.output_token_ids for o in outputs] == reference
     assert_nothing_kept(llm)
+    # The cost model sees the draft model's passes only for the requests it drafted for.
+    for results, features in policy.observed:
+        drafted = [r.num_draft_tokens for r in results if r.proposer == "draft"]
+        assert features.num_draft_steps == max(drafted, default=0)
+    assert any(f.num_draft_steps == 0 < f.num_draft_tokens for _, f in policy.observed)
     # Every request ran more than one proposer.
     for output in outputs:
         assert len({name for r, name in policy.runs if r == output.request_id}) >= 2
@@ -135,11 +143,14 @@ def test_random_proposer_switching_is_lossless_and_leaks_nothing(
         assert sum(p.num_verify_steps for p in spec.by_proposer) == spec.num_verify_steps
 
 
-def test_goodput_choice_is_lossless_and_uses_several_proposers(tiny_model_dir, tmp_path, reference):
+def test_goodput_choice_is_lossless_and_uses_several_proposers(tiny_model_dir, tmp_path):
+    longer = run(make_llm(tiny_model_dir, tmp_path / "off"), max_tokens=96)
     llm = make_llm(tiny_model_dir, tmp_path, speculative_proposer="auto", draft_model="self:1")
     policy = llm.engine.spec.policy
     assert isinstance(policy, GoodputPolicy) and policy.proposers == NAMES
-    assert run(llm) == reference
+    # Probes every 4 plans: requests that accept much finish in fewer plans than the default.
+    policy.explore_interval = 4
+    assert run(llm, max_tokens=96) == longer
     assert_nothing_kept(llm)
     assert all(rates == {} for rates in policy.proposer_rates().values())
     assert policy._last_speculated == {}

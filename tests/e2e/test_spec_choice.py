@@ -8,6 +8,7 @@ that position's uniform, whoever proposed it) under
     switches proposers back and forth and skips steps (the draft model must catch up), and
   * the goodput choice policy itself;
 and afterwards the KV pool is whole and no proposer or policy keeps per-request state.
+The slow test repeats the switching and the goodput choice on SmolLM2-135M (self:4 draft).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from engine.llm import LLM
 from engine.sampling_params import SamplingParams
 from engine.speculation.goodput import GoodputPolicy
 from engine.speculation.proposer_set import ProposerSet
+from tests.e2e.test_spec_lossless import reference_run  # noqa: F401 (a fixture, slow test)
 from tests.engine.speculation.test_draft_model import ReferenceDraft, check_drafts, noisy_copy
 
 NAMES = ("ngram", "recycle", "draft")
@@ -182,3 +184,23 @@ def test_an_own_cache_draft_catches_up_after_other_proposers_ran(tiny_model_dir,
     for context, chain in records:
         check_drafts(reference, context, chain, None)
     assert draft._states == {}
+
+
+# ---- SmolLM2-135M (slow): the copy and chat prompts of test_spec_lossless -----------------
+@pytest.mark.slow
+def test_smollm2_proposer_switching_is_greedy_lossless(reference_run):  # noqa: F811
+    from tests.e2e.test_spec_lossless import GREEDY as SMOL_GREEDY
+    from tests.e2e.test_spec_lossless import SELF_DRAFT, assert_pool_whole, assert_same_tokens
+    from tests.e2e.test_spec_lossless import make_llm as make_smollm2
+
+    prompts, expected = reference_run
+    llm = make_smollm2(speculative_proposer="auto", draft_model=SELF_DRAFT)
+    goodput = llm.engine.spec.policy
+    llm.engine.spec.policy = RandomChoicePolicy(NAMES, seed=5)
+    assert_same_tokens(llm.generate(prompts, SMOL_GREEDY, use_tqdm=False), expected)
+    assert_pool_whole(llm)
+    llm.engine.spec.policy = goodput  # and under the goodput choice itself
+    assert_same_tokens(llm.generate(prompts, SMOL_GREEDY, use_tqdm=False), expected)
+    assert_pool_whole(llm)
+    drafted = {name: tokens for name, _, tokens, _ in llm.engine.stats().spec_proposer_totals}
+    assert all(drafted[name] > 0 for name in NAMES)

@@ -230,3 +230,74 @@ def test_config_parses_auto_and_lists_and_refuses_what_cannot_run():
         SpecConfig(proposer="ngram,eagle")
     with pytest.raises(ValueError, match="must be one of"):
         SpecConfig(proposer="ngram,ngram")
+
+
+# ---- driver + scheduler: switching proposers leaks nothing ---------------------------------
+class RandomChoice:
+    """A SpecPolicy drawing a proposer and k per request and step."""
+
+    last_predicted_step_time = None
+
+    def __init__(self, seed: int) -> None:
+        self.rng, self.chosen = random.Random(seed), {}
+
+    def plan(self, candidates, base):
+        self.chosen = {c.request_id: self.rng.choice(NAMES) for c in candidates}
+        plan = {c.request_id: self.rng.randint(0, c.max_draft_tokens) for c in candidates}
+        return {request_id: k for request_id, k in plan.items() if k}
+
+    def chosen_proposers(self):
+        return self.chosen
+
+    def observe(self, results, features, step_seconds) -> None:
+        assert all(r.proposer == self.chosen[r.request_id] for r in results)
+
+    def release(self, request_id: str) -> None:
+        return None
+
+
+def test_switching_proposers_every_step_leaks_no_blocks_and_no_state():
+    from engine.speculation.driver import SpecDriver
+    from tests.engine.factories import FakeModel, check_block_invariants, make_scheduler
+
+    scheduler = make_scheduler(num_blocks=12, block_size=8, max_num_batched_tokens=40)
+    members = {n: FakeProposer(n, 5 + i) for i, n in enumerate(NAMES)}
+    config = SpecConfig(proposer=",".join(NAMES), draft_model="self:1")
+    driver = SpecDriver(config, ProposerSet(members), token_budget=40)
+    driver.policy = RandomChoice(seed=3)
+    model, rng, finished = FakeModel(seed=4), random.Random(5), []
+    requests = [_request(f"r{i}", rng) for i in range(12)]
+    for request in requests:
+        scheduler.add_request(request)
+    for _ in range(500):
+        if not scheduler.has_unfinished_requests():
+            break
+        sched = scheduler.schedule(driver.plan(scheduler.running, scheduler.waiting))
+        drafts = driver.propose(sched)
+        out = model.execute(sched)
+        changed = scheduler.update(sched, out)
+        driver.observe(sched, drafts, out)
+        check_block_invariants(scheduler)
+        for request in changed:
+            if request.is_finished:
+                driver.release(request.request_id)
+                finished.append(request)
+    assert len(finished) == len(requests) and scheduler.num_preemptions_total > 0
+    assert scheduler.block_manager.num_free_blocks == 12
+    for member in members.values():
+        assert member.asked and not member.state  # each drafted, and each forgot everything
+        for request in requests:  # and each saw every token of every request
+            seen = [t for r, tokens in member.observed if r == request.request_id for t in tokens]
+            assert seen == request.output_token_ids
+    for request in requests:  # per-proposer stats add up to the request's own
+        parts = request.spec.by_proposer.values()
+        assert sum(p.num_draft_tokens for p in parts) == request.spec.num_draft_tokens
+
+
+def _request(request_id: str, rng: random.Random):
+    from engine.request import Request
+    from engine.sampling_params import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=rng.randint(8, 24))
+    prompt = [rng.randint(5, 50) for _ in range(rng.randint(4, 20))]
+    return Request(request_id, prompt, params)

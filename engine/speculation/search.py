@@ -29,101 +29,13 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from functools import cached_property
+from dataclasses import dataclass
 
-from engine.speculation.cost_model import StepCostModel
-from engine.speculation.step_features import StepFeatures
+from engine.speculation.search_problem import SearchProblem, SearchResult, SearchSlot
+
+__all__ = ["SearchProblem", "SearchResult", "SearchSlot", "best_lengths"]
 
 MAX_ROUNDS = 8  # Dinkelbach rounds per cap; it converges in 2-3 on real cost models
-
-
-@dataclass
-class SearchSlot:
-    """One candidate (or one proposer option of a candidate): marginal gains of drafts
-    1..cap, the draft-model passes each needs."""
-
-    gains: Sequence[float]
-    depths: Sequence[int]
-    cap: int
-    floor: int = 0  # a forced minimum (exploration of an idle request)
-    proposer: str = ""  # the option's proposer (proposer choice)
-    draft: bool | None = None  # runs draft-model passes; None: the problem's draft_model
-    propose_seconds: float = 0.0  # CPU seconds of proposing for this request, when k > 0
-    cumulative: list[float] = field(init=False)
-    negated: list[float] | None = field(init=False)  # -gains, when gains never increase
-
-    def __post_init__(self) -> None:
-        total, self.cumulative = 0.0, [0.0]
-        for gain in self.gains[: self.cap]:
-            total += gain
-            self.cumulative.append(total)
-        negated = [-g for g in self.gains[: self.cap]]
-        self.negated = negated if all(x <= y for x, y in zip(negated, negated[1:])) else None
-
-
-@dataclass(frozen=True)
-class SearchResult:
-    ks: tuple[int, ...]
-    predicted_seconds: float
-    goodput: float  # expected emitted tokens per second
-    picks: tuple[int, ...] = ()  # the option chosen per slot (index into its options)
-
-
-@dataclass(frozen=True)
-class SearchProblem:
-    slots: Sequence[SearchSlot | Sequence[SearchSlot]]  # one option, or one per proposer
-    base: StepFeatures
-    cost_model: StepCostModel
-    draft_model: bool = False
-    graphs: bool = False
-    token_budget: int | None = None
-
-    @cached_property
-    def options(self) -> tuple[tuple[SearchSlot, ...], ...]:
-        return tuple((s,) if isinstance(s, SearchSlot) else tuple(s) for s in self.slots)
-
-    def runs_draft(self, slot: SearchSlot) -> bool:
-        return self.draft_model if slot.draft is None else slot.draft
-
-    @cached_property
-    def draft_flags(self) -> tuple[tuple[bool, ...], ...]:
-        """runs_draft of every option, aligned with options."""
-        return tuple(tuple(map(self.runs_draft, options)) for options in self.options)
-
-    @cached_property
-    def any_draft(self) -> bool:
-        return any(any(flags) for flags in self.draft_flags)
-
-    @cached_property
-    def any_free(self) -> bool:
-        """Some option runs no draft-model pass (only asked when some option does)."""
-        return not all(all(flags) for flags in self.draft_flags)
-
-    def chosen(self, picks: Sequence[int] | None) -> list[SearchSlot]:
-        if picks is None:
-            return [options[0] for options in self.options]
-        return [options[p] for options, p in zip(self.options, picks)]
-
-    def features(self, ks: Sequence[int], picks: Sequence[int] | None = None) -> StepFeatures:
-        slots = self.chosen(picks)
-        steps = max(
-            (s.depths[k - 1] for s, k in zip(slots, ks) if k > 0 and self.runs_draft(s)),
-            default=0,
-        )
-        return self.base.with_drafts(sum(ks), sum(1 for k in ks if k > 0), steps, self.graphs)
-
-    def evaluate(self, ks: Sequence[int], picks: Sequence[int] | None = None) -> SearchResult:
-        slots = self.chosen(picks)
-        emitted = sum(1.0 + s.cumulative[k] for s, k in zip(slots, ks))
-        seconds = self.cost_model.predict(self.features(ks, picks))
-        seconds += sum(s.propose_seconds for s, k in zip(slots, ks) if k > 0)
-        picks = tuple(picks) if picks is not None else (0,) * len(slots)
-        return SearchResult(tuple(ks), seconds, emitted / seconds, picks)
-
-    def fits(self, ks: Sequence[int]) -> bool:
-        budget = self.token_budget
-        return budget is None or self.base.num_batched_tokens + sum(ks) <= budget
 
 
 def best_lengths(problem: SearchProblem) -> SearchResult:
@@ -172,7 +84,7 @@ def _uniform_picks(problem: SearchProblem) -> list[list[int]]:
 def _best_uniform(problem: SearchProblem, best: SearchResult, picks: list[int]) -> SearchResult:
     """The best m-requests-at-c plan (requests ranked by their first gain), each evaluated in
     O(1) from running totals as the m-th request joins."""
-    slots, base = problem.chosen(picks), problem.base
+    slots, base, flags = problem.chosen(picks), problem.base, problem.chosen_flags(picks)
     order = sorted(range(len(slots)), key=lambda i: -slots[i].cumulative[min(1, slots[i].cap)])
     floors = [s.floor for s in slots]
     floor_emitted = sum(1.0 + s.cumulative[s.floor] for s in slots)
@@ -181,15 +93,15 @@ def _best_uniform(problem: SearchProblem, best: SearchResult, picks: list[int]) 
     for c in range(1, max((s.cap for s in slots), default=0) + 1):
         ks, emitted, cpu = list(floors), floor_emitted, floor_cpu
         drafts, spec = sum(floors), sum(1 for k in floors if k > 0)
-        steps = max((k for s, k in zip(slots, floors) if problem.runs_draft(s)), default=0)
+        steps = max((k for k, draft in zip(floors, flags) if draft), default=0)
         for m, i in enumerate(order, start=1):
             slot, k = slots[i], max(slots[i].floor, min(c, slots[i].cap))
             emitted += slot.cumulative[k] - slot.cumulative[ks[i]]
             drafts += k - ks[i]
             spec += (k > 0) - (ks[i] > 0)
             cpu += slot.propose_seconds * ((k > 0) - (ks[i] > 0))
-            if k > 0 and problem.runs_draft(slot):
-                steps = max(steps, slot.depths[k - 1])
+            if k > 0 and flags[i] and slot.depths[k - 1] > steps:
+                steps = slot.depths[k - 1]
             ks[i] = k
             budget = problem.token_budget
             if budget is not None and base.num_batched_tokens + drafts > budget:

@@ -106,6 +106,18 @@ def test_search_with_proposer_choice_reaches_the_brute_force_optimum():
         assert choose(rates, cost, 3, seconds)[2].goodput >= 0.99 * best
 
 
+def test_dominated_model_free_options_are_dropped_before_the_search():
+    slots = [[option("ngram", 0.5), option("recycle", 0.7), option("draft", 0.2)]]
+    problem = SearchProblem(slots, decode_base(1), LinearCost(0.01, 1e-3))
+    assert [o.proposer for o in problem.options[0]] == ["recycle", "draft"]  # draft: own kind
+    costly = [[option("ngram", 0.5), option("recycle", 0.7, seconds=0.01)]]
+    problem = SearchProblem(costly, decode_base(1), LinearCost(0.01, 1e-3))
+    assert [o.proposer for o in problem.options[0]] == ["ngram", "recycle"]  # a trade-off
+    twins = [[option("ngram", 0.5), option("recycle", 0.5)]]
+    problem = SearchProblem(twins, decode_base(1), LinearCost(0.01, 1e-3))
+    assert [o.proposer for o in problem.options[0]] == ["ngram"]  # a tie keeps the first
+
+
 # ---- the policy ----------------------------------------------------------------------------
 def choice_policy(cost=None, **options) -> GoodputPolicy:
     cost = cost or LinearCost(0.01, 1e-3, per_draft_step=0.002)

@@ -25,7 +25,12 @@ _FLAGS: tuple[tuple[str, type, str], ...] = (
     ("--kv-cache-memory", str, "KV cache size, e.g. 512MiB or 2GiB (default 1GiB)"),
     ("--max-num-batched-tokens", int, "token budget of one step (default 512)"),
     ("--max-num-seqs", int, "running requests at once (default 64)"),
-    ("--speculative-proposer", str, "none | ngram | recycle | draft"),
+    (
+        "--speculative-proposer",
+        str,
+        "none | ngram | recycle | draft, or several chosen per request by goodput: auto "
+        "(ngram, recycle, + draft with --draft-model) or a list, e.g. ngram,recycle,draft",
+    ),
     (
         "--draft-model",
         str,

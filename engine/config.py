@@ -18,6 +18,7 @@ DEFAULT_COST_CACHE = "~/.cache/goodspeed/cost_models.json"
 _DTYPES = ("float32", "bfloat16", "float16")
 _WEIGHTS = ("auto", "gguf", "float32")
 _PROPOSERS = ("none", "ngram", "recycle", "draft")
+_AUTO_PROPOSERS = ("ngram", "recycle")  # + draft when a draft model is given
 _BACKENDS = ("auto", "reference", "cpu", "flashinfer")
 _SIZE_UNITS = {
     "": 1,
@@ -106,7 +107,9 @@ class SchedulerConfig:
 
 @dataclass(frozen=True)
 class SpecConfig:
-    proposer: str = "none"  # none | ngram | recycle | draft
+    # none | ngram | recycle | draft, or several chosen per request by goodput: a comma list
+    # (ngram,recycle,draft) or auto (ngram, recycle, and draft when draft_model is set)
+    proposer: str = "none"
     draft_model: str | None = None
     num_speculative_tokens: int = 4  # maximum k
     spec_tree_nodes: int = 0  # 0: chains; > 0: trees of at most this many nodes
@@ -120,14 +123,7 @@ class SpecConfig:
     spec_cost_cache: str | None = DEFAULT_COST_CACHE  # None, "" or "none": no cache
 
     def __post_init__(self) -> None:
-        _check(
-            self.proposer in _PROPOSERS,
-            f"speculative_proposer must be one of {_PROPOSERS}, got {self.proposer!r}",
-        )
-        _check(
-            self.proposer != "draft" or bool(self.draft_model),
-            "speculative_proposer=draft needs --draft-model PATH",
-        )
+        self._check_proposers()
         _check(
             0 <= self.num_speculative_tokens <= 64,
             f"num_speculative_tokens must be in 0..64, got {self.num_speculative_tokens}",
@@ -146,6 +142,36 @@ class SpecConfig:
             self.spec_cost_cache is None or isinstance(self.spec_cost_cache, str),
             f"spec_cost_cache must be a file path or 'none', got {self.spec_cost_cache!r}",
         )
+
+    def _check_proposers(self) -> None:
+        names = self.proposers
+        known = (*_PROPOSERS, "auto", "a comma list of ngram, recycle, draft")
+        _check(
+            self.proposer in _PROPOSERS or (len(names) > 1 and len(set(names)) == len(names)),
+            f"speculative_proposer must be one of {known}, got {self.proposer!r}",
+        )
+        _check(
+            all(name in _PROPOSERS[1:] for name in names),
+            f"speculative_proposer {self.proposer!r}: each name must be one of {_PROPOSERS[1:]}",
+        )
+        _check(
+            "draft" not in names or bool(self.draft_model),
+            "speculative_proposer=draft needs --draft-model PATH",
+        )
+        _check(
+            len(names) <= 1 or self.policy == "goodput",
+            f"several proposers ({self.proposer}) are chosen by the goodput policy: "
+            f"use --spec-policy goodput, not {self.policy!r}",
+        )
+
+    @property
+    def proposers(self) -> tuple[str, ...]:
+        """The proposers to load: () for none; auto = ngram, recycle (+ draft with a draft model)."""
+        text = self.proposer.strip().lower() if isinstance(self.proposer, str) else ""
+        if text == "auto":
+            return (*_AUTO_PROPOSERS, "draft") if self.draft_model else _AUTO_PROPOSERS
+        names = tuple(name.strip() for name in text.split(",") if name.strip())
+        return () if names == ("none",) else names
 
     @property
     def policy(self) -> str:

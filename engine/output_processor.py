@@ -125,11 +125,16 @@ class OutputProcessor:
         if self.proposer is None:
             return None
         counts = request.spec
+        by_proposer = tuple(
+            SpecStats(name, c.num_draft_tokens, c.num_accepted_tokens, c.num_verify_steps)
+            for name, c in counts.by_proposer.items()
+        )
         return SpecStats(
             self.proposer,
             counts.num_draft_tokens,
             counts.num_accepted_tokens,
             counts.num_verify_steps,
+            by_proposer,
         )
 
     @staticmethod

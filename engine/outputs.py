@@ -128,10 +128,12 @@ class ModelOutput:
 class SpecStats:
     """A request's speculation so far, for its caller (the API reports it in `usage`)."""
 
-    proposer: str  # the engine's proposer (ngram, recycle, draft)
+    proposer: str  # the engine's proposer (ngram, recycle, draft; several: "ngram,draft")
     num_draft_tokens: int = 0  # draft tokens (tree nodes) verified
     num_accepted_tokens: int = 0  # of which accepted
     num_verify_steps: int = 0  # steps that verified at least one draft
+    # The same counts per proposer that drafted for the request, each with its name.
+    by_proposer: tuple[SpecStats, ...] = ()
 
 
 @dataclass
@@ -177,6 +179,8 @@ class EngineStats:
     spec_num_draft_tokens_total: int = 0
     spec_num_accepted_tokens_total: int = 0
     spec_accepted_per_position_total: tuple[int, ...] = ()
+    # (proposer, drafts, draft tokens, accepted tokens) per proposer, cumulative
+    spec_proposer_totals: tuple[tuple[str, int, int, int], ...] = ()
     last_step_time: float = 0.0  # seconds, measured
     last_predicted_step_time: float | None = None  # seconds, cost model's prediction
     last_goodput: float = 0.0  # emitted tokens / step time of the last step

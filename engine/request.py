@@ -53,12 +53,18 @@ class SpecCounts:
     num_draft_tokens: int = 0  # draft tokens (tree nodes) verified
     num_accepted_tokens: int = 0  # of which accepted
     num_verify_steps: int = 0  # steps that verified at least one draft
+    by_proposer: dict[str, SpecCounts] = field(default_factory=dict)  # the same, per proposer
 
     def add(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
         if num_draft_tokens > 0:
             self.num_draft_tokens += num_draft_tokens
             self.num_accepted_tokens += num_accepted_tokens
             self.num_verify_steps += 1
+
+    def add_proposer(self, proposer: str, num_draft_tokens: int, num_accepted: int) -> None:
+        """The same step's counts again, under the proposer that drafted them (the
+        scheduler adds the totals; the speculation driver knows the proposer)."""
+        self.by_proposer.setdefault(proposer, SpecCounts()).add(num_draft_tokens, num_accepted)
 
 
 @dataclass(eq=False)

@@ -54,6 +54,10 @@ _COUNTER_FIELDS = {
 }
 
 
+# EngineStats.spec_proposer_totals entry index -> per-proposer counter (labelled `proposer`).
+_PROPOSER_COUNTERS = {1: "drafts", 2: "draft_tokens", 3: "accepted_tokens"}
+
+
 def _delta(current: int, previous: int) -> int:
     """Increase of a cumulative counter; a decrease means the engine restarted from zero."""
     return current - previous if current >= previous else current
@@ -68,6 +72,7 @@ class _Families:
     histograms: dict[str, Histogram]
     request_success: Counter
     accepted_per_position: Counter
+    by_proposer: dict[str, Counter]  # _PROPOSER_COUNTERS values -> counter
 
 
 def _register(registry: CollectorRegistry) -> _Families:
@@ -151,6 +156,21 @@ def _register(registry: CollectorRegistry) -> _Families:
             "Accepted draft tokens by position in the draft (0 = first).",
             ("position",),
         ),
+        by_proposer={
+            "drafts": counter(
+                "spec_decode_proposer_drafts", "Drafts verified, by proposer.", ("proposer",)
+            ),
+            "draft_tokens": counter(
+                "spec_decode_proposer_draft_tokens",
+                "Draft tokens proposed and verified, by proposer.",
+                ("proposer",),
+            ),
+            "accepted_tokens": counter(
+                "spec_decode_proposer_accepted_tokens",
+                "Draft tokens accepted by verification, by proposer.",
+                ("proposer",),
+            ),
+        },
     )
 
 
@@ -211,10 +231,25 @@ class EngineMetrics:
                 self._families.accepted_per_position.labels(
                     model_name=self.model_name, position=str(position)
                 ).inc(delta)
+        self._advance_proposers(stats.spec_proposer_totals, previous.spec_proposer_totals)
         if stats.num_steps_total == 0:
             # An engine that does not count steps: every call with a measured time is a step.
             return stats.last_step_time > 0
         return stats.num_steps_total != previous.num_steps_total
+
+    def _advance_proposers(self, totals: Sequence[tuple], previous: Sequence[tuple]) -> None:
+        """Per-proposer counters (proposer choice): deltas of each proposer's totals."""
+        before = {entry[0]: entry for entry in previous}
+        for entry in totals:
+            old = before.get(entry[0], (entry[0], 0, 0, 0))
+            for index, key in _PROPOSER_COUNTERS.items():
+                # Bound even at zero: the engine lists its proposers before they draft, so
+                # each series exists (for rate()) from the first step on.
+                counter = self._families.by_proposer[key]
+                series = counter.labels(model_name=self.model_name, proposer=entry[0])
+                delta = _delta(entry[index], old[index])
+                if delta > 0:
+                    series.inc(delta)
 
     def _observe_step(self, stats: EngineStats) -> None:
         if stats.last_step_time > 0:  # 0 = the engine did not measure this step

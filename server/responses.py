@@ -14,25 +14,42 @@ from pydantic import BaseModel, Field
 from engine.outputs import SpecStats
 
 
-class SpeculationUsage(BaseModel):
-    """Extension: the request's speculative decoding, summed over its choices."""
+class ProposerUsage(BaseModel):
+    """One proposer's share of a request's speculation."""
 
-    proposer: str
     draft_tokens: int  # draft tokens verified
     accepted_tokens: int  # of which accepted
     verify_steps: int  # steps that verified drafts
+
+
+class SpeculationUsage(ProposerUsage):
+    """Extension: the request's speculative decoding, summed over its choices, with the
+    share of each proposer that drafted for it (`proposers`, by name)."""
+
+    proposer: str
+    proposers: dict[str, ProposerUsage] = {}
 
     @classmethod
     def of(cls, stats: Iterable[SpecStats | None]) -> SpeculationUsage | None:
         known = [s for s in stats if s is not None]
         if not known:
             return None
+        shares: dict[str, list[SpecStats]] = {}
+        for share in (p for s in known for p in s.by_proposer):
+            shares.setdefault(share.proposer, []).append(share)
         return cls(
             proposer=known[0].proposer,
-            draft_tokens=sum(s.num_draft_tokens for s in known),
-            accepted_tokens=sum(s.num_accepted_tokens for s in known),
-            verify_steps=sum(s.num_verify_steps for s in known),
+            **_summed(known),
+            proposers={name: ProposerUsage(**_summed(group)) for name, group in shares.items()},
         )
+
+
+def _summed(stats: list[SpecStats]) -> dict[str, int]:
+    return dict(
+        draft_tokens=sum(s.num_draft_tokens for s in stats),
+        accepted_tokens=sum(s.num_accepted_tokens for s in stats),
+        verify_steps=sum(s.num_verify_steps for s in stats),
+    )
 
 
 class UsageInfo(BaseModel):

@@ -94,6 +94,14 @@ SPECULATION = [
       (mean("step_time_predicted_seconds"), "predicted (mean)"),
       (f"histogram_quantile(0.9, {rate('step_time_seconds_bucket', 'le')})", "measured p90")],
      "The cost model's prediction against the measured step time; they should track."),
+    ("Draft acceptance rate by proposer", "percentunit",
+     [(f"{rate('spec_decode_proposer_accepted_tokens_total', 'proposer')}"
+       f" / {rate('spec_decode_proposer_draft_tokens_total', 'proposer')}", "{{proposer}}")],
+     "Per proposer (n-gram, recycle, draft model): accepted / proposed draft tokens. With "
+     "several proposers loaded the goodput policy picks one per request and step."),
+    ("Draft tokens / s by proposer", "short",
+     [(rate("spec_decode_proposer_draft_tokens_total", "proposer"), "{{proposer}}")],
+     "Which proposer the goodput policy has drafting: proposed draft tokens per second."),
 ]  # fmt: skip
 CHOSEN_K_HEATMAP = (
     "Chosen speculation length distribution",

@@ -1,5 +1,6 @@
 """SpecDriver: the engine's speculation steps (plan, propose, observe) around one proposer
-and one policy (DESIGN §1 steps 1, 3 and 6). With no proposer configured every call is a no-op
+(or a ProposerSet, whose member the goodput policy chooses per request: issue #12) and one
+policy (DESIGN §1 steps 1, 3 and 6). With no proposer configured every call is a no-op
 and the plan is empty, so the scheduler never reserves draft slots.
 
 The driver holds no engine objects: plan() gets the running requests, propose() and observe()
@@ -10,6 +11,7 @@ cost model with a start-up profile of the real model.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -21,7 +23,13 @@ from engine.speculation.cost_model import OnlineLinearCostModel
 from engine.speculation.goodput import GoodputPolicy
 from engine.speculation.policy import SpecCandidate, SpecResult, make_policy
 from engine.speculation.profiler import SeedReport, seed_cost_model
-from engine.speculation.proposer import Proposer, ProposeRequest, make_proposer
+from engine.speculation.proposer import (
+    DRAFT_PROPOSER,
+    Proposer,
+    ProposeRequest,
+    make_proposer,
+)
+from engine.speculation.spec_totals import SpecTotals
 from engine.speculation.step_features import StepFeatures
 from engine.speculation.tree_shape import TreeShapeEstimator, accepted_path
 
@@ -32,11 +40,7 @@ if TYPE_CHECKING:
 
 def build_spec_driver(config: SpecConfig, runner: ModelRunner, scheduler: Scheduler) -> SpecDriver:
     """The proposer built for the target, the cost model seeded (goodput only)."""
-    proposer = (
-        make_proposer(config, vocab_size=runner.arch.vocab_size, runner=runner)
-        if config.proposer != "none"
-        else None
-    )
+    proposer = make_proposer(config, vocab_size=runner.arch.vocab_size, runner=runner)
     graphs = getattr(runner, "decode_graphs", None) is not None
     limits = scheduler.config
     driver = SpecDriver(
@@ -69,7 +73,8 @@ class SpecDriver:
         self.config = config
         self.token_budget, self.max_num_seqs, self.graphs = token_budget, max_num_seqs, graphs
         self.tree = config.spec_tree_nodes > 0
-        self.draft_model = config.proposer == "draft"
+        self.draft_model = DRAFT_PROPOSER in config.proposers
+        self.choice = len(config.proposers) > 1  # proposer is a ProposerSet
         self.max_draft_tokens = (
             config.spec_tree_nodes if self.tree else config.num_speculative_tokens
         )
@@ -88,15 +93,24 @@ class SpecDriver:
             token_budget=token_budget,
             graphs=graphs,
             tree_shape=self.tree_shape,
+            proposers=config.proposers if self.choice else (),
+            # the model-free proposers' CPU seconds per request, as the ProposerSet measures them
+            propose_seconds=proposer.seconds_per_request if self.choice else None,
         )
         self.seed_report: SeedReport | None = None
         self._plan: SpecPlan = {}
+        self._chosen: dict[str, str] = {}  # request_id -> proposer (choice), for this step
         self._base = StepFeatures()
-        self.num_drafts_total = 0
-        self.num_draft_tokens_total = 0
-        self.num_accepted_tokens_total = 0
-        self.accepted_per_position_total: list[int] = []
+        self.totals = SpecTotals(config.proposers if self.enabled else ())
         self.last_goodput = 0.0
+
+    @property
+    def num_draft_tokens_total(self) -> int:
+        return self.totals.num_draft_tokens
+
+    @property
+    def num_accepted_tokens_total(self) -> int:
+        return self.totals.num_accepted_tokens
 
     @property
     def proposer_name(self) -> str | None:
@@ -121,6 +135,7 @@ class SpecDriver:
         shapes = self._step_shapes(running, waiting)
         self._base = StepFeatures.from_shapes(shapes, self.draft_model, self.graphs)
         self._plan = self.policy.plan(candidates, self._base) if candidates else {}
+        self._chosen = self.policy.chosen_proposers() if self.choice and self._plan else {}
         return self._plan
 
     def _cap(self, request: Request) -> int:
@@ -174,7 +189,12 @@ class SpecDriver:
             seed=request.seed,
             block_ids=tuple(request.block_ids),
             tree_template=self._template(scheduled.num_draft_tokens),
+            proposer=self._proposer_of(request.request_id),
         )
+
+    def _proposer_of(self, request_id: str) -> str:
+        """The proposer that drafts for the request this step ("" without a proposer)."""
+        return self._chosen.get(request_id, "") if self.choice else self.proposer_name or ""
 
     def _template(self, num_nodes: int) -> tuple:
         """Twice the node budget: slots a proposer cannot fill are replaced by later ones."""
@@ -202,39 +222,56 @@ class SpecDriver:
             tree = drafts.trees.get(scheduled.request_id)
             if tree is not None and self.tree_shape is not None:
                 self.tree_shape.observe(tree, accepted_path(tree, step.token_ids))
-            if step.num_draft_tokens:
-                results.append(
-                    SpecResult(
-                        scheduled.request_id, step.num_draft_tokens, step.num_accepted_tokens
-                    )
-                )
-                self._count(step.num_draft_tokens, step.num_accepted_tokens)
-            elif scheduled.num_draft_tokens:
-                # Planned, but the proposer found nothing: speculation bought nothing this
-                # step, which the estimate must see (as one rejected draft), or it would keep
-                # reserving slots for a request that never gets drafts.
-                results.append(SpecResult(scheduled.request_id, 1, 0))
+            result = self._result(scheduled, step.num_draft_tokens, step.num_accepted_tokens)
+            if result is not None:
+                results.append(result)
         shapes = [
             (s.start, s.num_new_tokens - s.num_draft_tokens, drafts.num_draft_tokens(s.request_id))
             for s in sched.scheduled
         ]
-        features = StepFeatures.from_shapes(shapes, self.draft_model, self.graphs)
+        features = self._features(shapes, drafts)
         seconds = out.step_time + drafts.proposer_time
+        # Choice: model-free proposing is priced per request apart from the cost model.
+        model_seconds = seconds - (self.proposer.free_seconds if self.choice else 0.0)
         emitted = sum(len(o.token_ids) for o in out.outputs.values())
         self.last_goodput = emitted / seconds if seconds > 0 else 0.0
         if self.enabled:
-            self.policy.observe(results, features, seconds)
+            self.policy.observe(results, features, model_seconds)
         else:
-            self.cost_model.observe(features, seconds)
+            self.cost_model.observe(features, model_seconds)
 
-    def _count(self, num_draft_tokens: int, num_accepted: int) -> None:
-        self.num_drafts_total += 1
-        self.num_draft_tokens_total += num_draft_tokens
-        self.num_accepted_tokens_total += num_accepted
-        while len(self.accepted_per_position_total) < num_accepted:
-            self.accepted_per_position_total.append(0)
-        for position in range(num_accepted):
-            self.accepted_per_position_total[position] += 1
+    def _features(self, shapes: list[tuple[int, int, int]], drafts: Drafts) -> StepFeatures:
+        """The step's features; with proposer choice the draft model ran as many passes as
+        the longest draft of the requests it drafted for, not of every request."""
+        if not self.choice:
+            return StepFeatures.from_shapes(shapes, self.draft_model, self.graphs)
+        features = StepFeatures.from_shapes(shapes, False, self.graphs)
+        passes = max(
+            (
+                drafts.num_draft_tokens(r)
+                for r, name in self._chosen.items()
+                if name == DRAFT_PROPOSER
+            ),
+            default=0,
+        )
+        return dataclasses.replace(features, num_draft_steps=passes)
+
+    def _result(
+        self, scheduled: ScheduledRequest, num_draft_tokens: int, num_accepted: int
+    ) -> SpecResult | None:
+        """The request's outcome for its proposer's estimate, counted in the totals and in
+        the request's own per-proposer stats."""
+        name = self._proposer_of(scheduled.request_id)
+        if num_draft_tokens:
+            self.totals.count(name, num_draft_tokens, num_accepted)
+            scheduled.request.spec.add_proposer(name, num_draft_tokens, num_accepted)
+            return SpecResult(scheduled.request_id, num_draft_tokens, num_accepted, name)
+        if scheduled.num_draft_tokens:
+            # Planned, but the proposer found nothing: speculation bought nothing this
+            # step, which the estimate must see (as one rejected draft), or it would keep
+            # reserving slots for a request that never gets drafts.
+            return SpecResult(scheduled.request_id, 1, 0, name)
+        return None
 
     def release(self, request_id: str) -> None:
         if self.proposer is not None:
@@ -243,10 +280,7 @@ class SpecDriver:
 
     def stats_fields(self) -> dict:
         return dict(
-            spec_num_drafts_total=self.num_drafts_total,
-            spec_num_draft_tokens_total=self.num_draft_tokens_total,
-            spec_num_accepted_tokens_total=self.num_accepted_tokens_total,
-            spec_accepted_per_position_total=tuple(self.accepted_per_position_total),
+            **self.totals.stats_fields(),
             last_predicted_step_time=getattr(self.policy, "last_predicted_step_time", None),
             last_goodput=self.last_goodput,
             last_chosen_k=tuple(self._plan.values()),

@@ -36,6 +36,7 @@ class SpecResult:
     request_id: str
     num_draft_tokens: int  # drafts verified (tree: nodes)
     num_accepted_tokens: int  # drafts accepted (tree: length of the accepted path)
+    proposer: str = ""  # the proposer that drafted them (proposer choice; "" = the only one)
 
 
 class SpecPolicy(Protocol):
@@ -49,6 +50,10 @@ class SpecPolicy(Protocol):
     ) -> None: ...
 
     def release(self, request_id: str) -> None: ...
+
+    def chosen_proposers(self) -> dict[str, str]:
+        """request_id -> proposer for the last plan; {} when there is one proposer."""
+        ...
 
 
 class OffPolicy:
@@ -66,6 +71,9 @@ class OffPolicy:
 
     def release(self, request_id: str) -> None:
         return None
+
+    def chosen_proposers(self) -> dict[str, str]:
+        return {}
 
 
 class FixedPolicy:
@@ -89,6 +97,9 @@ class FixedPolicy:
 
     def release(self, request_id: str) -> None:
         return None
+
+    def chosen_proposers(self) -> dict[str, str]:
+        return {}
 
 
 _SPEC_HELP = "use 'off', 'fixed:K' with an integer K >= 0, or 'goodput'"

@@ -41,6 +41,7 @@ class ProposeRequest:
     # Trees: (parent slot, rank) nodes best first, learned from verified trees
     # (engine/speculation/tree_shape.py); a proposer fills rank r with its r-th candidate.
     tree_template: tuple[tuple[int | None, int], ...] = ()
+    proposer: str = ""  # proposer choice: the proposer the policy chose ("" = the only one)
 
 
 @runtime_checkable
@@ -115,23 +116,35 @@ _REGISTRY: dict[str, str] = {
 }
 
 
+DRAFT_PROPOSER = "draft"  # the proposer that runs draft-model passes
+
+
 def proposer_names() -> tuple[str, ...]:
     return ("none", *_REGISTRY)
 
 
 def make_proposer(config: SpecConfig, **runtime: Any) -> Proposer | None:
-    """Build the proposer named by config.proposer, or None for 'none'.
+    """Build the proposer named by config.proposer, None for 'none', or a ProposerSet of
+    config.proposers when it names several (proposer choice).
 
     `runtime` carries facts known only once the model is loaded (e.g. vocab_size for
     Token Recycling, the target model for a draft proposer); each proposer takes what it needs.
     """
-    if config.proposer == "none":
+    names = config.proposers
+    if not names:
         return None
-    target = _REGISTRY.get(config.proposer)
+    built = {name: _build(name, config, runtime) for name in names}
+    if len(built) == 1:
+        return built[names[0]]
+    from engine.speculation.proposer_set import ProposerSet
+
+    return ProposerSet(built)
+
+
+def _build(name: str, config: SpecConfig, runtime: dict[str, Any]) -> Proposer:
+    target = _REGISTRY.get(name)
     if target is None:
-        raise ValueError(
-            f"unknown speculative proposer {config.proposer!r}; known: {proposer_names()}"
-        )
+        raise ValueError(f"unknown speculative proposer {name!r}; known: {proposer_names()}")
     module_name, class_name = target.split(":")
     proposer_class = getattr(importlib.import_module(module_name), class_name)
     return proposer_class.from_config(config, **runtime)

@@ -16,115 +16,102 @@ raise L to the new plan's goodput, until it stops improving. Draft-model passes 
 running that for every cap M on the deepest chain (passes = M). The best of those plans and of
 the uniform plans (every request at min(c, cap_i)) is returned; tests compare it with brute
 force, fixed costs included.
+
+Proposer choice (several proposers loaded): a request's slot is one option per proposer, each
+with its own gains curve, and it picks the option and k maximising the same per-request value.
+Only the options that run the draft model are held to the pass cap M and charged its passes
+(once per batch: the draft runs once per depth for every request using it); a model-free
+option pays its measured CPU seconds per request (`propose_seconds`) and no passes. M = 0 is
+tried too, so the plan without the draft model competes.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from engine.speculation.cost_model import StepCostModel
-from engine.speculation.step_features import StepFeatures
+from engine.speculation.search_problem import SearchProblem, SearchResult, SearchSlot
+
+__all__ = ["SearchProblem", "SearchResult", "SearchSlot", "best_lengths"]
 
 MAX_ROUNDS = 8  # Dinkelbach rounds per cap; it converges in 2-3 on real cost models
 
 
-@dataclass
-class SearchSlot:
-    """One candidate: marginal gains of drafts 1..cap, the draft-model passes each needs."""
-
-    gains: Sequence[float]
-    depths: Sequence[int]
-    cap: int
-    floor: int = 0  # a forced minimum (exploration of an idle request)
-    cumulative: list[float] = field(init=False)
-
-    def __post_init__(self) -> None:
-        total, self.cumulative = 0.0, [0.0]
-        for gain in self.gains[: self.cap]:
-            total += gain
-            self.cumulative.append(total)
-
-
-@dataclass(frozen=True)
-class SearchResult:
-    ks: tuple[int, ...]
-    predicted_seconds: float
-    goodput: float  # expected emitted tokens per second
-
-
-@dataclass(frozen=True)
-class SearchProblem:
-    slots: Sequence[SearchSlot]
-    base: StepFeatures
-    cost_model: StepCostModel
-    draft_model: bool = False
-    graphs: bool = False
-    token_budget: int | None = None
-
-    def features(self, ks: Sequence[int]) -> StepFeatures:
-        steps = max((s.depths[k - 1] for s, k in zip(self.slots, ks) if k > 0), default=0)
-        return self.base.with_drafts(
-            sum(ks), sum(1 for k in ks if k > 0), steps if self.draft_model else 0, self.graphs
-        )
-
-    def evaluate(self, ks: Sequence[int]) -> SearchResult:
-        emitted = sum(1.0 + s.cumulative[k] for s, k in zip(self.slots, ks))
-        seconds = self.cost_model.predict(self.features(ks))
-        return SearchResult(tuple(ks), seconds, emitted / seconds)
-
-    def fits(self, ks: Sequence[int]) -> bool:
-        budget = self.token_budget
-        return budget is None or self.base.num_batched_tokens + sum(ks) <= budget
-
-
 def best_lengths(problem: SearchProblem) -> SearchResult:
     """The best plan found: uniform plans first (the m requests with the best first draft at
-    min(c, cap_i), for every m and c), then Dinkelbach rounds per cap started from the best of
-    them, whose batch-wide fixed costs are already paid, so each request's first draft is
-    charged only its own cost."""
-    slots = problem.slots
-    max_cap = max((s.cap for s in slots), default=0)
-    best = _best_uniform(problem, problem.evaluate([s.floor for s in slots]), max_cap)
-    caps = range(1, max_cap + 1) if problem.draft_model else [max_cap]
+    min(c, cap_i), for every m and c, all with one proposer), then Dinkelbach rounds per cap
+    started from the best of them, whose batch-wide fixed costs are already paid, so each
+    request's first draft is charged only its own cost."""
+    floors = [options[0].floor for options in problem.options]
+    best = problem.evaluate(floors)
+    for picks in _uniform_picks(problem):
+        best = _best_uniform(problem, best, picks)
+    max_cap = max((o.cap for options in problem.options for o in options), default=0)
+    if problem.any_draft:
+        caps = range(0 if problem.any_free else 1, _max_draft_cap(problem) + 1)
+    else:
+        caps = range(max_cap, max_cap + 1)
     start = best
     for cap in caps:
-        ks = _within_budget(problem, _dinkelbach(problem, cap, start))
-        result = problem.evaluate(ks)
+        ks, picks = _dinkelbach(problem, cap, start)
+        ks = _within_budget(problem, ks, picks)
+        result = problem.evaluate(ks, picks)
         if result.goodput > best.goodput * (1.0 + 1e-12):
             best = result
     return best
 
 
-def _best_uniform(problem: SearchProblem, best: SearchResult, max_cap: int) -> SearchResult:
+def _max_draft_cap(problem: SearchProblem) -> int:
+    caps = (o.cap for options in problem.options for o in options if problem.runs_draft(o))
+    return max(caps, default=0)
+
+
+def _uniform_picks(problem: SearchProblem) -> list[list[int]]:
+    """The options the uniform plans use: each request's model-free option with the best
+    first gain, and (when there is one) its draft-model option, whose passes uniform plans
+    share across the batch; a request without such an option keeps its first."""
+    free, draft = [], []
+    for options, flags in zip(problem.options, problem.draft_flags):
+        ranked = sorted((-o.cumulative[min(1, o.cap)], i) for i, o in enumerate(options))
+        free.append(next((i for _, i in ranked if not flags[i]), 0))
+        draft.append(next((i for _, i in ranked if flags[i]), 0))
+    if not problem.any_draft:
+        return [free]
+    return [free, draft] if problem.any_free else [draft]
+
+
+def _best_uniform(problem: SearchProblem, best: SearchResult, picks: list[int]) -> SearchResult:
     """The best m-requests-at-c plan (requests ranked by their first gain), each evaluated in
     O(1) from running totals as the m-th request joins."""
-    slots, base = problem.slots, problem.base
+    slots, base, flags = problem.chosen(picks), problem.base, problem.chosen_flags(picks)
     order = sorted(range(len(slots)), key=lambda i: -slots[i].cumulative[min(1, slots[i].cap)])
     floors = [s.floor for s in slots]
     floor_emitted = sum(1.0 + s.cumulative[s.floor] for s in slots)
+    floor_cpu = sum(s.propose_seconds for s in slots if s.floor > 0)
     counts = _checked_counts(len(slots))
-    for c in range(1, max_cap + 1):
-        ks, emitted = list(floors), floor_emitted
-        drafts, spec, steps = sum(floors), sum(1 for k in floors if k > 0), max(floors, default=0)
+    for c in range(1, max((s.cap for s in slots), default=0) + 1):
+        ks, emitted, cpu = list(floors), floor_emitted, floor_cpu
+        drafts, spec = sum(floors), sum(1 for k in floors if k > 0)
+        steps = max((k for k, draft in zip(floors, flags) if draft), default=0)
         for m, i in enumerate(order, start=1):
             slot, k = slots[i], max(slots[i].floor, min(c, slots[i].cap))
             emitted += slot.cumulative[k] - slot.cumulative[ks[i]]
             drafts += k - ks[i]
             spec += (k > 0) - (ks[i] > 0)
-            steps = max(steps, slot.depths[k - 1] if k > 0 else 0)
+            cpu += slot.propose_seconds * ((k > 0) - (ks[i] > 0))
+            if k > 0 and flags[i] and slot.depths[k - 1] > steps:
+                steps = slot.depths[k - 1]
             ks[i] = k
             budget = problem.token_budget
             if budget is not None and base.num_batched_tokens + drafts > budget:
                 break
             if m not in counts:
                 continue
-            features = base.with_drafts(
-                drafts, spec, steps if problem.draft_model else 0, problem.graphs
-            )
-            seconds = problem.cost_model.predict(features)
+            features = base.with_drafts(drafts, spec, steps, problem.graphs)
+            seconds = problem.cost_model.predict(features) + cpu
             if emitted / seconds > best.goodput * (1.0 + 1e-12):
-                best = SearchResult(tuple(ks), seconds, emitted / seconds)
+                best = SearchResult(tuple(ks), seconds, emitted / seconds, tuple(picks))
     return best
 
 
@@ -138,58 +125,118 @@ def _checked_counts(n: int) -> set[int]:
     return counts
 
 
-def _dinkelbach(problem: SearchProblem, cap: int, start: SearchResult) -> list[int]:
-    """Plans with every k_i <= cap by Dinkelbach rounds from the goodput of `start`."""
-    slots = problem.slots
-    level, ks = start.goodput, [min(k, cap) for k in start.ks]
-    best_ks, best_goodput = ks, start.goodput
+def _dinkelbach(
+    problem: SearchProblem, cap: int, start: SearchResult
+) -> tuple[list[int], list[int]]:
+    """Plans whose draft-model options have every k_i <= cap, by Dinkelbach rounds from the
+    goodput of `start`; (ks, picks)."""
+    picks = list(start.picks)
+    slots = problem.chosen(picks)
+    ks = [min(k, cap) if problem.runs_draft(s) else k for s, k in zip(slots, start.ks)]
+    level, best_ks, best_picks, best_goodput = start.goodput, ks, picks, start.goodput
     for _ in range(MAX_ROUNDS):
-        per_token, per_request = _marginal_costs(problem, ks, cap)
-        chosen = [_best_k(s, min(cap, s.cap), level, per_token, per_request) for s in slots]
-        result = problem.evaluate(chosen)
+        costs = _marginal_costs(problem, ks, picks, cap)
+        chosen = [
+            _best_option(options, flags, cap, level, costs)
+            for options, flags in zip(problem.options, problem.draft_flags)
+        ]
+        new_ks, new_picks = [k for k, _ in chosen], [p for _, p in chosen]
+        result = problem.evaluate(new_ks, new_picks)
         if result.goodput > best_goodput:
-            best_ks, best_goodput = chosen, result.goodput
-        if chosen == ks or result.goodput <= level * (1.0 + 1e-12):
+            best_ks, best_picks, best_goodput = new_ks, new_picks, result.goodput
+        if (new_ks, new_picks) == (ks, picks) or result.goodput <= level * (1.0 + 1e-12):
             break
-        ks, level = chosen, result.goodput
-    return best_ks
+        ks, picks, level = new_ks, new_picks, result.goodput
+    return best_ks, best_picks
 
 
-def _marginal_costs(problem: SearchProblem, ks: Sequence[int], cap: int) -> tuple[float, float]:
+@dataclass(frozen=True)
+class _Costs:
+    """Marginal seconds at the current plan: one more draft, and a request's first draft
+    with (draft options) or without (model-free options) the draft model's passes."""
+
+    per_token: float
+    per_request: float
+    per_request_free: float
+
+
+def _marginal_costs(
+    problem: SearchProblem, ks: Sequence[int], picks: Sequence[int], cap: int
+) -> _Costs:
     """Seconds of one more draft on a speculating request, and the extra fixed seconds of a
     request's first draft (with the passes of a cap-deep chain paid once when any speculates)."""
     predict, graphs = problem.cost_model.predict, problem.graphs
-    features = problem.features(ks)
+    features = problem.features(ks, picks)
     seconds = predict(features)
-    passes = cap if problem.draft_model else 0
+    passes = cap if problem.any_draft else 0
     first = features.with_drafts(1, 1, passes, graphs)
     # The token cost is measured past the first draft, so that while nobody speculates the
     # batch's fixed costs (passes, an eager step) land on the first request, not on every token;
     # the uniform plans in best_lengths cover sharing them across requests.
     per_token = max(0.0, predict(first.with_drafts(1, 0, passes, graphs)) - predict(first))
     per_request = max(0.0, predict(first) - seconds - per_token)
-    return per_token, per_request
+    per_request_free = per_request
+    if passes and problem.any_free:
+        per_request_free = max(
+            0.0, predict(features.with_drafts(1, 1, 0, graphs)) - seconds - per_token
+        )
+    return _Costs(per_token, per_request, per_request_free)
 
 
-def _best_k(slot: SearchSlot, cap: int, level: float, per_token: float, per_request: float) -> int:
-    """argmax over k in [floor, cap] of E(k) - level * (per_token * k + per_request * [k > 0])."""
+def _best_option(
+    options: Sequence[SearchSlot], flags: Sequence[bool], cap: int, level: float, costs: _Costs
+) -> tuple[int, int]:
+    """(k, option index) maximising E(k) - level * seconds(k) over the slot's options."""
+    if len(options) == 1:
+        limit = min(cap, options[0].cap) if flags[0] else options[0].cap
+        return _best_k(options[0], limit, level, costs.per_token, costs.per_request)[0], 0
+    best_k, best_pick, best_value = options[0].floor, 0, -float("inf")
+    for pick, (slot, draft) in enumerate(zip(options, flags)):
+        limit = min(cap, slot.cap) if draft else slot.cap
+        fixed = (costs.per_request if draft else costs.per_request_free) + slot.propose_seconds
+        k, value = _best_k(slot, limit, level, costs.per_token, fixed)
+        if value > best_value:
+            best_k, best_pick, best_value = k, pick, value
+    return best_k, best_pick
+
+
+def _best_k(
+    slot: SearchSlot, cap: int, level: float, per_token: float, per_request: float
+) -> tuple[int, float]:
+    """argmax over k in [floor, cap] of E(k) - level * (per_token * k + per_request * [k > 0]),
+    and its value. Gains that never increase make E(k) - level * per_token * k concave past
+    k = 0: its best k > 0 is the number of gains above level * per_token, clamped."""
+    if slot.negated is not None:
+        return _best_k_concave(slot, cap, level * per_token, level * per_request)
     best_k, best_value = slot.floor, -float("inf")
     for k in range(slot.floor, cap + 1):
         cost = level * (per_token * k + (per_request if k > 0 else 0.0))
         value = slot.cumulative[k] - cost
         if value > best_value:
             best_k, best_value = k, value
-    return best_k
+    return best_k, best_value
 
 
-def _within_budget(problem: SearchProblem, ks: list[int]) -> list[int]:
+def _best_k_concave(
+    slot: SearchSlot, cap: int, token_cost: float, request_cost: float
+) -> tuple[int, float]:
+    """_best_k for non-increasing gains (the first best k on ties, as its loop finds)."""
+    low = max(1, slot.floor)
+    if cap < low:  # only k = 0 is allowed, or nothing is (a floor above the cap)
+        return (0, 0.0) if slot.floor == 0 else (slot.floor, -float("inf"))
+    k = min(cap, max(low, bisect.bisect_left(slot.negated, -token_cost)))
+    value = slot.cumulative[k] - (token_cost * k + request_cost)
+    if slot.floor == 0 and value <= 0.0:
+        return 0, 0.0
+    return k, value
+
+
+def _within_budget(problem: SearchProblem, ks: list[int], picks: Sequence[int]) -> list[int]:
     """Drop the least valuable drafts until the step fits the token budget."""
-    ks = list(ks)
+    ks, slots = list(ks), problem.chosen(picks)
     while not problem.fits(ks):
         options = [
-            (slot.gains[k - 1], i)
-            for i, (slot, k) in enumerate(zip(problem.slots, ks))
-            if k > slot.floor
+            (slot.gains[k - 1], i) for i, (slot, k) in enumerate(zip(slots, ks)) if k > slot.floor
         ]
         if not options:
             break

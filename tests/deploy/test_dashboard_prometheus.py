@@ -217,3 +217,7 @@ def test_metrics_endpoint_exports_design_metrics_and_counts_tokens(server, traff
     assert samples["goodspeed:e2e_request_latency_seconds_count"].value == NUM_REQUESTS
     assert 0 < samples["goodspeed:prompt_tokens_total"].value <= traffic["prompt_tokens"]
     assert samples["goodspeed:spec_decode_num_draft_tokens_total"].value > 0  # ngram drafted
+    # The per-proposer counters carry the same drafts, labelled by the one proposer loaded.
+    per_proposer = samples["goodspeed:spec_decode_proposer_draft_tokens_total"]
+    assert per_proposer.labels["proposer"] == "ngram"
+    assert per_proposer.value == samples["goodspeed:spec_decode_num_draft_tokens_total"].value

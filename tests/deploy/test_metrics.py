@@ -121,3 +121,28 @@ def test_registries_are_independent_and_render_is_prometheus_text() -> None:
     assert "goodspeed:num_requests_running" in names
     assert "goodspeed:time_to_first_token_seconds" in names
     assert 'goodspeed:num_requests_running{model_name="tiny"} 4.0' in body.decode()
+
+
+def test_per_proposer_counters_advance_by_deltas_and_keep_the_totals() -> None:
+    metrics = EngineMetrics(MODEL)
+    cumulative = [
+        EngineStats(num_steps_total=1, spec_num_drafts_total=2, spec_num_draft_tokens_total=6,
+                    spec_num_accepted_tokens_total=3,
+                    spec_proposer_totals=(("ngram", 1, 4, 3), ("draft", 1, 2, 0))),
+        EngineStats(num_steps_total=2, spec_num_drafts_total=4, spec_num_draft_tokens_total=11,
+                    spec_num_accepted_tokens_total=6,
+                    spec_proposer_totals=(("ngram", 2, 7, 4), ("draft", 1, 2, 0),
+                                          ("recycle", 1, 2, 2))),
+    ]  # fmt: skip
+    for now, stats in enumerate(cumulative):
+        metrics.on_step(stats, [], float(now))
+
+    def by_proposer(kind: str) -> dict[str, float | None]:
+        name = f"spec_decode_proposer_{kind}_total"
+        return {p: value(metrics, name, proposer=p) for p in ("ngram", "recycle", "draft")}
+
+    assert by_proposer("drafts") == {"ngram": 2, "recycle": 1, "draft": 1}
+    assert by_proposer("draft_tokens") == {"ngram": 7, "recycle": 2, "draft": 2}
+    assert by_proposer("accepted_tokens") == {"ngram": 4, "recycle": 2, "draft": 0}
+    assert value(metrics, "spec_decode_num_draft_tokens_total") == 11  # the totals still count
+    assert value(metrics, "spec_decode_num_accepted_tokens_total") == 6

@@ -4,8 +4,8 @@ arXiv 2406.14066: fixed speculation helps at light load and hurts under load; go
     python benchmarks/spec_sweep.py --threads 1            # the full sweep (long)
     python benchmarks/spec_sweep.py --quick --threads 1    # a few minutes, end to end
 
-For each policy (off, fixed:1, fixed:3, fixed:5, goodput) one `goodspeed serve` subprocess
-(n-gram proposer, up to 5 drafts, prefix caching off so repeated prompts cannot make later
+For each policy (off, fixed:1, fixed:3, fixed:5, goodput; `goodput@recycle`, `goodput@auto`
+name other proposers) one `goodspeed serve` subprocess (n-gram by default, up to 5 drafts, prefix caching off so repeated prompts cannot make later
 cells cheaper, the default cost-model cache reused) serves Poisson arrivals
 (benchmarks/serve.py, chat completions, greedy) of both workloads at rates that are multiples of
 1 / (mean latency of one request alone, policy off): x1 is about one request in flight, the top
@@ -39,6 +39,16 @@ from spec_sweep_report import MAX_K, POLICIES, markdown, plot  # noqa: E402
 
 DATA = HERE.parents[1] / "shared" / "data"
 WORKLOADS = {"copy": DATA / "workload_copy.jsonl", "chat": DATA / "workload_chat.jsonl"}
+# Half copy-heavy, half open-ended, alternating (the proposer-choice workload of issue #12).
+WORKLOADS["mixed"] = Path(tempfile.gettempdir()) / "goodspeed_workload_mixed.jsonl"
+
+
+def write_mixed_workload() -> None:
+    copy, chat = (WORKLOADS[name].read_text().splitlines() for name in ("copy", "chat"))
+    lines = [line for pair in zip(copy, chat) for line in pair]
+    WORKLOADS["mixed"].write_text("\n".join(lines) + "\n")
+
+
 FULL = dict(multipliers=(0.5, 1.0, 2.0, 4.0, 8.0), num_prompts=24, max_tokens=64, calibrate=4)
 QUICK = dict(multipliers=(1.0, 4.0, 16.0), num_prompts=3, max_tokens=16, calibrate=2)
 FULL.update(interleave=True)  # 50 server starts (~20 s each) buy policies measured side by side
@@ -64,7 +74,9 @@ def running_server(policy: str, args: argparse.Namespace):
     """`goodspeed serve` for one policy; yields its base URL, stops it (SIGTERM) on exit."""
     port = free_port()
     command = [str(Path(sys.executable).parent / "goodspeed"), "serve", "--port", str(port)]
-    command += ["--speculative-proposer", "ngram", "--spec-policy", policy]
+    # "goodput@auto": the policy, then the proposer(s) (default n-gram), e.g. goodput@recycle.
+    policy, _, proposer = policy.partition("@")
+    command += ["--speculative-proposer", proposer or "ngram", "--spec-policy", policy]
     command += ["--num-speculative-tokens", str(MAX_K), "--no-prefix-caching"]
     for flag in ("model", "threads", "spec_cost_cache"):
         if getattr(args, flag) is not None:
@@ -253,6 +265,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    write_mixed_workload()
     results = sweep(args)
     section = "policy-sweep-quick" if args.quick else "policy-sweep"
     title = "# Goodput-driven speculation: results"

@@ -70,8 +70,10 @@ def plot(results: dict, path: Path) -> None:
 
     workloads = list(dict.fromkeys(c["workload"] for c in results["cells"]))
     figure, axes = plt.subplots(1, len(workloads), figsize=(6 * len(workloads), 4.5), squeeze=False)
+    policies = list(POLICIES)
+    policies += sorted({c["policy"] for c in results["cells"]} - set(POLICIES))  # goodput@...
     for axis, workload in zip(axes[0], workloads):
-        for policy in POLICIES:
+        for policy in policies:
             cells = sorted(
                 (
                     c

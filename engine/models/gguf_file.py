@@ -10,7 +10,8 @@ tensor count, kv count, kv pairs, tensor infos, padding to `general.alignment`, 
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from collections.abc import Collection
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ class SkippedArray:
     """A string array (vocabulary, merges) that was walked over, not decoded."""
 
     length: int
+    offset: int = field(default=0, compare=False)  # byte offset of its first string
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,26 @@ class GGUFTensor:
 class GGUFFile:
     metadata: dict[str, Any]
     tensors: list[GGUFTensor]
+    buffer: np.ndarray = field(repr=False, compare=False)  # the whole file, memory-mapped
+
+    def find_strings(self, key: str, wanted: Collection[str]) -> dict[str, int]:
+        """{string: its index} for those of `wanted` in the skipped string array `key`
+        (e.g. special tokens in `tokenizer.ggml.tokens`); one walk over the array."""
+        array = self.metadata.get(key)
+        if not isinstance(array, SkippedArray):
+            return {}
+        targets = {text.encode("utf-8"): text for text in wanted}
+        lengths = {len(raw) for raw in targets}
+        cursor, found = _Cursor(self.buffer), {}
+        cursor.offset = array.offset
+        for index in range(array.length):
+            length = cursor.scalar("<Q")
+            if length in lengths:
+                raw = bytes(self.buffer[cursor.offset : cursor.offset + length])
+                if raw in targets:
+                    found[targets[raw]] = index
+            cursor.offset += length
+        return found
 
 
 class _Cursor:
@@ -67,10 +89,11 @@ class _Cursor:
             return self.scalar(_SCALARS[value_type])
         item_type, length = self.scalar("<I"), self.scalar("<Q")
         if item_type == _STRING:
+            start = self.offset
             for _ in range(length):
                 skip = self.scalar("<Q")  # not `offset += scalar()`: scalar() moves offset
                 self.offset += skip
-            return SkippedArray(length)
+            return SkippedArray(length, start)
         if item_type == _ARRAY:
             return [self.value(_ARRAY) for _ in range(length)]
         items = np.frombuffer(self.buffer, _NUMPY[item_type], length, self.offset)
@@ -107,7 +130,7 @@ def read_gguf(path: str | Path) -> GGUFFile:
         num_bytes = int(np.prod(shape, dtype=np.int64)) * block_bytes // block_elems
         raw = buffer[data_start + offset : data_start + offset + num_bytes]
         tensors.append(GGUFTensor(name, ggml_type, shape, _typed_view(raw, ggml_type, shape)))
-    return GGUFFile(metadata, tensors)
+    return GGUFFile(metadata, tensors, buffer)
 
 
 def _typed_view(raw: np.ndarray, ggml_type: int, shape: tuple[int, ...]) -> np.ndarray:

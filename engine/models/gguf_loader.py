@@ -1,7 +1,8 @@
 """GGUF checkpoints (llama.cpp format) -> ModelArchConfig + HF-named float32 tensors.
 
 Tensors are dequantised with `gguf.quants.dequantize` (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K,
-Q6_K, ...); on the quantized path, linear weights keep their blocks instead (kernels.cpu).
+Q6_K, ...); on the quantized path, linear weights in a format the CPU kernels run keep their
+blocks instead (kernels.cpu), the others are dequantised, and one log line counts both.
 llama.cpp's converter permutes the rows of Llama Q/K projections so that each head's
 two rotary halves are interleaved (ggml's "normal" RoPE pairs adjacent elements); our model
 uses the HF rotate-half layout, so `unpermute_qk` undoes it. Qwen2 GGUFs use NeoX-style RoPE
@@ -10,6 +11,8 @@ and are stored unpermuted.
 
 from __future__ import annotations
 
+import logging
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,12 +25,19 @@ from engine.models.gguf_file import GGUFFile, GGUFTensor, read_gguf
 from engine.models.llama import ROPE_FREQ_FACTORS
 from kernels.cpu import QuantizedWeight, is_native_type
 
+logger = logging.getLogger(__name__)
+
 SUPPORTED_GGUF_ARCHS = ("llama", "qwen2")
+# End-of-generation tokens besides the GGUF's eos, by their text: Qwen's instruct models end
+# a turn with <|im_end|> (the eos) and plain text with <|endoftext|>; transformers'
+# generation_config.json lists both.
+_EXTRA_EOS_TOKENS = {"qwen2": ("<|endoftext|>",)}
 # Architectures whose Q/K rows llama.cpp's converter permutes.
 _PERMUTED_ARCHS = ("llama",)
 
+EMBEDDING = "model.embed_tokens.weight"
 _GLOBAL_NAMES = {
-    "token_embd.weight": "model.embed_tokens.weight",
+    "token_embd.weight": EMBEDDING,
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
     "rope_freqs.weight": ROPE_FREQ_FACTORS,
@@ -68,7 +78,6 @@ def gguf_config(reader: GGUFFile) -> ModelArchConfig:
     if isinstance(num_kv_heads, list):
         raise ValueError("GGUF with per-layer KV head counts is not supported")
     vocab_size = meta("vocab_size") or tensors["token_embd.weight"].shape[0]
-    eos = metadata.get("tokenizer.ggml.eos_token_id")
     return ModelArchConfig(
         vocab_size=vocab_size,
         hidden_size=hidden,
@@ -85,8 +94,16 @@ def gguf_config(reader: GGUFFile) -> ModelArchConfig:
         attention_bias="blk.0.attn_q.bias" in tensors,
         attention_out_bias="blk.0.attn_output.bias" in tensors,
         bos_token_id=metadata.get("tokenizer.ggml.bos_token_id"),
-        eos_token_ids=() if eos is None else (eos,),
+        eos_token_ids=_eos_token_ids(reader, arch),
     )
+
+
+def _eos_token_ids(reader: GGUFFile, arch: str) -> tuple[int, ...]:
+    """The GGUF's eos, then its eot (end of turn), then the architecture's extra ones."""
+    ids = [reader.metadata.get(f"tokenizer.ggml.{key}_token_id") for key in ("eos", "eot")]
+    extra = reader.find_strings("tokenizer.ggml.tokens", _EXTRA_EOS_TOKENS.get(arch, ()))
+    ids += sorted(extra.values())
+    return tuple(dict.fromkeys(i for i in ids if i is not None))
 
 
 def _rope_scaling(kind: str | None, factor: float | None) -> dict[str, Any] | None:
@@ -125,19 +142,35 @@ def iter_gguf_weights(
 ) -> Iterator[tuple[str, torch.Tensor | QuantizedWeight]]:
     """Yield (HF name, float32 tensor) for every tensor in the file, Q/K unpermuted.
 
-    quantized=True: linear weights stored in a format the CPU kernels run (kernels.cpu) come
-    as QuantizedWeight (the file's blocks, rows unpermuted) instead; so does the embedding of
-    a tied model, once more as `lm_head.weight`, after its float table for the lookups."""
+    quantized=True: linear weights and the embedding stored in a format the CPU kernels run
+    (kernels.cpu) come as QuantizedWeight (the file's blocks, rows unpermuted) instead; a tied
+    model's embedding blocks come once more as `lm_head.weight`."""
     permuted = reader.metadata.get("general.architecture") in _PERMUTED_ARCHS
+    counts: Counter[tuple[str, str]] = Counter()  # (how it runs, GGUF type name)
     for tensor in reader.tensors:
         name = hf_name(tensor.name)
         keep_blocks = quantized and is_native_type(tensor.ggml_type) and len(tensor.shape) == 2
-        if keep_blocks and _is_linear_weight(name):
-            yield name, _unpermuted(_blocks(tensor), name, config, permuted)
+        counts[_how_it_runs(name, tensor, keep_blocks)] += 1
+        if keep_blocks and (_is_linear_weight(name) or name == EMBEDDING):
+            blocks = _blocks(tensor)
+            yield name, _unpermuted(blocks, name, config, permuted)
+            if name == EMBEDDING and config.tie_word_embeddings:
+                yield "lm_head.weight", blocks  # the same bytes, not a copy
             continue
         yield name, _unpermuted(_dequantised(tensor), name, config, permuted)
-        if keep_blocks and name == "model.embed_tokens.weight" and config.tie_word_embeddings:
-            yield "lm_head.weight", _blocks(tensor)
+    summary = "; ".join(f"{how} {kind} x{n}" for (how, kind), n in sorted(counts.items()))
+    logger.info("%s tensors: %s", reader.metadata.get("general.name", "GGUF"), summary)
+
+
+def _how_it_runs(name: str, tensor: GGUFTensor, keep_blocks: bool) -> tuple[str, str]:
+    """('native', type) for blocks the kernels run; ('float32', type) for the rest, where
+    'TYPE linear' is a linear weight dequantised because the kernels lack its format."""
+    from gguf.constants import GGMLQuantizationType
+
+    kind = GGMLQuantizationType(tensor.ggml_type).name
+    if keep_blocks and (_is_linear_weight(name) or name == EMBEDDING):
+        return "native", kind
+    return "float32", f"{kind} linear" if _is_linear_weight(name) else kind
 
 
 def _is_linear_weight(name: str) -> bool:

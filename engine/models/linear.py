@@ -2,6 +2,7 @@
 
 `Linear`: float weights; few-row float32 matmuls on CPU take the W @ x^T path below.
 `QuantLinear`: the GGUF's blocks as stored, run by the native kernels in kernels/cpu.
+`QuantEmbedding`: a token embedding kept as blocks, only the looked-up rows dequantised.
 
 Measured on the 2-core AMD EPYC dev machine (torch 2.13, MKL, one thread; SmolLM2's 30 layers
 of weights, 424 MB): `F.linear(x, W)` with x [M, in] takes 38 ms at M=1, 66 ms at M=2 and
@@ -85,6 +86,27 @@ class QuantLinear(nn.Module):
     def extra_repr(self) -> str:
         formats = "+".join(weight.type_name for weight, _ in self._runs)
         return f"in_features={self.in_features}, out_features={self.out_features}, {formats}"
+
+
+class QuantEmbedding(nn.Module):
+    """nn.Embedding over a GGUF's blocks: a lookup dequantises just the rows it reads, to the
+    values the float table would hold (the kernels' dequantize is bit-exact to gguf's). Saves
+    the vocab x hidden float32 table: 545 MB for Qwen2.5-0.5B, 933 MB for 1.5B."""
+
+    def __init__(self, weight: QuantizedWeight) -> None:
+        super().__init__()
+        self.qtype = weight.qtype
+        self.embedding_dim = weight.in_features
+        self.type_name = weight.type_name
+        self.register_buffer("blocks", weight.data, persistent=False)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        rows = self.blocks.index_select(0, input_ids.reshape(-1))
+        values = dequantize(QuantizedWeight(self.qtype, rows, self.embedding_dim))
+        return values.reshape(*input_ids.shape, self.embedding_dim)
+
+    def extra_repr(self) -> str:
+        return f"{self.blocks.shape[0]}, {self.embedding_dim}, {self.type_name}"
 
 
 def _merge_same_format(parts: list[QuantizedWeight]) -> list[QuantizedWeight]:

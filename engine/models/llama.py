@@ -21,7 +21,7 @@ from torch import nn
 
 from engine.models.arch_config import ModelArchConfig
 from engine.models.layers import RMSNorm, Rotary
-from engine.models.linear import Linear, install_quantized, linear
+from engine.models.linear import Linear, QuantEmbedding, install_quantized, linear
 from kernels.attention import AttentionBackend, KVCacheSpec
 from kernels.cpu import QuantizedWeight
 from kernels.cpu.fused import silu_mul
@@ -155,8 +155,7 @@ class LlamaForCausalLM(nn.Module):
 
         A linear weight given as a QuantizedWeight (GGUF blocks, CPU float32 only) makes its
         layer a QuantLinear once all of its rows are quantized (see install_quantized). So does
-        `lm_head.weight` for tied embeddings: the head then runs the blocks while the embedding
-        keeps its float table for row lookups."""
+        `lm_head.weight` for tied embeddings; the embedding itself becomes a QuantEmbedding."""
         loaded: set[str] = set()
         quantized: dict[tuple[nn.Module, str], list] = defaultdict(list)
         for hf_name, tensor in weights:
@@ -164,8 +163,11 @@ class LlamaForCausalLM(nn.Module):
                 self.rotary.reset(tensor)
                 continue
             if isinstance(tensor, QuantizedWeight):
-                owner, attr, rows = self._linear_for(hf_name)
-                quantized[(owner, attr)].append((rows, tensor))
+                if hf_name == "model.embed_tokens.weight":
+                    self.embed_tokens = QuantEmbedding(tensor)
+                else:
+                    owner, attr, rows = self._linear_for(hf_name)
+                    quantized[(owner, attr)].append((rows, tensor))
                 loaded.add(hf_name)
                 continue
             if hf_name.endswith("rotary_emb.inv_freq") or (

@@ -1,7 +1,7 @@
 """CPU linear layers that run a GGUF's quantized blocks as stored.
 
 `qlinear(x, weight, bias)` computes x [M, K] @ W^T (+ bias) -> [M, N] float32, where `weight`
-is a QuantizedWeight (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K or Q6_K blocks). Contract of the native path:
+is a QuantizedWeight (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K or Q6_K blocks). Contract of the native path:
   * effective weights equal gguf.quants.dequantize bit for bit; float32 activations and sums;
   * batch invariance: each output row depends on its own input row only, with one reduction
     order for every M and every thread count, so a row is bitwise the same alone or in a batch;

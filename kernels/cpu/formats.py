@@ -15,7 +15,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 Q = GGMLQuantizationType
 # Formats the native kernels read directly, bit-exact to gguf.quants.dequantize.
-NATIVE_TYPES = frozenset({Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K})
+NATIVE_TYPES = frozenset({Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K})
 
 
 def is_native_type(qtype: int) -> bool:

@@ -1,6 +1,7 @@
 // GGUF block formats the kernels read as stored, and helpers shared by the scalar and AVX2 paths.
 //
-// Type ids are ggml's (gguf.GGMLQuantizationType). Blocks hold 32 weights (Q8_0, Q4_0, Q4_1) or
+// Type ids are ggml's (gguf.GGMLQuantizationType). Blocks hold 32 weights (Q8_0, Q4_0, Q4_1,
+// Q5_0, Q5_1) or
 // 256 (K-quants) along the input dimension; a weight row of K inputs is K / elems blocks.
 #pragma once
 
@@ -9,7 +10,9 @@
 
 namespace goodspeed {
 
-enum Format : int64_t { kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14 };
+enum Format : int64_t {
+  kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14
+};
 
 struct BlockShape {
   int64_t elems;  // weights per block
@@ -21,12 +24,20 @@ inline BlockShape block_shape(int64_t format) {
   switch (format) {
     case kQ4_0: return {32, 18};
     case kQ4_1: return {32, 20};
+    case kQ5_0: return {32, 22};
+    case kQ5_1: return {32, 24};
     case kQ8_0: return {32, 34};
     case kQ4_K: return {256, 144};
     case kQ5_K: return {256, 176};
     case kQ6_K: return {256, 210};
     default: return {0, 0};
   }
+}
+
+inline uint32_t load_u32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
 }
 
 inline uint16_t load_u16(const uint8_t* p) {

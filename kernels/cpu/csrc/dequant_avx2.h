@@ -80,6 +80,42 @@ struct Q4_1 {
   }
 };
 
+// Nibbles of 16 bytes plus the fifth bits (bit i of the 32-bit qh for weight i), as 32 dwords.
+GS_AVX2 inline void five_bits32(const uint8_t* qs, uint32_t qh, __m256i q[4]) {
+  nibbles32(qs, q);
+  const __m256i bits = _mm256_set1_epi32((int)qh), lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  GS_UNROLL for (int i = 0; i < 4; ++i) {
+    const __m256i shift = _mm256_add_epi32(lanes, _mm256_set1_epi32(8 * i));
+    const __m256i top = _mm256_and_si256(_mm256_srlv_epi32(bits, shift), _mm256_set1_epi32(1));
+    q[i] = _mm256_or_si256(q[i], _mm256_slli_epi32(top, 4));
+  }
+}
+
+struct Q5_0 {
+  static constexpr int64_t kElems = 32, kBytes = 22;
+  GS_AVX2 static void group(const uint8_t* row, int64_t g, __m256 w[4]) {
+    const uint8_t* b = row + g * kBytes;
+    const __m256 d = _mm256_set1_ps(half_f16c(b));
+    __m256i q[4];
+    five_bits32(b + 6, load_u32(b + 2), q);
+    GS_UNROLL for (int i = 0; i < 4; ++i) {
+      w[i] = _mm256_mul_ps(d, to_float(_mm256_sub_epi32(q[i], _mm256_set1_epi32(16))));
+    }
+  }
+};
+
+struct Q5_1 {
+  static constexpr int64_t kElems = 32, kBytes = 24;
+  GS_AVX2 static void group(const uint8_t* row, int64_t g, __m256 w[4]) {
+    const uint8_t* b = row + g * kBytes;
+    __m256 d, m;
+    half_pair(b, &d, &m);
+    __m256i q[4];
+    five_bits32(b + 8, load_u32(b + 4), q);
+    GS_UNROLL for (int i = 0; i < 4; ++i) w[i] = _mm256_fmadd_ps(d, to_float(q[i]), m);
+  }
+};
+
 // Q4_K (kFive = false) and Q5_K: (d * sc) * q - dmin * mn per sub-block of 32.
 template <bool kFive>
 struct Q45_K {

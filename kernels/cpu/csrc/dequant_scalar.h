@@ -34,6 +34,25 @@ inline void block_q4_1(const uint8_t* b, float* w) {
   }
 }
 
+// Q5_0 / Q5_1: like Q4_0 / Q4_1 with a fifth bit per weight: bit i of the little-endian 32-bit
+// qh after the scale(s) belongs to weight i (i < 16: low nibbles, i >= 16: high nibbles).
+inline int five_bit(const uint8_t* qs, uint32_t qh, int i) {
+  const int low = i < 16 ? (qs[i] & 0x0F) : (qs[i - 16] >> 4);
+  return low | (int)(((qh >> i) & 1u) << 4);
+}
+
+inline void block_q5_0(const uint8_t* b, float* w) {
+  const float d = half_to_float(load_u16(b));
+  const uint32_t qh = load_u32(b + 2);
+  for (int i = 0; i < 32; ++i) w[i] = d * (float)(five_bit(b + 6, qh, i) - 16);
+}
+
+inline void block_q5_1(const uint8_t* b, float* w) {
+  const float d = half_to_float(load_u16(b)), m = half_to_float(load_u16(b + 2));
+  const uint32_t qh = load_u32(b + 4);
+  for (int i = 0; i < 32; ++i) w[i] = d * (float)five_bit(b + 8, qh, i) + m;
+}
+
 // Q4_K and Q5_K: sub-block s of 32 is (d * sc[s]) * q - (dmin * mn[s]); nibbles of 32 bytes
 // hold sub-blocks 2j (low) and 2j + 1 (high); Q5_K's fifth bit of sub-block s is bit s of qh[l].
 inline void block_q45_k(const uint8_t* b, float* w, bool five_bits) {
@@ -77,6 +96,8 @@ inline void dequant_row_scalar(int64_t format, const uint8_t* row, int64_t K, fl
       case kQ8_0: block_q8_0(b, w); break;
       case kQ4_0: block_q4_0(b, w); break;
       case kQ4_1: block_q4_1(b, w); break;
+      case kQ5_0: block_q5_0(b, w); break;
+      case kQ5_1: block_q5_1(b, w); break;
       case kQ4_K: block_q45_k(b, w, false); break;
       case kQ5_K: block_q45_k(b, w, true); break;
       case kQ6_K: block_q6_k(b, w); break;

@@ -141,6 +141,8 @@ void with_format(int64_t format, Fn fn) {
     case kQ8_0: fn(Q8_0{}); break;
     case kQ4_0: fn(Q4_0{}); break;
     case kQ4_1: fn(Q4_1{}); break;
+    case kQ5_0: fn(Q5_0{}); break;
+    case kQ5_1: fn(Q5_1{}); break;
     case kQ4_K: fn(Q45_K<false>{}); break;
     case kQ5_K: fn(Q45_K<true>{}); break;
     case kQ6_K: fn(Q6_K{}); break;

@@ -35,7 +35,8 @@ bool use_avx2(int64_t isa) {
 void check_weight(const at::Tensor& blocks, int64_t format, int64_t K) {
   const BlockShape shape = block_shape(format);
   TORCH_CHECK(shape.elems > 0, "unsupported GGUF type ", format,
-              "; supported: Q4_0 (2), Q4_1 (3), Q8_0 (8), Q4_K (12), Q5_K (13), Q6_K (14)");
+              "; supported: Q4_0 (2), Q4_1 (3), Q5_0 (6), Q5_1 (7), Q8_0 (8), Q4_K (12), Q5_K (13), "
+              "Q6_K (14)");
   TORCH_CHECK(K % shape.elems == 0, "K = ", K, " is not a multiple of the block size ",
               shape.elems);
   TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.dim() == 2 && blocks.is_contiguous(),

@@ -41,7 +41,7 @@ class PagedDriver:
 
     def step(self, chunks: dict[str, list[int]]) -> dict[str, torch.Tensor]:
         """chunks: request_id -> new token ids. Returns request_id -> float32 logits [n, vocab]."""
-        device = self.model.embed_tokens.weight.device
+        device = self.model.norm.weight.device
         starts = {rid: self.lengths.get(rid, 0) for rid in chunks}
         slots = [s for rid, ids in chunks.items() for s in self._slots(rid, len(ids))]
         query_lens = [len(ids) for ids in chunks.values()]

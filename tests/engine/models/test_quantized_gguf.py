@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from engine.models import loader
-from engine.models.linear import Linear, QuantLinear
+from engine.models.linear import Linear, QuantEmbedding, QuantLinear
 from engine.models.loader import load_model, resolve_weight_format
 from kernels.reference import ReferenceBackend
 from tests.engine.models.test_gguf_loader import (
@@ -63,8 +63,10 @@ def test_quantized_layers_match_the_float_path(tmp_path, models_helpers, qtype, 
     dense = load(path, "float32")
     assert isinstance(dense.layers[1].self_attn.qkv_proj, Linear)
     assert (dense.lm_head is None) == tied
-    # The embedding table is the same float table on both paths (gathered, not multiplied).
-    assert torch.equal(model.embed_tokens.weight, dense.embed_tokens.weight)
+    # The embedding keeps its blocks; every row it looks up equals the float table's.
+    assert isinstance(model.embed_tokens, QuantEmbedding)
+    all_ids = torch.arange(models_helpers.TINY["vocab_size"])
+    assert torch.equal(model.embed_tokens(all_ids), dense.embed_tokens.weight)
     assert_paths_agree(path, models_helpers, models_helpers.TINY["vocab_size"])
 
 

@@ -1,6 +1,6 @@
 """Quantized weights for the CPU kernel tests, written to a real GGUF file and read back.
 
-Q8_0 / Q4_0 / Q4_1 come from `gguf.quants.quantize` of random rows (one row scaled by 1e-4 so
+Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 come from `gguf.quants.quantize` of random rows (one row scaled by 1e-4 so
 its fp16 scales are subnormal); `gguf` cannot quantise K-quants, so those are random blocks
 with finite fp16 scales (some subnormal). Shapes are odd: N = 37 output rows, K = 7 blocks of
 32 or 3 super-blocks of 256.
@@ -19,7 +19,7 @@ from engine.models.gguf_file import read_gguf
 from kernels.cpu import QuantizedWeight
 
 Q = gguf.GGMLQuantizationType
-FORMATS = (Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q5_K, Q.Q6_K)
+FORMATS = (Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K)
 NUM_ROWS = 37
 ISAS = ("avx2", "scalar")  # the native paths under test
 # Where each format keeps its fp16 scales (byte offsets in a block).

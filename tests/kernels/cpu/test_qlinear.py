@@ -83,7 +83,7 @@ def test_rejects_bad_shapes_and_formats(quant_cases):
     with pytest.raises(RuntimeError, match="blocks rows have"):
         qlinear(torch.randn(2, 32), case.weight)  # wrong input width for these rows
     with pytest.raises(ValueError, match="not one of the native formats"):
-        QuantizedWeight(int(Q.Q5_0), case.weight.data, case.weight.in_features)
+        QuantizedWeight(int(Q.Q2_K), case.weight.data, case.weight.in_features)
     with pytest.raises(ValueError, match="not a multiple of its block"):
         QuantizedWeight(int(Q.Q8_0), case.weight.data, 100)
     with pytest.raises(RuntimeError, match="x must be float32"):

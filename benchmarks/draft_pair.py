@@ -1,0 +1,188 @@
+"""Batch-1 speed of draft-model speculation on the Qwen2.5-Coder pair (0.5B drafts for 1.5B).
+
+Both models run their GGUF blocks on the native CPU kernels (`--weights gguf`). Workloads:
+copy-heavy documentation and open-ended chat (../shared/data) and code editing
+(benchmarks/data/workload_code_edit.jsonl: a 20-60 line snippet and a small change, so the
+answer mostly copies the code), all through the chat template. Each prompt is generated alone,
+greedy, with a fixed number of new tokens (EOS ignored); tok/s, acceptance and tokens per step
+are measured as in spec_bench.py (decode only, prefill excluded) and each config's tokens are
+compared with off's. Configs are `off` or `PROPOSER[:chain|tree[:BUDGET]]`: `draft:chain:4`
+(k = 4), `draft:tree` (8 nodes), `ngram`, `recycle:tree:16`.
+
+--interleave loads every engine up front and lets the configs take turns prompt by prompt (load
+drift hits them alike; needs the memory of all engines at once); without it one engine lives
+at a time and runs all prompts.
+
+    .venv/bin/python benchmarks/draft_pair.py --num-prompts 2 --max-tokens 32   # smoke
+    .venv/bin/python benchmarks/draft_pair.py --interleave --configs off draft:chain:4 draft:tree
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import shlex
+import sys
+from datetime import datetime
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.models.qwen_pair import FETCH_HINT, pair_paths  # noqa: E402
+from benchmarks.report import load_average, machine_description  # noqa: E402
+from benchmarks.spec_bench import rate, run_one, summarize  # noqa: E402
+from engine.config import EngineConfig  # noqa: E402
+from engine.llm import LLM  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKLOADS = {
+    "copy": ROOT.parent / "shared" / "data" / "workload_copy.jsonl",
+    "chat": ROOT.parent / "shared" / "data" / "workload_chat.jsonl",
+    "code_edit": ROOT / "benchmarks" / "data" / "workload_code_edit.jsonl",
+}
+PROPOSERS = ("draft", "ngram", "recycle")
+DEFAULT_BUDGET = {"chain": 4, "tree": 8}  # chain: k; tree: node budget
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--num-prompts", type=int, default=4, help="prompts per workload")
+    parser.add_argument("--max-tokens", type=int, default=128, help="new tokens per prompt")
+    parser.add_argument("--configs", nargs="+", default=["off", "draft:chain:4", "draft:tree"])
+    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--interleave", action="store_true", help="configs take turns per prompt")
+    parser.add_argument("--target", help="target GGUF (default: the qwen_pair.sh 1.5B)")
+    parser.add_argument("--draft", help="draft GGUF (default: the qwen_pair.sh 0.5B)")
+    parser.add_argument("--out", help="also write the runs and rows as JSON here")
+    args = parser.parse_args(argv)
+    if args.target is None or args.draft is None:
+        paths = pair_paths()
+        if paths is None:
+            parser.error(f"the Qwen pair is missing: {FETCH_HINT} (or give --target/--draft)")
+        args.target = args.target or str(paths[0])
+        args.draft = args.draft or str(paths[1])
+    try:
+        args.flat = {name: config_flat(name, args) for name in dict.fromkeys(args.configs)}
+    except ValueError as error:
+        parser.error(str(error))
+    # off first: the baseline of every speedup and the tokens every run is compared with
+    args.configs = ["off"] + [c for c in args.flat if c != "off"]
+    args.flat.setdefault("off", config_flat("off", args))
+    return args
+
+
+def config_flat(name: str, args: argparse.Namespace) -> dict:
+    """Flat EngineConfig fields for `off` or `PROPOSER[:chain|tree[:BUDGET]]`."""
+    # 128 blocks of 16 tokens hold one prompt (< 1000 tokens) + max_tokens + drafts.
+    flat = dict(model=args.target, weights="gguf", dtype="float32", threads=args.threads)
+    flat.update(num_kv_blocks=128)
+    if name == "off":
+        return flat
+    proposer, shape, budget = [*name.split(":"), None, None][:3]
+    if proposer not in PROPOSERS or shape not in (None, "chain", "tree"):
+        raise ValueError(f"config {name!r}: use off or PROPOSER[:chain|tree[:BUDGET]], {PROPOSERS}")
+    shape = shape or "chain"
+    budget = int(budget) if budget else DEFAULT_BUDGET[shape]
+    flat.update(speculative_proposer=proposer, spec_policy=f"fixed:{budget}")
+    flat.update(num_speculative_tokens=budget if shape == "chain" else 4)
+    flat.update(spec_tree_nodes=0 if shape == "chain" else budget)
+    if proposer == "draft":
+        flat.update(draft_model=args.draft)
+    return flat
+
+
+def make_llm(args: argparse.Namespace, name: str) -> LLM:
+    return LLM(config=EngineConfig.from_flat(args.flat[name]))
+
+
+def run_prompt(llm: LLM, name: str, workload: str, index: int, prompt: list[int], args) -> dict:
+    run = run_one(llm, prompt, args.max_tokens)
+    run.update(workload=workload, config=name, prompt=index, prompt_tokens=len(prompt))
+    print(f"{workload} #{index} {name}: {rate(run):.2f} tok/s", flush=True)
+    return run
+
+
+def bench(args: argparse.Namespace) -> list[dict]:
+    """Every (workload, prompt, config) run, with `identical_to_off` set."""
+    torch.set_num_threads(args.threads)
+    runs: list[dict] = []
+    if args.interleave:
+        engines = {name: make_llm(args, name) for name in args.configs}
+        prompts = load_workloads(engines["off"], args)
+        for llm in engines.values():
+            warm_up(llm, prompts)
+        for workload, index, prompt in prompts:
+            runs += [
+                run_prompt(llm, n, workload, index, prompt, args) for n, llm in engines.items()
+            ]
+    else:
+        prompts = None
+        for name in args.configs:  # one engine at a time
+            llm = make_llm(args, name)
+            prompts = prompts or load_workloads(llm, args)
+            warm_up(llm, prompts)
+            runs += [run_prompt(llm, name, w, i, prompt, args) for w, i, prompt in prompts]
+            del llm
+            gc.collect()
+    off = {(r["workload"], r["prompt"]): r["token_ids"] for r in runs if r["config"] == "off"}
+    for run in runs:
+        run["identical_to_off"] = run.pop("token_ids") == off[(run["workload"], run["prompt"])]
+    return runs
+
+
+def load_workloads(llm: LLM, args: argparse.Namespace) -> list[tuple[str, int, list[int]]]:
+    """(workload, index, chat-templated prompt ids) for every prompt, workload by workload."""
+    prompts = []
+    for workload in args.workloads:
+        lines = [line for line in WORKLOADS[workload].read_text().splitlines() if line.strip()]
+        for index, line in enumerate(lines[: args.num_prompts]):
+            messages = [{"role": "user", "content": json.loads(line)["prompt"]}]
+            prompts.append((workload, index, llm.tokenizer.apply_chat_template(messages)))
+    return prompts
+
+
+def warm_up(llm: LLM, prompts: list[tuple[str, int, list[int]]]) -> None:
+    """First-step costs and lazy allocations, outside the timed runs."""
+    run_one(llm, prompts[0][2][:64], 8)
+
+
+def markdown(args: argparse.Namespace, rows: list[dict], command: str) -> str:
+    lines = [
+        f"`{command}` — {datetime.now().isoformat(timespec='seconds')}, "
+        f"{machine_description()}, {load_average()} at the end, "
+        f"{args.threads} thread(s); target {Path(args.target).name}, draft "
+        f"{Path(args.draft).name}, weights gguf; batch 1, greedy, {args.max_tokens} new tokens, "
+        f"{args.num_prompts} prompt(s) per workload. Decode tok/s excludes prefill; "
+        "acceptance = accepted / drafted; accepted/step = mean accepted drafts per verify step.",
+        "",
+        "| workload | config | tok/s | speedup vs off | acceptance | accepted/step | identical |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        acceptance = "-" if row["acceptance"] is None else f"{row['acceptance']:.2f}"
+        per_step = "-" if row["accepted_per_step"] is None else f"{row['accepted_per_step']:.2f}"
+        lines.append(
+            f"| {row['workload']} | {row['config']} | {row['tok_s']:.2f} | {row['speedup']:.2f}x "
+            f"| {acceptance} | {per_step} | {'yes' if row['identical'] else 'NO'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    command = " ".join(shlex.quote(a) for a in ["python", *sys.argv])
+    runs = bench(args)
+    rows = summarize(runs, args)
+    text = markdown(args, rows, command)
+    if args.out:
+        Path(args.out).write_text(json.dumps(dict(command=command, runs=runs, rows=rows), indent=2))
+    print(text)
+    return 0 if all(row["identical"] for row in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

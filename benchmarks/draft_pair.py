@@ -6,8 +6,10 @@ copy-heavy documentation and open-ended chat (../shared/data) and code editing
 answer mostly copies the code), all through the chat template. Each prompt is generated alone,
 greedy, with a fixed number of new tokens (EOS ignored); tok/s, acceptance and tokens per step
 are measured as in spec_bench.py (decode only, prefill excluded) and each config's tokens are
-compared with off's. Configs are `off` or `PROPOSER[:chain|tree[:BUDGET]]`: `draft:chain:4`
-(k = 4), `draft:tree` (8 nodes), `ngram`, `recycle:tree:16`.
+compared with off's. Configs are `off` or `PROPOSER[:chain|tree[:BUDGET]][@goodput]`:
+`draft:chain:4` (k = 4, fixed), `draft:tree` (8 nodes), `ngram`, `recycle:tree:16`,
+`draft:chain:4@goodput` (the goodput policy choosing k <= 4), `auto:chain:4` (n-gram, recycle
+and the draft model, the goodput policy choosing a proposer and k per request and step).
 
 --interleave loads every engine up front and lets the configs take turns prompt by prompt (load
 drift hits them alike; needs the memory of all engines at once); without it one engine lives
@@ -43,7 +45,7 @@ WORKLOADS = {
     "chat": ROOT.parent / "shared" / "data" / "workload_chat.jsonl",
     "code_edit": ROOT / "benchmarks" / "data" / "workload_code_edit.jsonl",
 }
-PROPOSERS = ("draft", "ngram", "recycle")
+PROPOSERS = ("draft", "ngram", "recycle", "auto")
 DEFAULT_BUDGET = {"chain": 4, "tree": 8}  # chain: k; tree: node budget
 
 
@@ -82,15 +84,18 @@ def config_flat(name: str, args: argparse.Namespace) -> dict:
     flat.update(num_kv_blocks=128)
     if name == "off":
         return flat
-    proposer, shape, budget = [*name.split(":"), None, None][:3]
+    spec, _, policy = name.partition("@")
+    proposer, shape, budget = [*spec.split(":"), None, None][:3]
     if proposer not in PROPOSERS or shape not in (None, "chain", "tree"):
         raise ValueError(f"config {name!r}: use off or PROPOSER[:chain|tree[:BUDGET]], {PROPOSERS}")
     shape = shape or "chain"
     budget = int(budget) if budget else DEFAULT_BUDGET[shape]
-    flat.update(speculative_proposer=proposer, spec_policy=f"fixed:{budget}")
+    goodput = policy == "goodput" or proposer == "auto"  # choosing a proposer needs goodput
+    flat.update(speculative_proposer=proposer)
+    flat.update(spec_policy="goodput" if goodput else f"fixed:{budget}")
     flat.update(num_speculative_tokens=budget if shape == "chain" else 4)
     flat.update(spec_tree_nodes=0 if shape == "chain" else budget)
-    if proposer == "draft":
+    if proposer in ("draft", "auto"):
         flat.update(draft_model=args.draft)
     return flat
 

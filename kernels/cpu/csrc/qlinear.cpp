@@ -2,7 +2,8 @@
 //
 // Contract (kernels/cpu/__init__.py has the Python side):
 //  * W is `blocks` [N, K / elems * bytes] uint8, each row the GGUF's blocks as stored.
-//  * Effective weights are exactly gguf.quants.dequantize's; activations and sums are float32.
+//  * Effective weights are exactly gguf.quants.dequantize's; activations and sums are float32,
+//    or (act = 1) activations quantized per row and group of 32 to int8 (int8_drivers.h).
 //  * Output y[m, n] depends on x[m] and W[n] only, with one reduction order (tiles.h), so a row
 //    is bitwise the same alone or in any batch, with any thread count.
 //  * Work is split over panels of kPanel output columns with at::parallel_for (so
@@ -15,8 +16,10 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <optional>
+#include <tuple>
 
 #include "drivers.h"
+#include "int8_drivers.h"
 
 namespace goodspeed {
 namespace {
@@ -45,8 +48,29 @@ void check_weight(const at::Tensor& blocks, int64_t format, int64_t K) {
               blocks.size(1), " bytes; K = ", K, " needs ", K / shape.elems * shape.bytes);
 }
 
+void run_int8(Problem p, bool avx2) {
+  const QuantizedRows rows(p.x, p.x_stride, p.M, p.K);
+  const int64_t num_panels = (p.N + kPanel - 1) / kPanel;
+  if (!avx2) {  // the float kernels on the quantized rows' values
+    thread_local std::vector<float> values;
+    dequantize_rows(rows.view, p.M, values);
+    p.x = values.data();
+    p.x_stride = p.K;
+    at::parallel_for(0, num_panels, 1, [&](int64_t begin, int64_t end) {
+      run_panels_scalar(p, begin, end);
+    });
+    return;
+  }
+  at::parallel_for(0, num_panels, 1, [&](int64_t begin, int64_t end) {
+    with_int8_format(p.format, [&](auto f) { run_int8_panels<decltype(f)>(p, rows.view, begin, end); });
+  });
+}
+
+// act: 0 = float32 activations, 1 = int8 activations (int8_drivers.h).
 void qlinear_out(const at::Tensor& x, const at::Tensor& blocks, int64_t format,
-                 const std::optional<at::Tensor>& bias, at::Tensor& out, int64_t isa) {
+                 const std::optional<at::Tensor>& bias, at::Tensor& out, int64_t isa,
+                 int64_t act) {
+  TORCH_CHECK(act == 0 || act == 1, "act must be 0 (float32) or 1 (int8), got ", act);
   TORCH_CHECK(x.is_cpu() && blocks.is_cpu() && out.is_cpu() && (!bias || bias->is_cpu()),
               "qlinear_out runs on CPU tensors only");
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.stride(1) == 1,
@@ -72,6 +96,7 @@ void qlinear_out(const at::Tensor& x, const at::Tensor& blocks, int64_t format,
                   out.stride(0)};
   if (M == 0 || N == 0) return;
   const bool avx2 = use_avx2(isa);
+  if (act == 1) return run_int8(p, avx2);
   const int64_t num_panels = (N + kPanel - 1) / kPanel;
   at::parallel_for(0, num_panels, 1, [&](int64_t begin, int64_t end) {
     if (!avx2) return run_panels_scalar(p, begin, end);
@@ -101,6 +126,20 @@ at::Tensor dequantize(const at::Tensor& blocks, int64_t format, int64_t K, int64
   return out;
 }
 
+// The int8 path's quantization of x [M, K] (for tests): (q int8 [M, K], d float32 [M, K / 32]).
+std::tuple<at::Tensor, at::Tensor> quantize_rows_op(const at::Tensor& x) {
+  TORCH_CHECK(x.is_cpu() && x.scalar_type() == at::kFloat && x.dim() == 2 && x.is_contiguous() &&
+                  x.size(1) % 32 == 0,
+              "x must be a contiguous float32 [M, K] CPU tensor with K a multiple of 32");
+  const int64_t M = x.size(0), K = x.size(1);
+  at::Tensor q = at::empty({M, K}, x.options().dtype(at::kChar));
+  at::Tensor d = at::empty({M, K / 32}, x.options());
+  std::vector<float> sd(M * (K / 32));
+  quantize_rows(x.data_ptr<float>(), K, M, K, q.data_ptr<int8_t>(), d.data_ptr<float>(),
+                sd.data());
+  return {q, d};
+}
+
 }  // namespace
 
 void register_decode_ops(pybind11::module& m);  // decode_ops.cpp
@@ -112,10 +151,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // The long ops release the GIL: the server's event loop runs while the engine computes.
   m.def("qlinear_out", &goodspeed::qlinear_out, "out = x @ dequant(blocks)^T (+ bias)",
         pybind11::call_guard<pybind11::gil_scoped_release>(), pybind11::arg("x"), pybind11::arg("blocks"), pybind11::arg("format"),
-        pybind11::arg("bias"), pybind11::arg("out"), pybind11::arg("isa") = 0);
+        pybind11::arg("bias"), pybind11::arg("out"), pybind11::arg("isa") = 0,
+        pybind11::arg("act") = 0);
   m.def("dequantize", &goodspeed::dequantize, "blocks [N, row_bytes] -> float32 [N, K]",
         pybind11::arg("blocks"), pybind11::arg("format"), pybind11::arg("K"),
         pybind11::arg("isa") = 0);
+  m.def("quantize_rows", &goodspeed::quantize_rows_op, "the int8 path's (q, d) of x",
+        pybind11::arg("x"));
   m.def("cpu_has_avx2", &goodspeed::cpu_has_avx2, "AVX2, FMA and F16C are usable");
   m.def("panel_width", []() { return goodspeed::kPanel; });
   goodspeed::register_decode_ops(m);

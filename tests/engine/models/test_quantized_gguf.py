@@ -131,6 +131,7 @@ def test_weights_setting_resolves_as_documented(tmp_path, tiny_model_dir, monkey
     f32, bf16 = torch.float32, torch.bfloat16
     assert resolve_weight_format("auto", gguf_path, f32, "cpu") == "gguf"
     assert resolve_weight_format("gguf", gguf_path, f32, "cpu") == "gguf"
+    assert resolve_weight_format("gguf-int8", gguf_path, f32, "cpu") == "gguf-int8"
     assert resolve_weight_format("float32", gguf_path, f32, "cpu") == "float32"
     assert resolve_weight_format("auto", hf_dir, f32, "cpu") == "float32"
     assert resolve_weight_format("auto", gguf_path, bf16, "cpu") == "float32"
@@ -145,11 +146,12 @@ def test_weights_setting_resolves_as_documented(tmp_path, tiny_model_dir, monkey
     assert resolve_weight_format("gguf", gguf_path, f32, "cpu") == "float32"
 
 
-def test_a_request_is_bitwise_the_same_alone_and_batched(tmp_path, models_helpers):
-    """End to end on the quantized path: batching never changes a request's logits (what
-    keeps speculative decoding token-identical to plain decoding)."""
+@pytest.mark.parametrize("weights", ["gguf", "gguf-int8"])
+def test_a_request_is_bitwise_the_same_alone_and_batched(tmp_path, models_helpers, weights):
+    """End to end on the quantized path (float32 or int8 activations): batching never changes
+    a request's logits (what keeps speculative decoding token-identical to plain decoding)."""
     hf_dir, _ = models_helpers.build_hf_model(tmp_path / "hf", tie_word_embeddings=True)
-    model = load(write_gguf(tmp_path / "m.gguf", hf_dir, qtype=Q.Q4_0), "gguf")
+    model = load(write_gguf(tmp_path / "m.gguf", hf_dir, qtype=Q.Q4_0), weights)
     prompt, other, tokens = list(range(3, 12)), list(range(40, 46)), (5, 6, 7)
     # One driver at a time: drivers share the model's backend and its KV cache.
     alone = models_helpers.PagedDriver(model, num_blocks=32, block_size=4)
@@ -162,8 +164,17 @@ def test_a_request_is_bitwise_the_same_alone_and_batched(tmp_path, models_helper
         assert torch.equal(want, have), step
 
 
-@pytest.mark.parametrize("weights, layer_type", [("gguf", QuantLinear), ("float32", Linear)])
-def test_the_engine_setting_reaches_the_loaded_model(tmp_path, models_helpers, weights, layer_type):
+@pytest.mark.parametrize(
+    "weights, layer_type, kind",
+    [
+        ("gguf", QuantLinear, "gguf:"),
+        ("gguf-int8", QuantLinear, "gguf-int8:"),
+        ("float32", Linear, "dense"),
+    ],
+)
+def test_the_engine_setting_reaches_the_loaded_model(
+    tmp_path, models_helpers, weights, layer_type, kind
+):
     """`--weights` is honoured by the engine (it once stopped at the config)."""
     from engine.config import EngineConfig
     from engine.model_runner import ModelRunner
@@ -173,3 +184,9 @@ def test_the_engine_setting_reaches_the_loaded_model(tmp_path, models_helpers, w
     config = EngineConfig.from_flat({"model": str(path), "weights": weights, "num_kv_blocks": 8})
     runner = ModelRunner(config)
     assert type(runner.model.layers[0].mlp.down_proj) is layer_type
+    assert runner.weight_format.startswith(kind)  # the cost-model cache key tells them apart
+    if layer_type is QuantLinear:
+        want = "int8" if weights == "gguf-int8" else "float32"
+        assert {m.activations for m in runner.model.modules() if isinstance(m, QuantLinear)} == {
+            want
+        }

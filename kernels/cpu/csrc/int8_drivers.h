@@ -47,17 +47,57 @@ inline void quantize_rows(const float* x, int64_t x_stride, int64_t M, int64_t K
   }
 }
 
+// The same values with AVX2 (same float operations, the same rounding mode).
+GS_AVX2 inline void quantize_rows_avx2(const float* x, int64_t x_stride, int64_t M, int64_t K,
+                                       int8_t* q, float* d, float* sd) {
+  const int64_t G = K / 32;
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t g = 0; g < G; ++g) {
+      const float* xg = x + m * x_stride + g * 32;
+      __m256 v[4], amax = _mm256_setzero_ps();
+      GS_UNROLL for (int i = 0; i < 4; ++i) {
+        v[i] = _mm256_loadu_ps(xg + 8 * i);
+        amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
+      }
+      __m128 h = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+      h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+      const float top = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+      const float dg = top / 127.0f, id = dg != 0.0f ? 1.0f / dg : 0.0f;
+      __m256i n[4];
+      GS_UNROLL for (int i = 0; i < 4; ++i) {
+        const __m256 scaled = _mm256_mul_ps(v[i], _mm256_set1_ps(id));
+        n[i] = _mm256_cvtps_epi32(_mm256_round_ps(scaled, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      }
+      const __m256i total = _mm256_add_epi32(_mm256_add_epi32(n[0], n[1]), _mm256_add_epi32(n[2], n[3]));
+      __m128i t = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
+      t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+      t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
+      // packs work within 128-bit lanes: restore the element order with one permute.
+      const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(n[0], n[1]), _mm256_packs_epi32(n[2], n[3]));
+      const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+      _mm256_storeu_si256((__m256i*)(q + m * K + g * 32), _mm256_permutevar8x32_epi32(bytes, order));
+      d[m * G + g] = dg;
+      sd[m * G + g] = dg * (float)_mm_cvtsi128_si32(t);
+    }
+  }
+}
+
 // Owns the quantized rows of one call (the calling thread's buffers, reused between calls).
 struct QuantizedRows {
   ActQ8 view;
-  QuantizedRows(const float* x, int64_t x_stride, int64_t M, int64_t K) {
+  QuantizedRows(const float* x, int64_t x_stride, int64_t M, int64_t K, bool avx2) {
     thread_local std::vector<int8_t> q;
     thread_local std::vector<float> d, sd;
     const int64_t G = K / 32;
     q.resize(M * K);
     d.resize(M * G);
     sd.resize(M * G);
-    quantize_rows(x, x_stride, M, K, q.data(), d.data(), sd.data());
+    if (avx2) {
+      quantize_rows_avx2(x, x_stride, M, K, q.data(), d.data(), sd.data());
+    } else {
+      quantize_rows(x, x_stride, M, K, q.data(), d.data(), sd.data());
+    }
     view = ActQ8{q.data(), d.data(), sd.data(), K, G};
   }
 };
@@ -91,9 +131,14 @@ GS_AVX2 inline void int8_tile(const ActQ8& x, int64_t r0, const uint8_t* rows, i
   float off0[R][C] = {}, off1[R][C] = {};
   zero<R, C>(acc0);
   zero<R, C>(acc1);
-  for (int64_t g = 0; g < x.G; g += 2) {
-    int8_group<F, R, C>(x, r0, rows, row_bytes, g, acc0, off0);
-    if (g + 1 < x.G) int8_group<F, R, C>(x, r0, rows, row_bytes, g + 1, acc1, off1);
+  if constexpr (R * C <= 2) {  // few outputs: both sums in one loop, independent chains
+    for (int64_t g = 0; g < x.G; g += 2) {
+      int8_group<F, R, C>(x, r0, rows, row_bytes, g, acc0, off0);
+      if (g + 1 < x.G) int8_group<F, R, C>(x, r0, rows, row_bytes, g + 1, acc1, off1);
+    }
+  } else {  // the even groups, then the odd ones: half the live accumulators
+    for (int64_t g = 0; g < x.G; g += 2) int8_group<F, R, C>(x, r0, rows, row_bytes, g, acc0, off0);
+    for (int64_t g = 1; g < x.G; g += 2) int8_group<F, R, C>(x, r0, rows, row_bytes, g, acc1, off1);
   }
   GS_UNROLL for (int r = 0; r < R; ++r) {
     GS_UNROLL for (int j = 0; j < C; ++j) {

@@ -49,7 +49,7 @@ void check_weight(const at::Tensor& blocks, int64_t format, int64_t K) {
 }
 
 void run_int8(Problem p, bool avx2) {
-  const QuantizedRows rows(p.x, p.x_stride, p.M, p.K);
+  const QuantizedRows rows(p.x, p.x_stride, p.M, p.K, avx2);
   const int64_t num_panels = (p.N + kPanel - 1) / kPanel;
   if (!avx2) {  // the float kernels on the quantized rows' values
     thread_local std::vector<float> values;
@@ -127,7 +127,7 @@ at::Tensor dequantize(const at::Tensor& blocks, int64_t format, int64_t K, int64
 }
 
 // The int8 path's quantization of x [M, K] (for tests): (q int8 [M, K], d float32 [M, K / 32]).
-std::tuple<at::Tensor, at::Tensor> quantize_rows_op(const at::Tensor& x) {
+std::tuple<at::Tensor, at::Tensor> quantize_rows_op(const at::Tensor& x, int64_t isa) {
   TORCH_CHECK(x.is_cpu() && x.scalar_type() == at::kFloat && x.dim() == 2 && x.is_contiguous() &&
                   x.size(1) % 32 == 0,
               "x must be a contiguous float32 [M, K] CPU tensor with K a multiple of 32");
@@ -135,8 +135,8 @@ std::tuple<at::Tensor, at::Tensor> quantize_rows_op(const at::Tensor& x) {
   at::Tensor q = at::empty({M, K}, x.options().dtype(at::kChar));
   at::Tensor d = at::empty({M, K / 32}, x.options());
   std::vector<float> sd(M * (K / 32));
-  quantize_rows(x.data_ptr<float>(), K, M, K, q.data_ptr<int8_t>(), d.data_ptr<float>(),
-                sd.data());
+  auto* quantize = use_avx2(isa) ? quantize_rows_avx2 : quantize_rows;
+  quantize(x.data_ptr<float>(), K, M, K, q.data_ptr<int8_t>(), d.data_ptr<float>(), sd.data());
   return {q, d};
 }
 
@@ -157,7 +157,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("blocks"), pybind11::arg("format"), pybind11::arg("K"),
         pybind11::arg("isa") = 0);
   m.def("quantize_rows", &goodspeed::quantize_rows_op, "the int8 path's (q, d) of x",
-        pybind11::arg("x"));
+        pybind11::arg("x"), pybind11::arg("isa") = 0);
   m.def("cpu_has_avx2", &goodspeed::cpu_has_avx2, "AVX2, FMA and F16C are usable");
   m.def("panel_width", []() { return goodspeed::kPanel; });
   goodspeed::register_decode_ops(m);

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.cpu import fallback, load_native, qlinear
+from kernels.cpu import ISA, fallback, load_native, qlinear
 from tests.kernels.cpu.quant_cases import FORMATS, ISAS, activations
 
 ROW_COUNTS = (1, 2, 3, 4, 5, 8, 16, 33)
@@ -27,11 +27,13 @@ def int8_bound(values: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return values.shape[1] * 2.0**-21 * (values.abs().double() @ magnitude.double().T)
 
 
-def test_native_quantization_equals_the_reference():
+@pytest.mark.parametrize("isa", ISAS)
+def test_native_quantization_equals_the_reference(isa):
     x = activations(9, 256, seed=3)
     x[2, :32] = 0.0  # an all-zero group: d = 0, q = 0
     x[4, 40] = 1e30  # one huge value: the rest of its group rounds to 0
-    q, d = load_native().quantize_rows(x)
+    x[5, 64:96] = torch.arange(32) - 15.5  # a ramp over the whole range
+    q, d = load_native().quantize_rows(x, ISA[isa])
     q_ref, d_ref = fallback.quantize_rows(x)
     assert torch.equal(d, d_ref) and torch.equal(q, q_ref)
     assert q.abs().max() == 127 and (q[2, :32] == 0).all() and d[2, 0] == 0

@@ -8,6 +8,9 @@ kernels is measured with a timer around each QuantLinear call, so
 non-matmul = step - linears (Python, small ops, attention, sampling).
 
     .venv/bin/python benchmarks/lean_step.py --threads 2 --rows 1 --rounds 5
+
+`--compare activations`: two lean engines instead, `gguf` (float32 activations) and
+`gguf-int8` (int8 activations, kernels/cpu act="int8"), the same way.
 """
 
 from __future__ import annotations
@@ -75,20 +78,25 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1)
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--compare", choices=["lean", "activations"], default="lean")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    variants = {  # name: (attention backend, weights, lean fused ops)
+        "lean": {"torch": ("reference", "auto", False), "lean": ("cpu", "auto", True)},
+        "activations": {"float32": ("cpu", "gguf", True), "int8": ("cpu", "gguf-int8", True)},
+    }[args.compare]
     engines = {}
-    for name, backend in (("torch", "reference"), ("lean", "cpu")):
+    for name, (backend, weights, lean) in variants.items():
         flat = {"model": args.model, "threads": args.threads, "attention_backend": backend}
-        flat["kv_cache_memory"] = "256MiB"
+        flat.update(kv_cache_memory="256MiB", weights=weights)
         engines[name] = LLM(config=EngineConfig.from_flat(flat))
-        with fused_ops(name == "lean"):
+        with fused_ops(lean):
             start_decoding(engines[name], args.rows, args.steps * (args.rounds + 1))
     time_linears()
     results = {name: [] for name in engines}
     for _ in range(args.rounds):
         for name, llm in engines.items():
-            results[name].append(measure(llm, args.steps, name == "lean"))
+            results[name].append(measure(llm, args.steps, variants[name][2]))
     summary = {"args": vars(args)}
     for name, rows in results.items():
         step = statistics.median(r[0] for r in rows)

@@ -16,8 +16,9 @@ _FLAGS: tuple[tuple[str, type, str], ...] = (
     (
         "--weights",
         str,
-        "auto | gguf | gguf-int8 | float32: run a GGUF's quantized blocks (CPU kernels; gguf-int8 "
-        "also quantizes activations to int8, as llama.cpp does) or dequantise at load",
+        "auto | gguf | gguf-int8 | q8_0 | float32: run a GGUF's quantized blocks (CPU kernels; "
+        "gguf-int8 also quantizes activations to int8, as llama.cpp does), quantize a "
+        "safetensors model to Q8_0 at load (q8_0), or dequantise at load",
     ),
     ("--max-model-len", int, "context length cap (default: the model's)"),
     ("--seed", int, "engine seed"),

@@ -151,7 +151,7 @@ def iter_gguf_weights(
         name = hf_name(tensor.name)
         keep_blocks = quantized and is_native_type(tensor.ggml_type) and len(tensor.shape) == 2
         counts[_how_it_runs(name, tensor, keep_blocks)] += 1
-        if keep_blocks and (_is_linear_weight(name) or name == EMBEDDING):
+        if keep_blocks and (is_linear_weight(name) or name == EMBEDDING):
             blocks = _blocks(tensor)
             yield name, _unpermuted(blocks, name, config, permuted)
             if name == EMBEDDING and config.tie_word_embeddings:
@@ -168,12 +168,12 @@ def _how_it_runs(name: str, tensor: GGUFTensor, keep_blocks: bool) -> tuple[str,
     from gguf.constants import GGMLQuantizationType
 
     kind = GGMLQuantizationType(tensor.ggml_type).name
-    if keep_blocks and (_is_linear_weight(name) or name == EMBEDDING):
+    if keep_blocks and (is_linear_weight(name) or name == EMBEDDING):
         return "native", kind
-    return "float32", f"{kind} linear" if _is_linear_weight(name) else kind
+    return "float32", f"{kind} linear" if is_linear_weight(name) else kind
 
 
-def _is_linear_weight(name: str) -> bool:
+def is_linear_weight(name: str) -> bool:
     in_layer = ".self_attn." in name or ".mlp." in name
     return name.endswith(".weight") and (in_layer or name == "lm_head.weight")
 

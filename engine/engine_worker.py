@@ -6,6 +6,11 @@ Threading contract (the invariant everything here relies on):
 - Other threads only append commands to `_commands` under `_cond` (submit); this thread applies
   them before each step, in submission order (an abort queued after an add always finds it),
   and hands results back to the event loop with `loop.call_soon_threadsafe`.
+- No other thread runs multi-threaded torch work either, not even before the worker starts:
+  OpenMP keeps a thread pool per thread that ever ran a parallel region, and libgomp stops
+  spin-waiting once its pools' threads outnumber the CPUs (with threads = cores, a second pool
+  is enough): every barrier then sleeps on a futex, ~200 context switches per decode step.
+  Hence AsyncEngine.from_config loads the model with `on_short_lived_thread`.
 """
 
 from __future__ import annotations
@@ -16,13 +21,15 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from engine.outputs import EngineStats, RequestOutput
 from engine.request_stream import EngineDeadError
 from engine.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 _STALL_WAIT_S = 0.005  # pause after a step that could schedule nothing
 
@@ -209,6 +216,27 @@ class EngineWorker:
             if isinstance(command, Add):
                 self.call_soon(_resolve, command.future, EngineDeadError(message))
         self.call_soon(self._fail_all, message)
+
+
+def on_short_lived_thread(work: Callable[..., T], *args: Any) -> T:
+    """`work(*args)` on a new thread that exits when it returns (its OpenMP pool goes with it);
+    its exception is raised here."""
+    results: list[T] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            results.append(work(*args))
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller as is
+            errors.append(exc)
+
+    # Daemon: Ctrl-C during a long model load ends the process instead of waiting for it.
+    thread = threading.Thread(target=run, name="goodspeed-load", daemon=True)
+    thread.start()
+    thread.join()
+    if errors:
+        raise errors[0]
+    return results[0]
 
 
 def _resolve(future: asyncio.Future[None], error: BaseException | None) -> None:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Sequence
 
 import pytest
 
 from engine.async_engine import AsyncEngine, EngineDeadError, QueueFullError
+from engine.llm_engine import LLMEngine
 from engine.outputs import EngineStats, RequestOutput
 from engine.sampling_params import SamplingParams
 from tests.server.fake_engine import FakeEngine
@@ -151,3 +153,28 @@ def test_abort_all_ends_streams_with_an_error():
     fake = FakeEngine(step_delay=0.005)
     assert run(body, fake)
     assert fake.num_free_blocks == fake.num_total_blocks
+
+
+def test_from_config_loads_the_engine_on_a_thread_that_has_exited(monkeypatch):
+    """Model loading must not leave an OpenMP pool on the caller's thread (engine_worker.py)."""
+    loaders: list[threading.Thread] = []
+
+    def fake_from_config(config):
+        loaders.append(threading.current_thread())
+        return FakeEngine()
+
+    monkeypatch.setattr(LLMEngine, "from_config", staticmethod(fake_from_config))
+    engine = AsyncEngine.from_config(None, max_num_in_flight=3)
+    assert isinstance(engine.engine, FakeEngine)
+    assert engine.max_num_in_flight == 3
+    assert loaders[0] is not threading.current_thread()
+    assert not loaders[0].is_alive()
+
+
+def test_from_config_raises_what_loading_raised(monkeypatch):
+    def failing(config):
+        raise ValueError("no such model: 'nope'")
+
+    monkeypatch.setattr(LLMEngine, "from_config", staticmethod(failing))
+    with pytest.raises(ValueError, match="no such model"):
+        AsyncEngine.from_config(None)

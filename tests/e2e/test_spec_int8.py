@@ -30,22 +30,10 @@ def int8_reference():
     llm = lossless.make_llm(**INT8)
     layers = [m for m in llm.engine.runner.model.modules() if isinstance(m, QuantLinear)]
     assert layers and all(m.activations == "int8" for m in layers)
-    prompts = reference_prompts(llm)
+    prompts = lossless.build_prompts(llm.tokenizer)
     outputs = llm.generate(prompts, lossless.GREEDY, use_tqdm=False)
     lossless.assert_pool_whole(llm)
     return prompts, [o.output_token_ids for o in outputs]
-
-
-def reference_prompts(llm):
-    """The eight prompts of test_spec_lossless, built with this engine's tokenizer."""
-    tokenizer = llm.tokenizer
-    copies = [
-        tokenizer.decode(tokenizer.encode(text)[: lossless.COPY_PROMPT_TOKENS])
-        for text in lossless.read_prompts("workload_copy.jsonl", lossless.NUM_EACH)
-    ]
-    chats = lossless.read_prompts("workload_chat.jsonl", lossless.NUM_EACH)
-    texts = [*copies[:2], *chats[:2], *copies[2:], *chats[2:]]
-    return [tokenizer.apply_chat_template([{"role": "user", "content": t}]) for t in texts]
 
 
 @pytest.mark.parametrize("name", list(CASES))

@@ -80,19 +80,23 @@ def read_prompts(name: str, count: int) -> list[str]:
     return [json.loads(line)["prompt"] for line in lines]
 
 
-@pytest.fixture(scope="module")
-def reference_run() -> tuple[list[list[int]], list[list[int]]]:
-    """(prompt ids, greedy outputs without speculation), in the order copy, copy, chat, chat,
-    copy, copy, chat, chat, so that either half of the batch holds both kinds."""
-    llm = make_llm()
-    tokenizer = llm.tokenizer
+def build_prompts(tokenizer) -> list[list[int]]:
+    """The eight chat-templated prompts, in the order copy, copy, chat, chat, copy, copy, chat,
+    chat, so that either half of the batch holds both kinds."""
     copies = [
         tokenizer.decode(tokenizer.encode(text)[:COPY_PROMPT_TOKENS])
         for text in read_prompts("workload_copy.jsonl", NUM_EACH)
     ]
     chats = read_prompts("workload_chat.jsonl", NUM_EACH)
     texts = [*copies[:2], *chats[:2], *copies[2:], *chats[2:]]
-    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": t}]) for t in texts]
+    return [tokenizer.apply_chat_template([{"role": "user", "content": t}]) for t in texts]
+
+
+@pytest.fixture(scope="module")
+def reference_run() -> tuple[list[list[int]], list[list[int]]]:
+    """(prompt ids, greedy outputs without speculation) for build_prompts."""
+    llm = make_llm()
+    prompts = build_prompts(llm.tokenizer)
     outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
     assert all(len(o.output_token_ids) == NEW_TOKENS for o in outputs)
     assert_pool_whole(llm)

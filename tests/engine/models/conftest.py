@@ -39,8 +39,11 @@ class PagedDriver:
             for p in range(start, end)
         ]
 
-    def step(self, chunks: dict[str, list[int]]) -> dict[str, torch.Tensor]:
-        """chunks: request_id -> new token ids. Returns request_id -> float32 logits [n, vocab]."""
+    def step(
+        self, chunks: dict[str, list[int]], tree_masks: dict[str, torch.Tensor] | None = None
+    ) -> dict[str, torch.Tensor]:
+        """chunks: request_id -> new token ids; tree_masks: request_id -> [n, n] bool mask over
+        its new tokens (default causal). Returns request_id -> float32 logits [n, vocab]."""
         device = self.model.norm.weight.device
         starts = {rid: self.lengths.get(rid, 0) for rid in chunks}
         slots = [s for rid, ids in chunks.items() for s in self._slots(rid, len(ids))]
@@ -57,6 +60,7 @@ class PagedDriver:
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
             query_lens_host=tuple(query_lens),
             seq_lens_host=tuple(seq_lens),
+            tree_masks=tuple((tree_masks or {}).get(rid) for rid in chunks),
         )
         input_ids = torch.tensor([t for ids in chunks.values() for t in ids], device=device)
         positions = torch.tensor(

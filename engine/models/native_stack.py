@@ -1,0 +1,120 @@
+"""The decoder stack as one native call on the CPU (kernels/cpu/csrc/stack.cpp).
+
+The per-op path runs ~10 native ops a layer from Python; at batch 1 the interpreter, module
+dispatch and tensor allocation around them cost about as much as the arithmetic. `NativeStack`
+hands the whole stack to C++ in one call, which runs the same cores in the same order, so its
+hidden states are bitwise those of the per-op path (tests/engine/models/test_native_stack.py).
+
+It applies when every linear layer runs GGUF blocks on the native kernels (QuantLinear), the
+model is float32 on the CPU, attention is the native `cpu` backend and no autograd is recording;
+`NativeStack.build` returns None otherwise and the model keeps its per-op forward.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.models.linear import ACTIVATIONS, QuantLinear
+from kernels.cpu import load_native
+from kernels.cpu.paged_attention import CpuPagedBackend
+
+
+def _runs(layer: QuantLinear) -> list[tuple[torch.Tensor, int, int, int]]:
+    return [
+        (weight.data, weight.qtype, columns.start, columns.stop - columns.start)
+        for weight, columns in layer.runs
+    ]
+
+
+def _fits(model) -> bool:
+    linears = [
+        getattr(part, name)
+        for layer in model.layers
+        for part, name in (
+            (layer.self_attn, "qkv_proj"),
+            (layer.self_attn, "o_proj"),
+            (layer.mlp, "gate_up_proj"),
+            (layer.mlp, "down_proj"),
+        )
+    ]
+    floats = [model.norm.weight, model.rotary.cos] + [
+        norm.weight for layer in model.layers for norm in (layer.input_layernorm, layer.post_attention_layernorm)
+    ]
+    return (
+        all(isinstance(linear, QuantLinear) for linear in linears)
+        and len({linear.activations for linear in linears}) == 1
+        and all(t.device.type == "cpu" and t.dtype == torch.float32 for t in floats)
+        and model.config.head_dim % 2 == 0
+        and model.config.head_dim <= 1024
+    )
+
+
+class NativeStack:
+    """The model's decoder layers and final norm, built once into a native DecoderStack."""
+
+    def __init__(self, model, ops) -> None:
+        c = model.config
+        first = model.layers[0].self_attn.qkv_proj
+        self.activations = first.activations
+        self.scale = c.head_dim**-0.5
+        self._stack = ops.DecoderStack(
+            c.hidden_size,
+            c.num_heads,
+            c.num_kv_heads,
+            c.head_dim,
+            c.intermediate_size,
+            c.rms_norm_eps,
+            model.rotary.cos.contiguous(),
+            model.rotary.sin_signed.contiguous(),
+            model.norm.weight.detach(),
+            ACTIVATIONS[self.activations],
+        )
+        for layer in model.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            self._stack.add_layer(
+                layer.input_layernorm.weight.detach(),
+                layer.post_attention_layernorm.weight.detach(),
+                _runs(attn.qkv_proj),
+                _bias(attn.qkv_proj),
+                _runs(attn.o_proj),
+                _bias(attn.o_proj),
+                _runs(mlp.gate_up_proj),
+                _runs(mlp.down_proj),
+            )
+
+    @classmethod
+    def build(cls, model) -> NativeStack | None:
+        ops = load_native()
+        if ops is None or not _fits(model):
+            return None
+        return cls(model, ops)
+
+    @staticmethod
+    def runs_on(backend, residual: torch.Tensor) -> bool:
+        """Whether this call can take the native stack (else the per-op forward runs)."""
+        return (
+            isinstance(backend, CpuPagedBackend)
+            and residual.dtype == torch.float32
+            and not torch.is_grad_enabled()
+        )
+
+    def __call__(
+        self, residual: torch.Tensor, positions: torch.Tensor, backend: CpuPagedBackend, num_layers: int
+    ) -> torch.Tensor:
+        """residual [T, hidden] (the embeddings, overwritten) -> final-norm hidden [T, hidden]."""
+        planned = backend.planned()
+        return self._stack.forward(
+            residual.contiguous(),
+            positions.to(torch.int64).contiguous(),
+            backend.kv_caches[:num_layers],
+            planned.slots,
+            planned.block_tables,
+            planned.tokens,
+            planned.mask,
+            self.scale,
+            num_layers,
+        )
+
+
+def _bias(layer: QuantLinear) -> torch.Tensor | None:
+    return None if layer.bias is None else layer.bias.detach().contiguous()

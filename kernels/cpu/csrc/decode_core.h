@@ -1,0 +1,267 @@
+// Raw-pointer cores of the decode-step ops (decode_ops.cpp wraps them for Python, stack.cpp
+// runs them layer after layer without leaving C++). One implementation, so both give bitwise
+// the same results.
+//
+// float32 throughout. Every output row depends on its own input row only, with one reduction
+// order whatever the batch or thread count, so a row is bitwise the same alone or in a batch;
+// a query's attention is a function of its query and the keys it sees, in position order, so a
+// token verified inside a speculative chain gets the very result a plain decode step gives it.
+#pragma once
+
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#define GS_AVX2_FMA __attribute__((target("avx2,fma")))
+
+namespace goodspeed {
+
+inline bool avx2_fma() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
+
+// A [rows, cols] float32 matrix with contiguous rows, `stride` floats apart.
+struct Mat {
+  float* data;
+  int64_t stride;
+  float* row(int64_t t) const { return data + t * stride; }
+};
+
+// ---- RMSNorm, with the residual add folded in ----
+// residual += delta (when given); out = weight * (residual * (1 / sqrt(mean(residual^2) + eps))).
+inline void rms_norm_rows(Mat residual, const Mat* delta, const float* w, float eps, Mat out,
+                          int64_t T, int64_t C) {
+  at::parallel_for(0, T, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      float* r = residual.row(t);
+      if (delta) {
+        const float* d = delta->row(t);
+        for (int64_t c = 0; c < C; ++c) r[c] += d[c];
+      }
+      double squares = 0.0;
+      for (int64_t c = 0; c < C; ++c) squares += (double)r[c] * (double)r[c];
+      const float inv = 1.0f / std::sqrt((float)(squares / (double)C) + eps);
+      float* o = out.row(t);
+      for (int64_t c = 0; c < C; ++c) o[c] = w[c] * (r[c] * inv);
+    }
+  });
+}
+
+// ---- RoPE (rotate-half), in place ----
+// x [T, heads, D] (rows `stride` apart, heads `head_stride` apart):
+// x = x * cos[pos] + roll(x, D / 2) * sin_signed[pos], tables [P, D]. D <= 1024, even.
+inline void rope_rows(float* x, int64_t stride, int64_t head_stride, int64_t T, int64_t heads,
+                      int64_t D, const int64_t* pos, const float* cos, const float* sin_signed) {
+  const int64_t half = D / 2;
+  at::parallel_for(0, T * heads, 64, [&](int64_t begin, int64_t end) {
+    float tmp[1024];
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t t = item / heads, h = item % heads;
+      float* v = x + t * stride + h * head_stride;
+      const float* c = cos + pos[t] * D;
+      const float* s = sin_signed + pos[t] * D;
+      for (int64_t i = 0; i < D; ++i) tmp[i] = v[i];
+      for (int64_t i = 0; i < D; ++i) {
+        const float a = tmp[i] * c[i], b = tmp[(i + half) % D] * s[i];
+        v[i] = a + b;
+      }
+    }
+  });
+}
+
+// ---- SwiGLU activation: out = silu(gate) * up, gate_up = [gate | up] ----
+inline void silu_mul_rows(Mat gate_up, Mat out, int64_t T, int64_t I) {
+  at::parallel_for(0, T, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const float* g = gate_up.row(t);
+      const float* u = g + I;
+      float* o = out.row(t);
+      for (int64_t i = 0; i < I; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+    }
+  });
+}
+
+// ---- paged attention ----
+struct Paged {
+  float* cache;  // [blocks, 2, block_size, kv_heads, D]
+  int64_t block_size, kv_heads, D;
+  float* k_of(int32_t block, int64_t offset, int64_t head) const {
+    return cache + ((block * 2 * block_size + offset) * kv_heads + head) * D;
+  }
+  int64_t v_shift() const { return block_size * kv_heads * D; }  // V sits block_size rows on
+};
+
+// One query token t and one KV head g: the query heads of g's group attend over the keys t sees.
+struct QueryTask {
+  const float* q;  // query head g * group at q, then q_head_stride apart
+  int64_t q_head_stride;
+  float* out;  // [group, D] contiguous
+  const int32_t* table;  // the request's block table
+  int64_t hist, local, q_len;  // keys 0..hist-1 always; new key j if visible(j)
+  const uint8_t* mask;  // [q_len] row of a tree mask, or nullptr: causal (j <= local)
+
+  bool visible(int64_t p) const {
+    if (p < hist) return true;
+    return mask ? mask[p - hist] != 0 : p - hist <= local;
+  }
+};
+
+// Scores (already scaled; -inf for keys not seen) -> softmax weights in place; returns 1 / sum.
+inline float softmax_(float* s, int64_t n) {
+  float top = -std::numeric_limits<float>::infinity();
+  for (int64_t p = 0; p < n; ++p) top = std::max(top, s[p]);
+  float total = 0.0f;
+  for (int64_t p = 0; p < n; ++p) {
+    s[p] = std::exp(s[p] - top);  // exp(-inf) = 0 for keys the query does not see
+    total += s[p];
+  }
+  return 1.0f / total;
+}
+
+// Dot products and AXPYs over one head of D floats: eight lanes and a fixed horizontal sum on
+// AVX2 (D % 8 == 0), plain loops otherwise. Which one runs is fixed per process, and each
+// query's keys are visited in position order, so a query's result never depends on the batch.
+GS_AVX2_FMA inline void attend_avx2(const Paged& c, const QueryTask& task, int64_t g, int64_t group,
+                             float scale, float* scores) {
+  const int64_t n = task.hist + task.q_len, D = c.D, bs = c.block_size;
+  for (int64_t i = 0; i < group * n; ++i) scores[i] = -std::numeric_limits<float>::infinity();
+  for (int64_t p0 = 0; p0 < n; p0 += bs) {  // block by block: no division per key
+    const float* k = c.k_of(task.table[p0 / bs], 0, g);
+    for (int64_t p = p0; p < std::min(n, p0 + bs); ++p, k += c.kv_heads * D) {
+      if (!task.visible(p)) continue;
+      for (int64_t h = 0; h < group; ++h) {
+        const float* q = task.q + h * task.q_head_stride;
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t d = 0; d < D; d += 8) {
+          acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + d), acc);
+        }
+        const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+        const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+        scores[h * n + p] = _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1))) * scale;
+      }
+    }
+  }
+  float inverse[64];
+  for (int64_t h = 0; h < group; ++h) inverse[h] = softmax_(scores + h * n, n);
+  for (int64_t h = 0; h < group; ++h) {
+    float* out = task.out + h * D;
+    for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(out + d, _mm256_setzero_ps());
+  }
+  for (int64_t p0 = 0; p0 < n; p0 += bs) {
+    const float* v = c.k_of(task.table[p0 / bs], 0, g) + c.v_shift();
+    for (int64_t p = p0; p < std::min(n, p0 + bs); ++p, v += c.kv_heads * D) {
+      for (int64_t h = 0; h < group; ++h) {
+        const float weight = scores[h * n + p];
+        if (weight == 0.0f) continue;
+        float* out = task.out + h * D;
+        const __m256 w = _mm256_set1_ps(weight);
+        for (int64_t d = 0; d < D; d += 8) {
+          _mm256_storeu_ps(out + d,
+                           _mm256_fmadd_ps(w, _mm256_loadu_ps(v + d), _mm256_loadu_ps(out + d)));
+        }
+      }
+    }
+  }
+  for (int64_t h = 0; h < group; ++h) {
+    float* out = task.out + h * D;
+    const __m256 inv = _mm256_set1_ps(inverse[h]);
+    for (int64_t d = 0; d < D; d += 8) {
+      _mm256_storeu_ps(out + d, _mm256_mul_ps(_mm256_loadu_ps(out + d), inv));
+    }
+  }
+}
+
+inline void attend_scalar(const Paged& c, const QueryTask& task, int64_t g, int64_t group, float scale,
+                   float* scores) {
+  const int64_t n = task.hist + task.q_len, D = c.D;
+  for (int64_t i = 0; i < group * n; ++i) scores[i] = -std::numeric_limits<float>::infinity();
+  for (int64_t p = 0; p < n; ++p) {
+    if (!task.visible(p)) continue;
+    const float* k = c.k_of(task.table[p / c.block_size], p % c.block_size, g);
+    for (int64_t h = 0; h < group; ++h) {
+      const float* q = task.q + h * task.q_head_stride;
+      float acc = 0.0f;
+      for (int64_t d = 0; d < D; ++d) acc += q[d] * k[d];
+      scores[h * n + p] = acc * scale;
+    }
+  }
+  for (int64_t h = 0; h < group; ++h) {
+    float* s = scores + h * n;
+    const float inv = softmax_(s, n);
+    float* out = task.out + h * D;
+    for (int64_t d = 0; d < D; ++d) out[d] = 0.0f;
+    for (int64_t p = 0; p < n; ++p) {
+      if (s[p] == 0.0f) continue;
+      const float* v = c.k_of(task.table[p / c.block_size], p % c.block_size, g) + c.v_shift();
+      for (int64_t d = 0; d < D; ++d) out[d] += s[p] * v[d];
+    }
+    for (int64_t d = 0; d < D; ++d) out[d] *= inv;
+  }
+}
+
+// One step's attention batch: where its tokens' k/v go and which keys each query sees.
+struct AttentionBatch {
+  const int64_t* slots;   // [T]
+  const int32_t* tables;  // [R, max_blocks]
+  int64_t max_blocks;
+  const int32_t* tokens;  // [T, 4]: request, history length, index among new, number of new
+  const uint8_t* mask;    // [T, mask_stride] tree-mask rows, or nullptr
+  int64_t mask_stride, T;
+};
+
+// Rows of a [T, heads, D] view: rows `stride` apart, heads `head` apart, D contiguous.
+struct Heads {
+  const float* data;
+  int64_t stride, head;
+  const float* at(int64_t t, int64_t h) const { return data + t * stride + h * head; }
+};
+
+// q [T, H, D] and k, v [T, Hkv, D]; out [T, H, D] contiguous. Writes k/v into the cache, then
+// attends each (token, KV head) pair.
+inline void paged_attention(const Paged& c, Heads q, Heads k, Heads v, int64_t H,
+                            const AttentionBatch& b, float scale, float* out) {
+  const int64_t D = c.D, Hkv = c.kv_heads;
+  for (int64_t t = 0; t < b.T; ++t) {
+    const int64_t block = b.slots[t] / c.block_size, offset = b.slots[t] % c.block_size;
+    float* k_dst = c.k_of((int32_t)block, offset, 0);
+    for (int64_t h = 0; h < Hkv; ++h) {
+      const float* ks = k.at(t, h);
+      const float* vs = v.at(t, h);
+      std::copy(ks, ks + D, k_dst + h * D);
+      std::copy(vs, vs + D, k_dst + c.v_shift() + h * D);
+    }
+  }
+  const int64_t group = H / Hkv;
+  const bool avx2 = D % 8 == 0 && avx2_fma();
+  // Threads only pay off past a few thousand (query, key) pairs: a batch-1 decode at a short
+  // context runs inline (measured: 2 threads made one such call ~10x slower on this VM).
+  int64_t pairs = 0;
+  for (int64_t t = 0; t < b.T; ++t) pairs += b.tokens[4 * t + 1] + b.tokens[4 * t + 3];
+  const int64_t grain = pairs * Hkv < 16384 ? b.T * Hkv : 1;
+  at::parallel_for(0, b.T * Hkv, grain, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores;
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t t = item / Hkv, g = item % Hkv;
+      const int32_t* row = b.tokens + 4 * t;
+      const QueryTask task{q.at(t, g * group),
+                           q.head,
+                           out + (t * H + g * group) * D,
+                           b.tables + row[0] * b.max_blocks,
+                           row[1],
+                           row[2],
+                           row[3],
+                           b.mask ? b.mask + t * b.mask_stride : nullptr};
+      scores.resize(group * (row[1] + row[3]));
+      if (avx2) {
+        attend_avx2(c, task, g, group, scale, scores.data());
+      } else {
+        attend_scalar(c, task, g, group, scale, scores.data());
+      }
+    }
+  });
+}
+
+}  // namespace goodspeed

@@ -1,0 +1,206 @@
+// A Llama-family decoder stack in one native call: every layer's RMSNorm(+residual), fused QKV
+// linear, RoPE, paged attention, O linear, RMSNorm(+residual), gate|up linear, SiLU·mul and
+// down linear, then the final norm, with no Python between the ops.
+//
+// It runs the very cores the per-op Python path runs (qlinear_core.h, decode_core.h) in the
+// same order on the same values, so its output is bitwise that path's (tested); what it saves
+// is the interpreter, module dispatch and tensor allocation around ~10 ops a layer.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <optional>
+#include <tuple>
+#include <vector>
+
+#include "decode_core.h"
+#include "qlinear_core.h"
+
+namespace goodspeed {
+namespace {
+
+// One run of output columns stored in one GGUF format: (blocks [cols, row_bytes], format,
+// first column, number of columns).
+using Run = std::tuple<at::Tensor, int64_t, int64_t, int64_t>;
+
+struct QuantizedLinear {
+  std::vector<Run> runs;
+  std::optional<at::Tensor> bias;  // [N] float32
+  int64_t K = 0, N = 0;
+};
+
+struct Layer {
+  at::Tensor input_norm, post_norm;  // [hidden] float32
+  QuantizedLinear qkv, o, gate_up, down;
+};
+
+QuantizedLinear make_linear(std::vector<Run> runs, std::optional<at::Tensor> bias, int64_t K) {
+  QuantizedLinear linear{std::move(runs), std::move(bias), K, 0};
+  for (const Run& run : linear.runs) {
+    const auto& [blocks, format, col0, cols] = run;
+    const BlockShape shape = block_shape(format);
+    TORCH_CHECK(shape.elems > 0 && K % shape.elems == 0, "unsupported format or width");
+    TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.is_contiguous() &&
+                    blocks.dim() == 2 && blocks.size(0) == cols &&
+                    blocks.size(1) == K / shape.elems * shape.bytes,
+                "a run's blocks must be contiguous uint8 [cols, row_bytes]");
+    TORCH_CHECK(col0 == linear.N, "runs must cover the output columns in order");
+    linear.N += cols;
+  }
+  TORCH_CHECK(!linear.bias || (linear.bias->scalar_type() == at::kFloat &&
+                               linear.bias->is_contiguous() && linear.bias->numel() == linear.N),
+              "bias must be contiguous float32 [N]");
+  return linear;
+}
+
+class DecoderStack {
+ public:
+  DecoderStack(int64_t hidden, int64_t heads, int64_t kv_heads, int64_t head_dim,
+               int64_t intermediate, double eps, at::Tensor cos, at::Tensor sin_signed,
+               at::Tensor final_norm, int64_t act)
+      : C_(hidden), H_(heads), Hkv_(kv_heads), D_(head_dim), I_(intermediate), eps_((float)eps),
+        cos_(std::move(cos)), sin_(std::move(sin_signed)), final_norm_(std::move(final_norm)),
+        act_(act), avx2_(cpu_has_avx2()) {
+    TORCH_CHECK(act == 0 || act == 1, "act must be 0 (float32) or 1 (int8)");
+    TORCH_CHECK(D_ % 2 == 0 && D_ <= 1024 && H_ % Hkv_ == 0 && H_ / Hkv_ <= 64, "head shapes");
+    TORCH_CHECK(cos_.is_contiguous() && sin_.is_contiguous() && cos_.size(1) == D_, "tables");
+  }
+
+  void add_layer(at::Tensor input_norm, at::Tensor post_norm, std::vector<Run> qkv,
+                 std::optional<at::Tensor> qkv_bias, std::vector<Run> o,
+                 std::optional<at::Tensor> o_bias, std::vector<Run> gate_up,
+                 std::vector<Run> down) {
+    Layer layer{std::move(input_norm), std::move(post_norm),
+                make_linear(std::move(qkv), std::move(qkv_bias), C_),
+                make_linear(std::move(o), std::move(o_bias), H_ * D_),
+                make_linear(std::move(gate_up), std::nullopt, C_),
+                make_linear(std::move(down), std::nullopt, I_)};
+    TORCH_CHECK(layer.qkv.N == (H_ + 2 * Hkv_) * D_ && layer.o.N == C_ &&
+                    layer.gate_up.N == 2 * I_ && layer.down.N == C_,
+                "linear shapes do not match the model's");
+    layers_.push_back(std::move(layer));
+  }
+
+  // residual [T, hidden] (the embeddings; overwritten) -> final-norm hidden states [T, hidden].
+  // caches[i], slots, block_tables, tokens, mask: as paged_attention_out takes them.
+  at::Tensor forward(at::Tensor& residual, const at::Tensor& positions,
+                     const std::vector<at::Tensor>& caches, const at::Tensor& slots,
+                     const at::Tensor& block_tables, const at::Tensor& tokens,
+                     const std::optional<at::Tensor>& mask, double scale, int64_t num_layers) {
+    const int64_t T = residual.size(0);
+    check_inputs(residual, positions, caches, slots, block_tables, tokens, mask, num_layers);
+    const AttentionBatch batch{slots.data_ptr<int64_t>(),
+                               block_tables.data_ptr<int32_t>(),
+                               block_tables.size(1),
+                               tokens.data_ptr<int32_t>(),
+                               mask ? mask->data_ptr<uint8_t>() : nullptr,
+                               mask ? mask->size(1) : 0,
+                               T};
+    const int64_t QKV = (H_ + 2 * Hkv_) * D_;
+    auto buffer = [&](int64_t cols) { return at::empty({T, cols}, residual.options()); };
+    at::Tensor h = buffer(C_), qkv = buffer(QKV), attended = buffer(H_ * D_), o = buffer(C_);
+    at::Tensor gate_up = buffer(2 * I_), act = buffer(I_), delta = buffer(C_), out = buffer(C_);
+    const Mat res = mat(residual), hm = mat(h), om = mat(o), dm = mat(delta);
+    const int64_t* pos = positions.data_ptr<int64_t>();
+    for (int64_t i = 0; i < num_layers; ++i) {
+      const Layer& layer = layers_[i];
+      rms_norm_rows(res, i == 0 ? nullptr : &dm, layer.input_norm.data_ptr<float>(), eps_, hm, T,
+                    C_);
+      linear(layer.qkv, hm, mat(qkv), T);
+      float* qkv_data = qkv.data_ptr<float>();
+      rope_rows(qkv_data, QKV, D_, T, H_ + Hkv_, D_, pos, cos_.data_ptr<float>(),
+                sin_.data_ptr<float>());
+      const Paged cache{caches[i].data_ptr<float>(), caches[i].size(2), Hkv_, D_};
+      paged_attention(cache, Heads{qkv_data, QKV, D_}, Heads{qkv_data + H_ * D_, QKV, D_},
+                      Heads{qkv_data + (H_ + Hkv_) * D_, QKV, D_}, H_, batch, (float)scale,
+                      attended.data_ptr<float>());
+      linear(layer.o, mat(attended), om, T);
+      rms_norm_rows(res, &om, layer.post_norm.data_ptr<float>(), eps_, hm, T, C_);
+      linear(layer.gate_up, hm, mat(gate_up), T);
+      silu_mul_rows(mat(gate_up), mat(act), T, I_);
+      linear(layer.down, mat(act), dm, T);
+    }
+    rms_norm_rows(res, num_layers > 0 ? &dm : nullptr, final_norm_.data_ptr<float>(), eps_,
+                  mat(out), T, C_);
+    return out;
+  }
+
+  int64_t num_layers() const { return (int64_t)layers_.size(); }
+
+ private:
+  static Mat mat(const at::Tensor& t) { return Mat{t.data_ptr<float>(), t.stride(0)}; }
+
+  void linear(const QuantizedLinear& w, Mat x, Mat out, int64_t T) const {
+    for (const Run& run : w.runs) {
+      const auto& [blocks, format, col0, cols] = run;
+      const Problem p{x.data, x.stride, T, w.K, cols, blocks.data_ptr<uint8_t>(), blocks.size(1),
+                      format, w.bias ? w.bias->data_ptr<float>() + col0 : nullptr,
+                      out.data + col0, out.stride};
+      run_qlinear(p, avx2_, act_);
+    }
+  }
+
+  void check_inputs(const at::Tensor& residual, const at::Tensor& positions,
+                    const std::vector<at::Tensor>& caches, const at::Tensor& slots,
+                    const at::Tensor& block_tables, const at::Tensor& tokens,
+                    const std::optional<at::Tensor>& mask, int64_t num_layers) const {
+    TORCH_CHECK(residual.is_cpu() && residual.scalar_type() == at::kFloat &&
+                    residual.dim() == 2 && residual.is_contiguous() && residual.size(1) == C_,
+                "residual must be contiguous float32 [T, hidden]");
+    const int64_t T = residual.size(0);
+    TORCH_CHECK(num_layers >= 0 && num_layers <= (int64_t)layers_.size() &&
+                    (int64_t)caches.size() >= num_layers,
+                "num_layers out of range, or too few caches");
+    for (int64_t i = 0; i < num_layers; ++i) {
+      const at::Tensor& c = caches[i];
+      TORCH_CHECK(c.is_contiguous() && c.dim() == 5 && c.scalar_type() == at::kFloat &&
+                      c.size(3) == Hkv_ && c.size(4) == D_,
+                  "caches must be contiguous float32 [blocks, 2, block_size, kv_heads, D]");
+    }
+    TORCH_CHECK(positions.scalar_type() == at::kLong && positions.is_contiguous() &&
+                    positions.numel() == T,
+                "positions must be contiguous int64 [T]");
+    const int64_t* pos = positions.data_ptr<int64_t>();
+    for (int64_t t = 0; t < T; ++t) {
+      TORCH_CHECK(pos[t] >= 0 && pos[t] < cos_.size(0), "position ", pos[t], " out of range");
+    }
+    TORCH_CHECK(slots.scalar_type() == at::kLong && slots.is_contiguous() && slots.numel() == T,
+                "slots: int64 [T]");
+    TORCH_CHECK(block_tables.scalar_type() == at::kInt && block_tables.is_contiguous(), "tables");
+    TORCH_CHECK(tokens.scalar_type() == at::kInt && tokens.is_contiguous() &&
+                    tokens.dim() == 2 && tokens.size(0) == T && tokens.size(1) == 4,
+                "tokens must be int32 [T, 4]");
+    TORCH_CHECK(!mask || (mask->scalar_type() == at::kByte && mask->is_contiguous() &&
+                          mask->dim() == 2 && mask->size(0) == T),
+                "mask must be uint8 [T, max_q_len]");
+  }
+
+  int64_t C_, H_, Hkv_, D_, I_;
+  float eps_;
+  at::Tensor cos_, sin_, final_norm_;
+  int64_t act_;
+  bool avx2_;
+  std::vector<Layer> layers_;
+};
+
+}  // namespace
+
+void register_stack(pybind11::module& m) {
+  namespace py = pybind11;
+  py::class_<DecoderStack>(m, "DecoderStack")
+      .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, at::Tensor, at::Tensor,
+                    at::Tensor, int64_t>(),
+           py::arg("hidden"), py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"),
+           py::arg("intermediate"), py::arg("eps"), py::arg("cos"), py::arg("sin_signed"),
+           py::arg("final_norm"), py::arg("act"))
+      .def("add_layer", &DecoderStack::add_layer, py::arg("input_norm"), py::arg("post_norm"),
+           py::arg("qkv"), py::arg("qkv_bias"), py::arg("o"), py::arg("o_bias"),
+           py::arg("gate_up"), py::arg("down"))
+      .def("forward", &DecoderStack::forward, py::call_guard<py::gil_scoped_release>(),
+           py::arg("residual"), py::arg("positions"), py::arg("caches"), py::arg("slots"),
+           py::arg("block_tables"), py::arg("tokens"), py::arg("mask"), py::arg("scale"),
+           py::arg("num_layers"))
+      .def_property_readonly("num_layers", &DecoderStack::num_layers);
+}
+
+}  // namespace goodspeed

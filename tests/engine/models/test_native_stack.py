@@ -1,0 +1,122 @@
+"""The native decoder stack (engine/models/native_stack.py) gives bitwise the per-op forward's
+logits and KV cache: prefill, chunked prefill, decode, several requests in one batch, tree masks;
+float32 and int8 activations; Llama and Qwen2 (attention biases); a self-draft's first layers."""
+
+from __future__ import annotations
+
+import gguf
+import pytest
+import torch
+
+from engine.models.llama import LlamaForCausalLM
+from engine.models.loader import load_model
+from engine.models.native_stack import NativeStack
+from kernels.cpu.paged_attention import CpuPagedBackend
+from kernels.reference import ReferenceBackend
+from tests.engine.models.test_gguf_loader import write_gguf
+
+Q = gguf.GGMLQuantizationType
+
+
+@pytest.fixture(autouse=True)
+def needs_native():
+    from kernels.cpu import native_available
+
+    if not native_available():
+        pytest.skip("the native CPU kernels are unavailable here (see the logged warning)")
+
+
+def load_pair(path, weights):
+    """The same file loaded twice: per-op forward and native stack, each with its own cache."""
+    models = []
+    for native in (False, True):
+        model, _ = load_model(path, torch.float32, "cpu", CpuPagedBackend(), weights=weights)
+        model.native_stack_enabled = native
+        models.append(model)
+    return models
+
+
+def tree_mask() -> torch.Tensor:
+    # root, two children of the root, a grandchild under the first child
+    parents = [-1, 0, 0, 1]
+    mask = torch.eye(4, dtype=torch.bool)
+    for node, parent in enumerate(parents):
+        while parent >= 0:
+            mask[node, parent] = True
+            parent = parents[parent]
+    return mask
+
+
+SCHEDULE = [
+    ({"a": list(range(3, 14))}, None),  # prefill
+    ({"a": [20], "b": list(range(30, 37))}, None),  # decode + a new prefill
+    ({"a": [21, 22, 23], "b": [40, 41]}, None),  # a verify chain + a chunk
+    ({"a": [24, 25, 26, 27], "b": [42]}, {"a": tree_mask()}),  # a tree + a decode
+    ({"b": [43]}, None),
+]
+
+
+def run_schedule(model, models_helpers, num_layers=None):
+    driver = models_helpers.PagedDriver(model, num_blocks=32, block_size=4)
+    if num_layers is not None:  # a self-draft: only the first layers, then the final norm
+        forward = model.forward
+        model.forward = lambda ids, pos: forward(ids, pos, num_layers=num_layers)
+    return [driver.step(chunks, masks) for chunks, masks in SCHEDULE]
+
+
+def assert_bitwise_same(per_op, native, models_helpers, num_layers=None):
+    assert native.native_stack() is not None and per_op.native_stack() is None
+    want = run_schedule(per_op, models_helpers, num_layers)
+    got = run_schedule(native, models_helpers, num_layers)
+    for step, (expected, actual) in enumerate(zip(want, got, strict=True)):
+        for rid in expected:
+            assert torch.equal(expected[rid], actual[rid]), (step, rid)
+    for layer, (a, b) in enumerate(zip(per_op.backend.kv_caches, native.backend.kv_caches)):
+        assert torch.equal(a, b), layer
+
+
+@pytest.mark.parametrize("weights", ["gguf", "gguf-int8"])
+@pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q8_0], ids=lambda q: q.name)
+def test_native_stack_is_bitwise_the_per_op_forward(tmp_path, models_helpers, weights, qtype):
+    hf_dir, _ = models_helpers.build_hf_model(tmp_path / "hf", tie_word_embeddings=True)
+    per_op, native = load_pair(write_gguf(tmp_path / "m.gguf", hf_dir, qtype=qtype), weights)
+    assert_bitwise_same(per_op, native, models_helpers)
+
+
+def test_native_stack_with_attention_biases(tmp_path, models_helpers):
+    hf_dir, _ = models_helpers.build_hf_model(tmp_path / "hf", model_type="qwen2")
+    path = write_gguf(tmp_path / "q.gguf", hf_dir, qtype=Q.Q8_0, arch="qwen2")
+    per_op, native = load_pair(path, "gguf")
+    assert per_op.layers[0].self_attn.qkv_proj.bias is not None
+    assert_bitwise_same(per_op, native, models_helpers)
+
+
+def test_native_stack_runs_a_self_drafts_first_layers(tmp_path, models_helpers):
+    hf_dir, _ = models_helpers.build_hf_model(tmp_path / "hf", tie_word_embeddings=True)
+    per_op, native = load_pair(write_gguf(tmp_path / "m.gguf", hf_dir, qtype=Q.Q4_0), "gguf")
+    assert_bitwise_same(per_op, native, models_helpers, num_layers=1)
+
+
+def test_native_stack_follows_the_activation_setting(tmp_path, models_helpers):
+    from engine.models.linear import set_int8_activations
+
+    hf_dir, _ = models_helpers.build_hf_model(tmp_path / "hf", tie_word_embeddings=True)
+    _, native = load_pair(write_gguf(tmp_path / "m.gguf", hf_dir, qtype=Q.Q4_0), "gguf")
+    assert native.native_stack().activations == "float32"
+    set_int8_activations(native)
+    assert native.native_stack().activations == "int8"
+
+
+def test_where_the_native_stack_does_not_apply(tmp_path, models_helpers):
+    hf_dir, _ = models_helpers.build_hf_model(tmp_path / "hf", tie_word_embeddings=True)
+    path = write_gguf(tmp_path / "m.gguf", hf_dir, qtype=Q.Q4_0)
+    dense, _ = load_model(path, torch.float32, "cpu", CpuPagedBackend(), weights="float32")
+    assert dense.native_stack() is None  # float linears: the per-op forward
+    quantized, _ = load_model(path, torch.float32, "cpu", ReferenceBackend(), weights="gguf")
+    residual = torch.zeros(1, quantized.config.hidden_size)
+    assert quantized.native_stack() is not None
+    with torch.inference_mode():
+        assert not NativeStack.runs_on(quantized.backend, residual)  # reference attention
+        assert NativeStack.runs_on(CpuPagedBackend(), residual)
+    assert not NativeStack.runs_on(CpuPagedBackend(), residual)  # autograd is recording
+    assert LlamaForCausalLM.native_stack_enabled  # on by default

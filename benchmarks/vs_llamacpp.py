@@ -55,6 +55,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=2, help="c16 rounds per server")
     parser.add_argument("--llama-spec", default="--spec-type ngram-mod")
     parser.add_argument("--scenarios", default="chat-b1,copy-b1,chat-c16")
+    parser.add_argument(
+        "--servers", default=",".join(NAMES), help="comma list, a subset of " + ",".join(NAMES)
+    )
     parser.add_argument("--out", default=str(ROOT / "docs" / "bench_vs_llamacpp.json"))
     parser.add_argument("--markdown", default=str(ROOT / "docs" / "benchmarks.md"))
     return parser.parse_args(argv)
@@ -193,7 +196,8 @@ async def concurrent(urls: dict[str, str], prompts: list[str], args) -> dict:
 
 
 def bench(args: argparse.Namespace) -> dict:
-    commands = server_commands(args, 0)
+    wanted = args.servers.split(",")
+    commands = {k: v for k, v in server_commands(args, 0).items() if k in wanted}
     log_dir = Path("/tmp/vs_llamacpp_logs")
     log_dir.mkdir(exist_ok=True)
     results = {}
@@ -245,13 +249,14 @@ def markdown(results: dict) -> str:
     for scenario, row in results["results"].items():
         best = max(row.get("llama", 0.0), row.get("llama-spec", 0.0)) or 1.0
         cells = [f"{row.get(n, 0.0):.1f}" for n in NAMES]
+        llama, off = row.get("llama") or 1.0, row.get("gs-off") or 1.0
         lines.append(
             f"| {scenario} | "
             + " | ".join(cells)
-            + f" | {row['gs-off'] / (row['llama'] or 1):.2f}x"
-            f" | {row['gs-goodput'] / best:.2f}x"
-            f" | {row['gs-goodput'] / (row['gs-off'] or 1):.2f}x"
-            f" | {row.get('gs-int8', 0.0) / (row['llama'] or 1):.2f}x"
+            + f" | {row.get('gs-off', 0.0) / llama:.2f}x"
+            f" | {row.get('gs-goodput', 0.0) / best:.2f}x"
+            f" | {row.get('gs-goodput', 0.0) / off:.2f}x"
+            f" | {row.get('gs-int8', 0.0) / llama:.2f}x"
             f" | {row.get('gs-int8-goodput', 0.0) / best:.2f}x |"
         )
     return "\n".join(lines) + "\n"

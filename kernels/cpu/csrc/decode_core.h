@@ -88,17 +88,26 @@ inline void silu_mul_rows(Mat gate_up, Mat out, int64_t T, int64_t I) {
 struct Paged {
   float* cache;  // [blocks, 2, block_size, kv_heads, D]
   int64_t block_size, kv_heads, D;
+  int shift;  // log2(block_size) when it is a power of two, else -1
+  Paged(float* cache_, int64_t block_size_, int64_t kv_heads_, int64_t D_)
+      : cache(cache_), block_size(block_size_), kv_heads(kv_heads_), D(D_), shift(-1) {
+    if ((block_size & (block_size - 1)) == 0) shift = __builtin_ctzll((unsigned long long)block_size);
+  }
   float* k_of(int32_t block, int64_t offset, int64_t head) const {
     return cache + ((block * 2 * block_size + offset) * kv_heads + head) * D;
   }
   int64_t v_shift() const { return block_size * kv_heads * D; }  // V sits block_size rows on
+  // Key p of a request (its block table), KV head g.
+  const float* key(const int32_t* table, int64_t p, int64_t g) const {
+    if (shift >= 0) return k_of(table[p >> shift], p & (block_size - 1), g);
+    return k_of(table[p / block_size], p % block_size, g);
+  }
 };
 
-// One query token t and one KV head g: the query heads of g's group attend over the keys t sees.
+// One query token and one query head (of KV head g): attends over the keys the token sees.
 struct QueryTask {
-  const float* q;  // query head g * group at q, then q_head_stride apart
-  int64_t q_head_stride;
-  float* out;  // [group, D] contiguous
+  const float* q;  // [D]
+  float* out;      // [D]
   const int32_t* table;  // the request's block table
   int64_t hist, local, q_len;  // keys 0..hist-1 always; new key j if visible(j)
   const uint8_t* mask;  // [q_len] row of a tree mask, or nullptr: causal (j <= local)
@@ -121,86 +130,36 @@ inline float softmax_(float* s, int64_t n) {
   return 1.0f / total;
 }
 
-// Dot products and AXPYs over one head of D floats: eight lanes and a fixed horizontal sum on
-// AVX2 (D % 8 == 0), plain loops otherwise. Which one runs is fixed per process, and each
-// query's keys are visited in position order, so a query's result never depends on the batch.
-GS_AVX2_FMA inline void attend_avx2(const Paged& c, const QueryTask& task, int64_t g, int64_t group,
-                             float scale, float* scores) {
-  const int64_t n = task.hist + task.q_len, D = c.D, bs = c.block_size;
-  for (int64_t i = 0; i < group * n; ++i) scores[i] = -std::numeric_limits<float>::infinity();
-  for (int64_t p0 = 0; p0 < n; p0 += bs) {  // block by block: no division per key
-    const float* k = c.k_of(task.table[p0 / bs], 0, g);
-    for (int64_t p = p0; p < std::min(n, p0 + bs); ++p, k += c.kv_heads * D) {
-      if (!task.visible(p)) continue;
-      for (int64_t h = 0; h < group; ++h) {
-        const float* q = task.q + h * task.q_head_stride;
-        __m256 acc = _mm256_setzero_ps();
-        for (int64_t d = 0; d < D; d += 8) {
-          acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + d), acc);
-        }
-        const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-        const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-        scores[h * n + p] = _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1))) * scale;
-      }
-    }
+// The portable path (no AVX2, or D % 8 != 0): plain loops in position order.
+inline void attend_scalar(const Paged& c, const QueryTask& task, int64_t g, float scale,
+                          float* scores) {
+  const int64_t n = task.hist + task.q_len, D = c.D;
+  for (int64_t p = 0; p < n; ++p) {
+    scores[p] = -std::numeric_limits<float>::infinity();
+    if (!task.visible(p)) continue;
+    const float* k = c.key(task.table, p, g);
+    float acc = 0.0f;
+    for (int64_t d = 0; d < D; ++d) acc += task.q[d] * k[d];
+    scores[p] = acc * scale;
   }
-  float inverse[64];
-  for (int64_t h = 0; h < group; ++h) inverse[h] = softmax_(scores + h * n, n);
-  for (int64_t h = 0; h < group; ++h) {
-    float* out = task.out + h * D;
-    for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(out + d, _mm256_setzero_ps());
+  const float inv = softmax_(scores, n);
+  for (int64_t d = 0; d < D; ++d) task.out[d] = 0.0f;
+  for (int64_t p = 0; p < n; ++p) {
+    if (scores[p] == 0.0f) continue;
+    const float* v = c.key(task.table, p, g) + c.v_shift();
+    for (int64_t d = 0; d < D; ++d) task.out[d] += scores[p] * v[d];
   }
-  for (int64_t p0 = 0; p0 < n; p0 += bs) {
-    const float* v = c.k_of(task.table[p0 / bs], 0, g) + c.v_shift();
-    for (int64_t p = p0; p < std::min(n, p0 + bs); ++p, v += c.kv_heads * D) {
-      for (int64_t h = 0; h < group; ++h) {
-        const float weight = scores[h * n + p];
-        if (weight == 0.0f) continue;
-        float* out = task.out + h * D;
-        const __m256 w = _mm256_set1_ps(weight);
-        for (int64_t d = 0; d < D; d += 8) {
-          _mm256_storeu_ps(out + d,
-                           _mm256_fmadd_ps(w, _mm256_loadu_ps(v + d), _mm256_loadu_ps(out + d)));
-        }
-      }
-    }
-  }
-  for (int64_t h = 0; h < group; ++h) {
-    float* out = task.out + h * D;
-    const __m256 inv = _mm256_set1_ps(inverse[h]);
-    for (int64_t d = 0; d < D; d += 8) {
-      _mm256_storeu_ps(out + d, _mm256_mul_ps(_mm256_loadu_ps(out + d), inv));
-    }
-  }
+  for (int64_t d = 0; d < D; ++d) task.out[d] *= inv;
 }
 
-inline void attend_scalar(const Paged& c, const QueryTask& task, int64_t g, int64_t group, float scale,
-                   float* scores) {
-  const int64_t n = task.hist + task.q_len, D = c.D;
-  for (int64_t i = 0; i < group * n; ++i) scores[i] = -std::numeric_limits<float>::infinity();
-  for (int64_t p = 0; p < n; ++p) {
-    if (!task.visible(p)) continue;
-    const float* k = c.k_of(task.table[p / c.block_size], p % c.block_size, g);
-    for (int64_t h = 0; h < group; ++h) {
-      const float* q = task.q + h * task.q_head_stride;
-      float acc = 0.0f;
-      for (int64_t d = 0; d < D; ++d) acc += q[d] * k[d];
-      scores[h * n + p] = acc * scale;
-    }
-  }
-  for (int64_t h = 0; h < group; ++h) {
-    float* s = scores + h * n;
-    const float inv = softmax_(s, n);
-    float* out = task.out + h * D;
-    for (int64_t d = 0; d < D; ++d) out[d] = 0.0f;
-    for (int64_t p = 0; p < n; ++p) {
-      if (s[p] == 0.0f) continue;
-      const float* v = c.k_of(task.table[p / c.block_size], p % c.block_size, g) + c.v_shift();
-      for (int64_t d = 0; d < D; ++d) out[d] += s[p] * v[d];
-    }
-    for (int64_t d = 0; d < D; ++d) out[d] *= inv;
-  }
-}
+}  // namespace goodspeed
+
+#include "attention_avx2.h"
+
+namespace goodspeed {
+
+// (query, key) pairs times query heads below which attention runs on the calling thread.
+constexpr int64_t kParallelPairs = 4096;
 
 // One step's attention batch: where its tokens' k/v go and which keys each query sees.
 struct AttentionBatch {
@@ -236,29 +195,27 @@ inline void paged_attention(const Paged& c, Heads q, Heads k, Heads v, int64_t H
   }
   const int64_t group = H / Hkv;
   const bool avx2 = D % 8 == 0 && avx2_fma();
-  // Threads only pay off past a few thousand (query, key) pairs: a batch-1 decode at a short
-  // context runs inline (measured: 2 threads made one such call ~10x slower on this VM).
+  // Threads pay off past a few thousand (query, key) pairs; below that the fork costs more.
   int64_t pairs = 0;
   for (int64_t t = 0; t < b.T; ++t) pairs += b.tokens[4 * t + 1] + b.tokens[4 * t + 3];
-  const int64_t grain = pairs * Hkv < 16384 ? b.T * Hkv : 1;
-  at::parallel_for(0, b.T * Hkv, grain, [&](int64_t begin, int64_t end) {
+  const int64_t grain = pairs * H < kParallelPairs ? b.T * H : 1;
+  at::parallel_for(0, b.T * H, grain, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t t = item / Hkv, g = item % Hkv;
+      const int64_t t = item / H, h = item % H;
       const int32_t* row = b.tokens + 4 * t;
-      const QueryTask task{q.at(t, g * group),
-                           q.head,
-                           out + (t * H + g * group) * D,
+      const QueryTask task{q.at(t, h),
+                           out + (t * H + h) * D,
                            b.tables + row[0] * b.max_blocks,
                            row[1],
                            row[2],
                            row[3],
                            b.mask ? b.mask + t * b.mask_stride : nullptr};
-      scores.resize(group * (row[1] + row[3]));
+      scores.resize(row[1] + row[3] + 8);  // + 8: room for the AVX2 path's last partial vector
       if (avx2) {
-        attend_avx2(c, task, g, group, scale, scores.data());
+        attend_avx2(c, task, h / group, scale, scores.data());
       } else {
-        attend_scalar(c, task, g, group, scale, scores.data());
+        attend_scalar(c, task, h / group, scale, scores.data());
       }
     }
   });

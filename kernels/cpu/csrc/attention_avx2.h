@@ -1,0 +1,126 @@
+// The AVX2 path of one query head's paged attention (decode_core.h), for D % 8 == 0.
+//
+// Every quantity of a (query, key) pair is computed the same way whatever else is in the step:
+//  * scores: four keys at a time (four independent FMA chains over D), each key's eight lanes
+//    summed in one fixed order (hadd pattern), so a key's score does not depend on its slot;
+//  * softmax: a max (order-free), then e^(s - max) in vectors of 8 keys with lane = p % 8 and
+//    per-lane running sums, one fixed horizontal sum at the end. Keys a query does not see are
+//    exactly 0, so a token verified in a chain (more keys after it, all unseen) sums the very
+//    values a decode step of that token sums;
+//  * values: sum over keys in position order, zero weights skipped, accumulated in registers.
+#pragma once
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+
+namespace goodspeed {
+
+// e^x for x <= 0 (scores minus their max) to ~2 ulp (Cephes' expf polynomial); 0 below -87,
+// -inf included.
+GS_AVX2_FMA inline __m256 exp_nonpositive(__m256 x) {
+  const __m256 low = _mm256_set1_ps(-87.0f);
+  const __m256 underflow = _mm256_cmp_ps(x, low, _CMP_LT_OQ);
+  x = _mm256_max_ps(x, low);
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+  const __m256i bits = _mm256_slli_epi32(
+      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_andnot_ps(underflow, _mm256_mul_ps(y, _mm256_castsi256_ps(bits)));
+}
+
+GS_AVX2_FMA inline float hsum8(__m256 v) {
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+}
+
+// scores[p] = q . k_p * scale for the keys the query sees, -inf for the others (p < n).
+GS_AVX2_FMA inline void attention_scores(const Paged& c, const QueryTask& task, int64_t g,
+                                         float scale, int64_t n, float* scores) {
+  for (int64_t p0 = 0; p0 < n; p0 += 4) {
+    const float* k[4];
+    for (int j = 0; j < 4; ++j) k[j] = c.key(task.table, std::min(p0 + j, n - 1), g);
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                     _mm256_setzero_ps()};
+    for (int64_t d = 0; d < c.D; d += 8) {
+      const __m256 qv = _mm256_loadu_ps(task.q + d);
+      for (int j = 0; j < 4; ++j) acc[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[j] + d), acc[j]);
+    }
+    // Key j's sum is ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)) in every slot j.
+    const __m256 s = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
+    alignas(16) float sums[4];
+    _mm_store_ps(sums, _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1)));
+    for (int j = 0; j < 4 && p0 + j < n; ++j) {
+      scores[p0 + j] = task.visible(p0 + j) ? sums[j] * scale
+                                            : -std::numeric_limits<float>::infinity();
+    }
+  }
+}
+
+// Scores -> e^(s - max) in place (padded to a multiple of 8 with zeros); returns 1 / sum.
+GS_AVX2_FMA inline float softmax_avx2(float* s, int64_t n) {
+  const int64_t padded = (n + 7) / 8 * 8;
+  for (int64_t p = n; p < padded; ++p) s[p] = -std::numeric_limits<float>::infinity();
+  __m256 top = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t p = 0; p < padded; p += 8) top = _mm256_max_ps(top, _mm256_loadu_ps(s + p));
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  const __m256 max = _mm256_set1_ps(_mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m))));
+  __m256 total = _mm256_setzero_ps();
+  for (int64_t p = 0; p < padded; p += 8) {
+    const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(s + p), max));
+    _mm256_storeu_ps(s + p, e);
+    total = _mm256_add_ps(total, e);
+  }
+  return 1.0f / hsum8(total);
+}
+
+// out[0 .. 8V) = inv * sum over p of w_p * v_p[d0 .. d0 + 8V), keys in position order.
+template <int V>
+GS_AVX2_FMA inline void weighted_values(const Paged& c, const QueryTask& task, int64_t g,
+                                        const float* w, int64_t n, int64_t d0, float inv) {
+  __m256 acc[V];
+  for (int i = 0; i < V; ++i) acc[i] = _mm256_setzero_ps();
+  for (int64_t p = 0; p < n; ++p) {
+    if (w[p] == 0.0f) continue;
+    const float* v = c.key(task.table, p, g) + c.v_shift() + d0;
+    const __m256 wp = _mm256_set1_ps(w[p]);
+    for (int i = 0; i < V; ++i) acc[i] = _mm256_fmadd_ps(wp, _mm256_loadu_ps(v + 8 * i), acc[i]);
+  }
+  const __m256 scale = _mm256_set1_ps(inv);
+  for (int i = 0; i < V; ++i) _mm256_storeu_ps(task.out + d0 + 8 * i, _mm256_mul_ps(acc[i], scale));
+}
+
+// scores: room for n + 8 floats.
+GS_AVX2_FMA inline void attend_avx2(const Paged& c, const QueryTask& task, int64_t g, float scale,
+                                    float* scores) {
+  const int64_t n = task.hist + task.q_len;
+  attention_scores(c, task, g, scale, n, scores);
+  const float inv = softmax_avx2(scores, n);
+  for (int64_t d0 = 0; d0 < c.D; d0 += 64) {  // eight vectors of accumulators at a time
+    switch (std::min<int64_t>(8, (c.D - d0) / 8)) {
+      case 8: weighted_values<8>(c, task, g, scores, n, d0, inv); break;
+      case 7: weighted_values<7>(c, task, g, scores, n, d0, inv); break;
+      case 6: weighted_values<6>(c, task, g, scores, n, d0, inv); break;
+      case 5: weighted_values<5>(c, task, g, scores, n, d0, inv); break;
+      case 4: weighted_values<4>(c, task, g, scores, n, d0, inv); break;
+      case 3: weighted_values<3>(c, task, g, scores, n, d0, inv); break;
+      case 2: weighted_values<2>(c, task, g, scores, n, d0, inv); break;
+      case 1: weighted_values<1>(c, task, g, scores, n, d0, inv); break;
+    }
+  }
+}
+
+}  // namespace goodspeed

@@ -251,9 +251,7 @@ def markdown(results: dict) -> str:
         cells = [f"{row.get(n, 0.0):.1f}" for n in NAMES]
         llama, off = row.get("llama") or 1.0, row.get("gs-off") or 1.0
         lines.append(
-            f"| {scenario} | "
-            + " | ".join(cells)
-            + f" | {row.get('gs-off', 0.0) / llama:.2f}x"
+            f"| {scenario} | " + " | ".join(cells) + f" | {row.get('gs-off', 0.0) / llama:.2f}x"
             f" | {row.get('gs-goodput', 0.0) / best:.2f}x"
             f" | {row.get('gs-goodput', 0.0) / off:.2f}x"
             f" | {row.get('gs-int8', 0.0) / llama:.2f}x"

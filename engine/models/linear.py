@@ -24,6 +24,7 @@ from kernels.cpu import (
     concat_rows,
     dequantize,
     load_native,
+    pack_vnni,
     qlinear,
 )
 
@@ -72,6 +73,7 @@ class QuantLinear(nn.Module):
         self.out_features = sum(run.out_features for run in runs)
         self.bias = bias
         self._runs: list[tuple[QuantizedWeight, slice]] = []
+        self._packed: list[torch.Tensor | None] | None = None
         start = 0
         for index, run in enumerate(runs):
             # Buffers, so that module.buffers() accounts for the bytes.
@@ -84,16 +86,25 @@ class QuantLinear(nn.Module):
             x = x.contiguous()
         out = torch.empty(x.shape[0], self.out_features, dtype=torch.float32, device=x.device)
         ops = load_native()  # cached; None only if the build failed (the loader then avoids us)
-        for weight, columns in self._runs:
+        act = ACTIVATIONS[self.activations]
+        for (weight, columns), packed in zip(self._runs, self.packed_runs(), strict=True):
             bias = None if self.bias is None else self.bias[columns]
             target = out if len(self._runs) == 1 else out[:, columns]
             if ops is None:
                 qlinear(x, weight, bias, out=target, act=self.activations)
             else:
-                ops.qlinear_out(
-                    x, weight.data, weight.qtype, bias, target, 0, ACTIVATIONS[self.activations]
-                )
+                ops.qlinear_out(x, weight.data, weight.qtype, bias, target, 0, act, packed)
         return out
+
+    def packed_runs(self) -> list[torch.Tensor | None]:
+        """Per run, its weights repacked for int8 activations on AVX-512 VNNI
+        (kernels/cpu/csrc/int8_vnni.h), or None where that path does not apply; made once, on
+        first use with int8 activations (the blocks stay: float32 activations read them)."""
+        if self.activations != "int8":
+            return [None] * len(self._runs)
+        if self._packed is None:
+            self._packed = [pack_vnni(weight) for weight, _ in self._runs]
+        return self._packed
 
     @property
     def runs(self) -> list[tuple[QuantizedWeight, slice]]:

@@ -19,10 +19,11 @@ from kernels.cpu import load_native
 from kernels.cpu.paged_attention import CpuPagedBackend
 
 
-def _runs(layer: QuantLinear) -> list[tuple[torch.Tensor, int, int, int]]:
+def _runs(layer: QuantLinear) -> list[tuple]:
+    """(blocks, format, first column, columns, VNNI tiles or None) per run of one format."""
     return [
-        (weight.data, weight.qtype, columns.start, columns.stop - columns.start)
-        for weight, columns in layer.runs
+        (weight.data, weight.qtype, columns.start, columns.stop - columns.start, packed)
+        for (weight, columns), packed in zip(layer.runs, layer.packed_runs(), strict=True)
     ]
 
 
@@ -38,7 +39,9 @@ def _fits(model) -> bool:
         )
     ]
     floats = [model.norm.weight, model.rotary.cos] + [
-        norm.weight for layer in model.layers for norm in (layer.input_layernorm, layer.post_attention_layernorm)
+        norm.weight
+        for layer in model.layers
+        for norm in (layer.input_layernorm, layer.post_attention_layernorm)
     ]
     return (
         all(isinstance(linear, QuantLinear) for linear in linears)
@@ -99,7 +102,11 @@ class NativeStack:
         )
 
     def __call__(
-        self, residual: torch.Tensor, positions: torch.Tensor, backend: CpuPagedBackend, num_layers: int
+        self,
+        residual: torch.Tensor,
+        positions: torch.Tensor,
+        backend: CpuPagedBackend,
+        num_layers: int,
     ) -> torch.Tensor:
         """residual [T, hidden] (the embeddings, overwritten) -> final-norm hidden [T, hidden]."""
         planned = backend.planned()

@@ -31,6 +31,7 @@ __all__ = [
     "is_native_type",
     "load_native",
     "native_available",
+    "pack_vnni",
     "qlinear",
 ]
 
@@ -71,6 +72,25 @@ def qlinear(
         out = torch.empty(x.shape[0], weight.out_features, dtype=torch.float32)
     ops.qlinear_out(x, weight.data, weight.qtype, bias, out, ISA[isa], ACTIVATIONS[act])
     return out
+
+
+# Formats with an AVX-512 VNNI int8 path (csrc/int8_vnni.h), and its tile width in rows.
+VNNI_TYPES = frozenset({2, 3, 8})  # Q4_0, Q4_1, Q8_0
+VNNI_TILE_ROWS = 16
+
+
+def pack_vnni(weight: QuantizedWeight) -> torch.Tensor | None:
+    """`weight` repacked for int8 activations on AVX-512 VNNI, or None where that path does not
+    apply (no native library, a CPU without VNNI, another format, rows not a multiple of 16)."""
+    ops = load_native()
+    if (
+        ops is None
+        or not ops.cpu_has_vnni()
+        or weight.qtype not in VNNI_TYPES
+        or weight.out_features % VNNI_TILE_ROWS
+    ):
+        return None
+    return ops.pack_vnni(weight.data, weight.qtype, weight.in_features)
 
 
 def dequantize(weight: QuantizedWeight, isa: str = "auto") -> torch.Tensor:

@@ -32,7 +32,11 @@ import torch
 logger = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = ("qlinear.cpp", "decode_ops.cpp", "stack.cpp")  # translation units; the headers are included
+SOURCES = (
+    "qlinear.cpp",
+    "decode_ops.cpp",
+    "stack.cpp",
+)  # translation units; the headers are included
 # No FMA contraction outside explicit intrinsics: the scalar path's arithmetic stays as written.
 # -fopenmp: at::parallel_for is a header template that only fans out when the extension itself
 # is compiled with OpenMP (as ATen is); without it every call ran on one thread.

@@ -17,7 +17,7 @@
 #include <limits>
 #include <vector>
 
-#define GS_AVX2_FMA __attribute__((target("avx2,fma")))
+#include "vec_math.h"
 
 namespace goodspeed {
 
@@ -73,12 +73,24 @@ inline void rope_rows(float* x, int64_t stride, int64_t head_stride, int64_t T, 
 }
 
 // ---- SwiGLU activation: out = silu(gate) * up, gate_up = [gate | up] ----
+GS_AVX2_FMA inline void silu_mul_row_avx2(const float* g, const float* u, float* o, int64_t I) {
+  for (int64_t i = 0; i < I; i += 8) {
+    _mm256_storeu_ps(o + i, silu_mul8(_mm256_loadu_ps(g + i), _mm256_loadu_ps(u + i)));
+  }
+}
+
+// AVX2 (vectorised exp) when I % 8 == 0 and the CPU has it, else scalar: fixed per process.
 inline void silu_mul_rows(Mat gate_up, Mat out, int64_t T, int64_t I) {
+  const bool avx2 = I % 8 == 0 && avx2_fma();
   at::parallel_for(0, T, 4, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const float* g = gate_up.row(t);
       const float* u = g + I;
       float* o = out.row(t);
+      if (avx2) {
+        silu_mul_row_avx2(g, u, o, I);
+        continue;
+      }
       for (int64_t i = 0; i < I; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
     }
   });

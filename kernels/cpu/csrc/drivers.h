@@ -29,8 +29,9 @@ struct Problem {
 };
 
 template <int R, int C>
-inline void store(const Problem& p, int64_t r0, int64_t n, int64_t cols, const float res[R][C]) {
-  for (int r = 0; r < R; ++r) {
+inline void store(const Problem& p, int64_t r0, int64_t n, int64_t cols, const float res[R][C],
+                  int64_t rows = R) {
+  for (int r = 0; r < std::min<int64_t>(R, rows); ++r) {
     float* out = p.out + (r0 + r) * p.out_stride + n;
     for (int64_t j = 0; j < std::min<int64_t>(C, cols); ++j) {
       out[j] = p.bias ? res[r][j] + p.bias[n + j] : res[r][j];

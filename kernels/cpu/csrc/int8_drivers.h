@@ -22,12 +22,13 @@ struct ActQ8 {
   const int8_t* q;  // [M, K]
   const float* d;   // [M, K / 32]: the groups' scales
   const float* sd;  // [M, K / 32]: d * (sum of the group's q)
+  const int32_t* sum;  // [M, K / 32]: the sum of the group's q
   int64_t K, G;
 };
 
 // Per row and group of 32: q = nearbyint(x / d) in the default (half-even) rounding mode.
 inline void quantize_rows(const float* x, int64_t x_stride, int64_t M, int64_t K, int8_t* q,
-                          float* d, float* sd) {
+                          float* d, float* sd, int32_t* sums) {
   const int64_t G = K / 32;
   for (int64_t m = 0; m < M; ++m) {
     for (int64_t g = 0; g < G; ++g) {
@@ -43,13 +44,14 @@ inline void quantize_rows(const float* x, int64_t x_stride, int64_t M, int64_t K
       }
       d[m * G + g] = dg;
       sd[m * G + g] = dg * (float)sum;
+      sums[m * G + g] = sum;
     }
   }
 }
 
 // The same values with AVX2 (same float operations, the same rounding mode).
 GS_AVX2 inline void quantize_rows_avx2(const float* x, int64_t x_stride, int64_t M, int64_t K,
-                                       int8_t* q, float* d, float* sd) {
+                                       int8_t* q, float* d, float* sd, int32_t* sums) {
   const int64_t G = K / 32;
   const __m256 sign = _mm256_set1_ps(-0.0f);
   for (int64_t m = 0; m < M; ++m) {
@@ -79,6 +81,7 @@ GS_AVX2 inline void quantize_rows_avx2(const float* x, int64_t x_stride, int64_t
       _mm256_storeu_si256((__m256i*)(q + m * K + g * 32), _mm256_permutevar8x32_epi32(bytes, order));
       d[m * G + g] = dg;
       sd[m * G + g] = dg * (float)_mm_cvtsi128_si32(t);
+      sums[m * G + g] = _mm_cvtsi128_si32(t);
     }
   }
 }
@@ -89,16 +92,18 @@ struct QuantizedRows {
   QuantizedRows(const float* x, int64_t x_stride, int64_t M, int64_t K, bool avx2) {
     thread_local std::vector<int8_t> q;
     thread_local std::vector<float> d, sd;
+    thread_local std::vector<int32_t> sums;
     const int64_t G = K / 32;
     q.resize(M * K);
     d.resize(M * G);
     sd.resize(M * G);
+    sums.resize(M * G);
     if (avx2) {
-      quantize_rows_avx2(x, x_stride, M, K, q.data(), d.data(), sd.data());
+      quantize_rows_avx2(x, x_stride, M, K, q.data(), d.data(), sd.data(), sums.data());
     } else {
-      quantize_rows(x, x_stride, M, K, q.data(), d.data(), sd.data());
+      quantize_rows(x, x_stride, M, K, q.data(), d.data(), sd.data(), sums.data());
     }
-    view = ActQ8{q.data(), d.data(), sd.data(), K, G};
+    view = ActQ8{q.data(), d.data(), sd.data(), sums.data(), K, G};
   }
 };
 

@@ -42,10 +42,13 @@ void check_weight(const at::Tensor& blocks, int64_t format, int64_t K) {
               blocks.size(1), " bytes; K = ", K, " needs ", K / shape.elems * shape.bytes);
 }
 
-// act: 0 = float32 activations, 1 = int8 activations (int8_drivers.h).
+void check_packed(const at::Tensor& packed, int64_t format, int64_t N, int64_t K);
+
+// act: 0 = float32 activations, 1 = int8 activations (int8_drivers.h); `packed`: pack_vnni's
+// tiles of these weights (int8 on AVX-512 VNNI), or None.
 void qlinear_out(const at::Tensor& x, const at::Tensor& blocks, int64_t format,
                  const std::optional<at::Tensor>& bias, at::Tensor& out, int64_t isa,
-                 int64_t act) {
+                 int64_t act, const std::optional<at::Tensor>& packed) {
   TORCH_CHECK(act == 0 || act == 1, "act must be 0 (float32) or 1 (int8), got ", act);
   TORCH_CHECK(x.is_cpu() && blocks.is_cpu() && out.is_cpu() && (!bias || bias->is_cpu()),
               "qlinear_out runs on CPU tensors only");
@@ -70,7 +73,37 @@ void qlinear_out(const at::Tensor& x, const at::Tensor& blocks, int64_t format,
                   bias ? bias->data_ptr<float>() : nullptr,
                   out.data_ptr<float>(),
                   out.stride(0)};
-  run_qlinear(p, use_avx2(isa), act);
+  const uint8_t* tiles = nullptr;
+  if (packed) {
+    TORCH_CHECK(act == 1 && isa == 0 && cpu_has_vnni(),
+                "packed weights run with act=1 (int8), isa=0, on a CPU with AVX-512 VNNI");
+    check_packed(*packed, format, N, K);
+    tiles = packed->data_ptr<uint8_t>();
+  }
+  run_qlinear(p, use_avx2(isa), act, tiles);
+}
+
+// blocks [N, row_bytes] (N a multiple of 16; Q4_0, Q4_1 or Q8_0) -> [N / 16, tile bytes].
+at::Tensor pack_vnni(const at::Tensor& blocks, int64_t format, int64_t K) {
+  TORCH_CHECK(blocks.is_cpu(), "pack_vnni runs on CPU tensors only");
+  check_weight(blocks, format, K);
+  TORCH_CHECK(vnni_format(format) && blocks.size(0) % kVnniCols == 0,
+              "pack_vnni takes Q4_0, Q4_1 or Q8_0 weights with a multiple of 16 rows");
+  const int64_t N = blocks.size(0), G = K / 32, tile_bytes = G * vnni_group_bytes(format);
+  at::Tensor packed = at::empty({N / kVnniCols, tile_bytes}, blocks.options());
+  for (int64_t tile = 0; tile < N / kVnniCols; ++tile) {
+    pack_vnni_tile(blocks.data_ptr<uint8_t>() + tile * kVnniCols * blocks.size(1),
+                   blocks.size(1), format, G, packed.data_ptr<uint8_t>() + tile * tile_bytes);
+  }
+  return packed;
+}
+
+void check_packed(const at::Tensor& packed, int64_t format, int64_t N, int64_t K) {
+  TORCH_CHECK(vnni_format(format) && N % kVnniCols == 0, "packed weights: Q4_0, Q4_1 or Q8_0, N % 16 == 0");
+  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() && packed.dim() == 2 &&
+                  packed.size(0) == N / kVnniCols &&
+                  packed.size(1) == K / 32 * vnni_group_bytes(format),
+              "packed must be pack_vnni's [N / 16, tile bytes] of these weights");
 }
 
 at::Tensor dequantize(const at::Tensor& blocks, int64_t format, int64_t K, int64_t isa) {
@@ -104,8 +137,10 @@ std::tuple<at::Tensor, at::Tensor> quantize_rows_op(const at::Tensor& x, int64_t
   at::Tensor q = at::empty({M, K}, x.options().dtype(at::kChar));
   at::Tensor d = at::empty({M, K / 32}, x.options());
   std::vector<float> sd(M * (K / 32));
+  std::vector<int32_t> sums(M * (K / 32));
   auto* quantize = use_avx2(isa) ? quantize_rows_avx2 : quantize_rows;
-  quantize(x.data_ptr<float>(), K, M, K, q.data_ptr<int8_t>(), d.data_ptr<float>(), sd.data());
+  quantize(x.data_ptr<float>(), K, M, K, q.data_ptr<int8_t>(), d.data_ptr<float>(), sd.data(),
+           sums.data());
   return {q, d};
 }
 
@@ -122,7 +157,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("qlinear_out", &goodspeed::qlinear_out, "out = x @ dequant(blocks)^T (+ bias)",
         pybind11::call_guard<pybind11::gil_scoped_release>(), pybind11::arg("x"), pybind11::arg("blocks"), pybind11::arg("format"),
         pybind11::arg("bias"), pybind11::arg("out"), pybind11::arg("isa") = 0,
-        pybind11::arg("act") = 0);
+        pybind11::arg("act") = 0, pybind11::arg("packed") = pybind11::none());
+  m.def("pack_vnni", &goodspeed::pack_vnni, "blocks -> tiles of 16 columns for AVX-512 VNNI",
+        pybind11::arg("blocks"), pybind11::arg("format"), pybind11::arg("K"));
+  m.def("cpu_has_vnni", []() { return goodspeed::cpu_has_vnni(); },
+        "AVX-512 (F, BW, VL, DQ) with VNNI is usable");
   m.def("dequantize", &goodspeed::dequantize, "blocks [N, row_bytes] -> float32 [N, K]",
         pybind11::arg("blocks"), pybind11::arg("format"), pybind11::arg("K"),
         pybind11::arg("isa") = 0);

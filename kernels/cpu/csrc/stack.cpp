@@ -20,8 +20,8 @@ namespace goodspeed {
 namespace {
 
 // One run of output columns stored in one GGUF format: (blocks [cols, row_bytes], format,
-// first column, number of columns).
-using Run = std::tuple<at::Tensor, int64_t, int64_t, int64_t>;
+// first column, number of columns, the blocks repacked for AVX-512 VNNI or None).
+using Run = std::tuple<at::Tensor, int64_t, int64_t, int64_t, std::optional<at::Tensor>>;
 
 struct QuantizedLinear {
   std::vector<Run> runs;
@@ -37,7 +37,7 @@ struct Layer {
 QuantizedLinear make_linear(std::vector<Run> runs, std::optional<at::Tensor> bias, int64_t K) {
   QuantizedLinear linear{std::move(runs), std::move(bias), K, 0};
   for (const Run& run : linear.runs) {
-    const auto& [blocks, format, col0, cols] = run;
+    const auto& [blocks, format, col0, cols, packed] = run;
     const BlockShape shape = block_shape(format);
     TORCH_CHECK(shape.elems > 0 && K % shape.elems == 0, "unsupported format or width");
     TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.is_contiguous() &&
@@ -45,6 +45,10 @@ QuantizedLinear make_linear(std::vector<Run> runs, std::optional<at::Tensor> bia
                     blocks.size(1) == K / shape.elems * shape.bytes,
                 "a run's blocks must be contiguous uint8 [cols, row_bytes]");
     TORCH_CHECK(col0 == linear.N, "runs must cover the output columns in order");
+    TORCH_CHECK(!packed || (cpu_has_vnni() && vnni_format(format) && cols % kVnniCols == 0 &&
+                            packed->is_contiguous() && packed->size(0) == cols / kVnniCols &&
+                            packed->size(1) == K / 32 * vnni_group_bytes(format)),
+                "packed weights must be pack_vnni's tiles of the run, on a VNNI CPU");
     linear.N += cols;
   }
   TORCH_CHECK(!linear.bias || (linear.bias->scalar_type() == at::kFloat &&
@@ -132,11 +136,11 @@ class DecoderStack {
 
   void linear(const QuantizedLinear& w, Mat x, Mat out, int64_t T) const {
     for (const Run& run : w.runs) {
-      const auto& [blocks, format, col0, cols] = run;
+      const auto& [blocks, format, col0, cols, packed] = run;
       const Problem p{x.data, x.stride, T, w.K, cols, blocks.data_ptr<uint8_t>(), blocks.size(1),
                       format, w.bias ? w.bias->data_ptr<float>() + col0 : nullptr,
                       out.data + col0, out.stride};
-      run_qlinear(p, avx2_, act_);
+      run_qlinear(p, avx2_, act_, packed ? packed->data_ptr<uint8_t>() : nullptr);
     }
   }
 

@@ -3,10 +3,10 @@
 // Every quantity of a (query, key) pair is computed the same way whatever else is in the step:
 //  * scores: four keys at a time (four independent FMA chains over D), each key's eight lanes
 //    summed in one fixed order (hadd pattern), so a key's score does not depend on its slot;
-//  * softmax: a max (order-free), then e^(s - max) in vectors of 8 keys with lane = p % 8 and
-//    per-lane running sums, one fixed horizontal sum at the end. Keys a query does not see are
-//    exactly 0, so a token verified in a chain (more keys after it, all unseen) sums the very
-//    values a decode step of that token sums;
+//  * softmax: a max (order-free), then e^(s - max) in vectors of 8 keys, exactly 0 for keys the
+//    query does not see; the denominator sums the seen keys by rank among the seen keys (lane =
+//    rank % 8), one fixed horizontal sum at the end, so a token verified in a chain or a tree
+//    sums the very values, in the very order, that a decode step of that token sums;
 //  * values: sum over keys in position order, zero weights skipped, accumulated in registers.
 #pragma once
 
@@ -26,10 +26,26 @@ GS_AVX2_FMA inline float hsum8(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
 }
 
+// The cache lines of one head's row of D floats.
+inline void prefetch_row(const float* row, int64_t D) {
+  for (int64_t d = 0; d < D; d += 16) _mm_prefetch((const char*)(row + d), _MM_HINT_T0);
+}
+
+// Keys ahead of the scores' pass, and the values the weighted sum will read: the cache rows of
+// a step's KV are mostly cold (the weights streamed through since the last step), and a
+// request's blocks are scattered, so the hardware prefetchers lose the stream at each block.
+constexpr int64_t kPrefetchKeys = 16;
+
 // scores[p] = q . k_p * scale for the keys the query sees, -inf for the others (p < n).
 GS_AVX2_FMA inline void attention_scores(const Paged& c, const QueryTask& task, int64_t g,
                                          float scale, int64_t n, float* scores) {
   for (int64_t p0 = 0; p0 < n; p0 += 4) {
+    for (int64_t p = p0 + kPrefetchKeys; p < std::min(n, p0 + kPrefetchKeys + 4); ++p) {
+      prefetch_row(c.key(task.table, p, g), c.D);
+    }
+    for (int64_t p = p0; p < std::min(n, p0 + 4); ++p) {
+      prefetch_row(c.key(task.table, p, g) + c.v_shift(), c.D);
+    }
     const float* k[4];
     for (int j = 0; j < 4; ++j) k[j] = c.key(task.table, std::min(p0 + j, n - 1), g);
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
@@ -50,7 +66,11 @@ GS_AVX2_FMA inline void attention_scores(const Paged& c, const QueryTask& task, 
 }
 
 // Scores -> e^(s - max) in place (padded to a multiple of 8 with zeros); returns 1 / sum.
-GS_AVX2_FMA inline float softmax_avx2(float* s, int64_t n) {
+// The sum runs over the seen keys in their order among the seen keys, lane = rank % 8: a tree
+// node sees the history and its ancestors with unseen siblings between them, while the same
+// token decoded after acceptance sees them at consecutive positions; ranks make both sums one.
+// `seen`: room for n + 8 floats.
+GS_AVX2_FMA inline float softmax_avx2(const QueryTask& task, float* s, int64_t n, float* seen) {
   const int64_t padded = (n + 7) / 8 * 8;
   for (int64_t p = n; p < padded; ++p) s[p] = -std::numeric_limits<float>::infinity();
   __m256 top = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
@@ -58,12 +78,25 @@ GS_AVX2_FMA inline float softmax_avx2(float* s, int64_t n) {
   __m128 m = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
   m = _mm_max_ps(m, _mm_movehl_ps(m, m));
   const __m256 max = _mm256_set1_ps(_mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m))));
-  __m256 total = _mm256_setzero_ps();
   for (int64_t p = 0; p < padded; p += 8) {
-    const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(s + p), max));
-    _mm256_storeu_ps(s + p, e);
-    total = _mm256_add_ps(total, e);
+    _mm256_storeu_ps(s + p, exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(s + p), max)));
   }
+  const float* ranked = s;  // causal rows: the seen keys are a prefix, zeros after it
+  int64_t count = n;
+  if (task.mask != nullptr) {
+    std::copy(s, s + task.hist, seen);
+    count = task.hist;
+    for (int64_t p = task.hist; p < n; ++p) {
+      if (task.visible(p)) seen[count++] = s[p];
+    }
+    ranked = seen;
+  }
+  __m256 total = _mm256_setzero_ps();
+  int64_t p = 0;
+  for (; p + 8 <= count; p += 8) total = _mm256_add_ps(total, _mm256_loadu_ps(ranked + p));
+  alignas(32) float tail[8] = {};
+  for (int64_t i = 0; p + i < count; ++i) tail[i] = ranked[p + i];
+  total = _mm256_add_ps(total, _mm256_load_ps(tail));
   return 1.0f / hsum8(total);
 }
 
@@ -83,12 +116,13 @@ GS_AVX2_FMA inline void weighted_values(const Paged& c, const QueryTask& task, i
   for (int i = 0; i < V; ++i) _mm256_storeu_ps(task.out + d0 + 8 * i, _mm256_mul_ps(acc[i], scale));
 }
 
-// scores: room for n + 8 floats.
+// scores: room for 2 (n + 8) floats.
 GS_AVX2_FMA inline void attend_avx2(const Paged& c, const QueryTask& task, int64_t g, float scale,
                                     float* scores) {
   const int64_t n = task.hist + task.q_len;
+  for (int64_t p = 0; p < std::min(n, kPrefetchKeys); ++p) prefetch_row(c.key(task.table, p, g), c.D);
   attention_scores(c, task, g, scale, n, scores);
-  const float inv = softmax_avx2(scores, n);
+  const float inv = softmax_avx2(task, scores, n, scores + n + 8);
   for (int64_t d0 = 0; d0 < c.D; d0 += 64) {  // eight vectors of accumulators at a time
     switch (std::min<int64_t>(8, (c.D - d0) / 8)) {
       case 8: weighted_values<8>(c, task, g, scores, n, d0, inv); break;

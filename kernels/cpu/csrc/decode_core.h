@@ -223,7 +223,7 @@ inline void paged_attention(const Paged& c, Heads q, Heads k, Heads v, int64_t H
                            row[2],
                            row[3],
                            b.mask ? b.mask + t * b.mask_stride : nullptr};
-      scores.resize(row[1] + row[3] + 8);  // + 8: room for the AVX2 path's last partial vector
+      scores.resize(2 * (row[1] + row[3] + 8));  // the AVX2 path's padding and ranked copy
       if (avx2) {
         attend_avx2(c, task, h / group, scale, scores.data());
       } else {

@@ -124,3 +124,39 @@ def test_a_chain_token_gets_the_output_of_a_decode_step() -> None:
         fast.plan(step)
         decoded = fast.forward(0, q[j : j + 1], k[j : j + 1], v[j : j + 1], 0.125)
         assert torch.equal(decoded[0], verified[j])
+
+
+def test_a_tree_node_gets_the_output_of_decoding_its_path() -> None:
+    """Verify a tree (root + six nodes, unseen siblings between a node and its ancestors), then,
+    on a copy of the cache, decode one path's tokens one by one at consecutive positions (as
+    after acceptance): each gets bitwise its node's verified output (the softmax sums the seen
+    keys by rank, not by position)."""
+    from kernels.attention import AttentionMetadata
+
+    generator = torch.Generator().manual_seed(11)
+    tree, decode = backends(3, 64, 16)[0], backends(3, 64, 16)[0]
+    initial = torch.randn(tree.kv_caches[0].shape, generator=generator)
+    tree.kv_caches[0].copy_(initial)
+    decode.kv_caches[0].copy_(initial)
+    history, parents = 37, (None, None, 0, 1, 2, 3)
+    metadata, block_ids = make_metadata(
+        random.Random(2), [RequestCase(history, 7, parents)], 16, NUM_BLOCKS
+    )
+    q, k, v = qkv(7, 9, 3, 64, generator)
+    tree.plan(metadata)
+    verified = tree.forward(0, q, k, v, 0.125)
+    path = [0, 2, 4, 6]  # root, node 1, node 3, node 5
+    for depth, row in enumerate(path):
+        position = history + depth
+        slot = block_ids[0][position // 16] * 16 + position % 16
+        step = AttentionMetadata(
+            query_start_loc=torch.tensor([0, 1], dtype=torch.int32),
+            seq_lens=torch.tensor([position + 1], dtype=torch.int32),
+            block_tables=metadata.block_tables,
+            slot_mapping=torch.tensor([slot]),
+            query_lens_host=(1,),
+            seq_lens_host=(position + 1,),
+        )
+        decode.plan(step)
+        decoded = decode.forward(0, q[row : row + 1], k[row : row + 1], v[row : row + 1], 0.125)
+        assert torch.equal(decoded[0], verified[row]), depth

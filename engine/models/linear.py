@@ -24,7 +24,7 @@ from kernels.cpu import (
     concat_rows,
     dequantize,
     load_native,
-    pack_vnni,
+    pack_tiles,
     qlinear,
 )
 
@@ -97,13 +97,11 @@ class QuantLinear(nn.Module):
         return out
 
     def packed_runs(self) -> list[torch.Tensor | None]:
-        """Per run, its weights repacked for int8 activations on AVX-512 VNNI
-        (kernels/cpu/csrc/int8_vnni.h), or None where that path does not apply; made once, on
-        first use with int8 activations (the blocks stay: float32 activations read them)."""
-        if self.activations != "int8":
-            return [None] * len(self._runs)
+        """Per run, its weights repacked into AVX-512 tiles of 16 rows (kernels/cpu pack_tiles),
+        or None where those paths do not apply; made once, on first use. The blocks stay (the
+        embedding, dequantisation and the other ISAs read them)."""
         if self._packed is None:
-            self._packed = [pack_vnni(weight) for weight, _ in self._runs]
+            self._packed = [pack_tiles(weight) for weight, _ in self._runs]
         return self._packed
 
     @property

@@ -31,7 +31,7 @@ __all__ = [
     "is_native_type",
     "load_native",
     "native_available",
-    "pack_vnni",
+    "pack_tiles",
     "qlinear",
 ]
 
@@ -74,23 +74,25 @@ def qlinear(
     return out
 
 
-# Formats with an AVX-512 VNNI int8 path (csrc/int8_vnni.h), and its tile width in rows.
-VNNI_TYPES = frozenset({2, 3, 8})  # Q4_0, Q4_1, Q8_0
-VNNI_TILE_ROWS = 16
+# Formats with AVX-512 paths over tiles of 16 weight rows (csrc/float_avx512.h for float32
+# activations, csrc/int8_vnni.h for int8), and the tile width in rows.
+TILE_TYPES = frozenset({2, 3, 8})  # Q4_0, Q4_1, Q8_0
+TILE_ROWS = 16
 
 
-def pack_vnni(weight: QuantizedWeight) -> torch.Tensor | None:
-    """`weight` repacked for int8 activations on AVX-512 VNNI, or None where that path does not
-    apply (no native library, a CPU without VNNI, another format, rows not a multiple of 16)."""
+def pack_tiles(weight: QuantizedWeight) -> torch.Tensor | None:
+    """`weight` repacked into AVX-512 tiles of 16 rows (bytes moved only), or None where those
+    paths do not apply (no native library, a CPU without AVX-512 F/BW/VL/DQ and VNNI, another
+    format, rows not a multiple of 16). qlinear_out runs them for either activation mode."""
     ops = load_native()
     if (
         ops is None
-        or not ops.cpu_has_vnni()
-        or weight.qtype not in VNNI_TYPES
-        or weight.out_features % VNNI_TILE_ROWS
+        or not ops.cpu_has_avx512()
+        or weight.qtype not in TILE_TYPES
+        or weight.out_features % TILE_ROWS
     ):
         return None
-    return ops.pack_vnni(weight.data, weight.qtype, weight.in_features)
+    return ops.pack_tiles(weight.data, weight.qtype, weight.in_features)
 
 
 def dequantize(weight: QuantizedWeight, isa: str = "auto") -> torch.Tensor:

@@ -1,5 +1,5 @@
 // int8 activations on AVX-512 VNNI (vpdpbusd) for Q4_0, Q4_1 and Q8_0, over weights repacked once
-// at load into tiles of 16 output columns (pack_vnni). Same values as the GGUF's blocks: the
+// at load into tiles of 16 output columns (pack_tiles). Same values as the GGUF's blocks: the
 // repack only moves bytes (Q8_0 also flips each byte's sign bit to store q + 128).
 //
 // Per row and group of 32 inputs, the 16 columns' dot products with the row's int8 values are
@@ -28,29 +28,29 @@
 
 namespace goodspeed {
 
-constexpr int64_t kVnniCols = 16;
+constexpr int64_t kTileCols = 16;
 
-inline bool cpu_has_vnni() {
+inline bool cpu_has_avx512() {
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
          __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("fma") &&
          __builtin_cpu_supports("f16c");
 }
 
-inline bool vnni_format(int64_t format) {
+inline bool tile_format(int64_t format) {
   return format == kQ4_0 || format == kQ4_1 || format == kQ8_0;
 }
 
 // Bytes of one tile's group (16 columns x 32 inputs): the 16 blocks' bytes, rearranged.
-inline int64_t vnni_group_bytes(int64_t format) { return kVnniCols * block_shape(format).bytes; }
+inline int64_t tile_group_bytes(int64_t format) { return kTileCols * block_shape(format).bytes; }
 
 // Repacks the blocks of columns n0 .. n0 + 15 (row_bytes apart) into one tile of G groups.
-inline void pack_vnni_tile(const uint8_t* rows, int64_t row_bytes, int64_t format, int64_t G,
+inline void pack_tile16(const uint8_t* rows, int64_t row_bytes, int64_t format, int64_t G,
                            uint8_t* tile) {
   const int64_t bytes = block_shape(format).bytes, head = format == kQ4_1 ? 4 : 2;
   for (int64_t g = 0; g < G; ++g) {
-    uint8_t* dst = tile + g * vnni_group_bytes(format);
-    for (int64_t c = 0; c < kVnniCols; ++c) {
+    uint8_t* dst = tile + g * tile_group_bytes(format);
+    for (int64_t c = 0; c < kTileCols; ++c) {
       const uint8_t* block = rows + c * row_bytes + g * bytes;
       std::memcpy(dst + 2 * c, block, 2);  // d
       if (format == kQ4_1) std::memcpy(dst + 32 + 2 * c, block + 2, 2);  // m
@@ -67,7 +67,7 @@ inline void pack_vnni_tile(const uint8_t* rows, int64_t row_bytes, int64_t forma
 }
 
 template <int64_t kFormat>
-struct VnniFormat {
+struct TileFormat {
   static constexpr bool kNibbles = kFormat != kQ8_0, kMin = kFormat == kQ4_1;
   static constexpr int kOffset = kFormat == kQ4_0 ? 8 : kFormat == kQ8_0 ? 128 : 0;
   static constexpr int64_t kQuants = kMin ? 64 : 32;  // where the weight vectors start
@@ -76,10 +76,10 @@ struct VnniFormat {
 // Rows r0 .. r0 + R - 1 of x against one tile (16 columns): out[r][c].
 template <int64_t kFormat, int R>
 GS_VNNI inline void vnni_tile(const uint8_t* tile, const ActQ8& x, int64_t r0, float out[R][16]) {
-  using F = VnniFormat<kFormat>;
+  using F = TileFormat<kFormat>;
   __m512 acc[R];
   GS_UNROLL for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-  const int64_t group_bytes = vnni_group_bytes(kFormat);
+  const int64_t group_bytes = tile_group_bytes(kFormat);
   const __m512i low = _mm512_set1_epi8(0x0F);
   for (int64_t g = 0; g < x.G; ++g) {
     const uint8_t* b = tile + g * group_bytes;
@@ -124,7 +124,7 @@ GS_VNNI inline void vnni_tile(const uint8_t* tile, const ActQ8& x, int64_t r0, f
 template <int64_t kFormat>
 void run_vnni_tiles(const Problem& p, const ActQ8& x, const uint8_t* packed, int64_t begin,
                     int64_t end) {
-  const int64_t tile_bytes = x.G * vnni_group_bytes(kFormat);
+  const int64_t tile_bytes = x.G * tile_group_bytes(kFormat);
   for (int64_t tile = begin; tile < end; ++tile) {
     const uint8_t* weights = packed + tile * tile_bytes;
     for (int64_t r0 = 0; r0 < p.M; r0 += 8) {
@@ -139,7 +139,7 @@ void run_vnni_tiles(const Problem& p, const ActQ8& x, const uint8_t* packed, int
         case 7: vnni_tile<kFormat, 7>(weights, x, r0, res); break;
         case 8: vnni_tile<kFormat, 8>(weights, x, r0, res); break;
       }
-      store<8, 16>(p, r0, tile * kVnniCols, kVnniCols, res, std::min<int64_t>(8, p.M - r0));
+      store<8, 16>(p, r0, tile * kTileCols, kTileCols, res, std::min<int64_t>(8, p.M - r0));
     }
   }
 }
@@ -147,7 +147,7 @@ void run_vnni_tiles(const Problem& p, const ActQ8& x, const uint8_t* packed, int
 // The whole call: rows quantized once, tiles split over threads.
 inline void run_vnni(const Problem& p, const uint8_t* packed) {
   const QuantizedRows rows(p.x, p.x_stride, p.M, p.K, true);
-  at::parallel_for(0, p.N / kVnniCols, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, p.N / kTileCols, 1, [&](int64_t begin, int64_t end) {
     switch (p.format) {
       case kQ4_0: run_vnni_tiles<kQ4_0>(p, rows.view, packed, begin, end); break;
       case kQ4_1: run_vnni_tiles<kQ4_1>(p, rows.view, packed, begin, end); break;

@@ -44,8 +44,8 @@ void check_weight(const at::Tensor& blocks, int64_t format, int64_t K) {
 
 void check_packed(const at::Tensor& packed, int64_t format, int64_t N, int64_t K);
 
-// act: 0 = float32 activations, 1 = int8 activations (int8_drivers.h); `packed`: pack_vnni's
-// tiles of these weights (int8 on AVX-512 VNNI), or None.
+// act: 0 = float32 activations, 1 = int8 activations (int8_drivers.h); `packed`: pack_tiles's
+// tiles of these weights (AVX-512, float_avx512.h and int8_vnni.h), or None.
 void qlinear_out(const at::Tensor& x, const at::Tensor& blocks, int64_t format,
                  const std::optional<at::Tensor>& bias, at::Tensor& out, int64_t isa,
                  int64_t act, const std::optional<at::Tensor>& packed) {
@@ -75,8 +75,8 @@ void qlinear_out(const at::Tensor& x, const at::Tensor& blocks, int64_t format,
                   out.stride(0)};
   const uint8_t* tiles = nullptr;
   if (packed) {
-    TORCH_CHECK(act == 1 && isa == 0 && cpu_has_vnni(),
-                "packed weights run with act=1 (int8), isa=0, on a CPU with AVX-512 VNNI");
+    TORCH_CHECK(isa == 0 && cpu_has_avx512(),
+                "packed weights run with isa=0 (auto), on a CPU with AVX-512 (F, BW, VL, DQ, VNNI)");
     check_packed(*packed, format, N, K);
     tiles = packed->data_ptr<uint8_t>();
   }
@@ -84,26 +84,26 @@ void qlinear_out(const at::Tensor& x, const at::Tensor& blocks, int64_t format,
 }
 
 // blocks [N, row_bytes] (N a multiple of 16; Q4_0, Q4_1 or Q8_0) -> [N / 16, tile bytes].
-at::Tensor pack_vnni(const at::Tensor& blocks, int64_t format, int64_t K) {
-  TORCH_CHECK(blocks.is_cpu(), "pack_vnni runs on CPU tensors only");
+at::Tensor pack_tiles(const at::Tensor& blocks, int64_t format, int64_t K) {
+  TORCH_CHECK(blocks.is_cpu(), "pack_tiles runs on CPU tensors only");
   check_weight(blocks, format, K);
-  TORCH_CHECK(vnni_format(format) && blocks.size(0) % kVnniCols == 0,
-              "pack_vnni takes Q4_0, Q4_1 or Q8_0 weights with a multiple of 16 rows");
-  const int64_t N = blocks.size(0), G = K / 32, tile_bytes = G * vnni_group_bytes(format);
-  at::Tensor packed = at::empty({N / kVnniCols, tile_bytes}, blocks.options());
-  for (int64_t tile = 0; tile < N / kVnniCols; ++tile) {
-    pack_vnni_tile(blocks.data_ptr<uint8_t>() + tile * kVnniCols * blocks.size(1),
+  TORCH_CHECK(tile_format(format) && blocks.size(0) % kTileCols == 0,
+              "pack_tiles takes Q4_0, Q4_1 or Q8_0 weights with a multiple of 16 rows");
+  const int64_t N = blocks.size(0), G = K / 32, tile_bytes = G * tile_group_bytes(format);
+  at::Tensor packed = at::empty({N / kTileCols, tile_bytes}, blocks.options());
+  for (int64_t tile = 0; tile < N / kTileCols; ++tile) {
+    pack_tile16(blocks.data_ptr<uint8_t>() + tile * kTileCols * blocks.size(1),
                    blocks.size(1), format, G, packed.data_ptr<uint8_t>() + tile * tile_bytes);
   }
   return packed;
 }
 
 void check_packed(const at::Tensor& packed, int64_t format, int64_t N, int64_t K) {
-  TORCH_CHECK(vnni_format(format) && N % kVnniCols == 0, "packed weights: Q4_0, Q4_1 or Q8_0, N % 16 == 0");
+  TORCH_CHECK(tile_format(format) && N % kTileCols == 0, "packed weights: Q4_0, Q4_1 or Q8_0, N % 16 == 0");
   TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() && packed.dim() == 2 &&
-                  packed.size(0) == N / kVnniCols &&
-                  packed.size(1) == K / 32 * vnni_group_bytes(format),
-              "packed must be pack_vnni's [N / 16, tile bytes] of these weights");
+                  packed.size(0) == N / kTileCols &&
+                  packed.size(1) == K / 32 * tile_group_bytes(format),
+              "packed must be pack_tiles's [N / 16, tile bytes] of these weights");
 }
 
 at::Tensor dequantize(const at::Tensor& blocks, int64_t format, int64_t K, int64_t isa) {
@@ -158,9 +158,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::call_guard<pybind11::gil_scoped_release>(), pybind11::arg("x"), pybind11::arg("blocks"), pybind11::arg("format"),
         pybind11::arg("bias"), pybind11::arg("out"), pybind11::arg("isa") = 0,
         pybind11::arg("act") = 0, pybind11::arg("packed") = pybind11::none());
-  m.def("pack_vnni", &goodspeed::pack_vnni, "blocks -> tiles of 16 columns for AVX-512 VNNI",
+  m.def("pack_tiles", &goodspeed::pack_tiles, "blocks -> tiles of 16 columns for the AVX-512 paths",
         pybind11::arg("blocks"), pybind11::arg("format"), pybind11::arg("K"));
-  m.def("cpu_has_vnni", []() { return goodspeed::cpu_has_vnni(); },
+  m.def("cpu_has_avx512", []() { return goodspeed::cpu_has_avx512(); },
         "AVX-512 (F, BW, VL, DQ) with VNNI is usable");
   m.def("dequantize", &goodspeed::dequantize, "blocks [N, row_bytes] -> float32 [N, K]",
         pybind11::arg("blocks"), pybind11::arg("format"), pybind11::arg("K"),

@@ -8,6 +8,7 @@
 
 #include "drivers.h"
 #include "int8_drivers.h"
+#include "float_avx512.h"
 #include "int8_vnni.h"
 
 namespace goodspeed {
@@ -36,11 +37,12 @@ inline void run_int8(Problem p, bool avx2) {
 }
 
 // act: 0 = float32 activations, 1 = int8 activations (int8_drivers.h). p is already checked.
-// `packed`: the weights repacked for AVX-512 VNNI (int8_vnni.h), or nullptr; with int8
-// activations it is used whenever given (the caller packs only where the CPU runs it).
+// `packed`: the weights repacked into AVX-512 tiles of 16 columns (int8_vnni.h), or nullptr;
+// used whenever given (the caller packs only where the CPU runs them): float_avx512.h for
+// float32 activations, int8_vnni.h for int8.
 inline void run_qlinear(const Problem& p, bool avx2, int64_t act, const uint8_t* packed = nullptr) {
   if (p.M == 0 || p.N == 0) return;
-  if (act == 1 && packed != nullptr) return run_vnni(p, packed);
+  if (packed != nullptr) return act == 1 ? run_vnni(p, packed) : run_f32_packed(p, packed);
   if (act == 1) return run_int8(p, avx2);
   const int64_t num_panels = (p.N + kPanel - 1) / kPanel;
   at::parallel_for(0, num_panels, 1, [&](int64_t begin, int64_t end) {

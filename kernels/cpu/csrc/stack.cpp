@@ -45,10 +45,10 @@ QuantizedLinear make_linear(std::vector<Run> runs, std::optional<at::Tensor> bia
                     blocks.size(1) == K / shape.elems * shape.bytes,
                 "a run's blocks must be contiguous uint8 [cols, row_bytes]");
     TORCH_CHECK(col0 == linear.N, "runs must cover the output columns in order");
-    TORCH_CHECK(!packed || (cpu_has_vnni() && vnni_format(format) && cols % kVnniCols == 0 &&
-                            packed->is_contiguous() && packed->size(0) == cols / kVnniCols &&
-                            packed->size(1) == K / 32 * vnni_group_bytes(format)),
-                "packed weights must be pack_vnni's tiles of the run, on a VNNI CPU");
+    TORCH_CHECK(!packed || (cpu_has_avx512() && tile_format(format) && cols % kTileCols == 0 &&
+                            packed->is_contiguous() && packed->size(0) == cols / kTileCols &&
+                            packed->size(1) == K / 32 * tile_group_bytes(format)),
+                "packed weights must be pack_tiles's tiles of the run, on a VNNI CPU");
     linear.N += cols;
   }
   TORCH_CHECK(!linear.bias || (linear.bias->scalar_type() == at::kFloat &&

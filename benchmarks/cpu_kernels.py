@@ -3,7 +3,10 @@
 One "step" runs every linear layer of the model once on M rows, as the model calls them
 (30 x [qkv 960x576, o 576x576, gate_up 3072x576, down 576x1536] + lm_head 49152x576), with
 the embedded GGUF's own blocks (Q4_1 layers, Q8_0 head). Implementations:
-  native    kernels.cpu (QuantLinear's call), the blocks as stored;
+  native    kernels.cpu as QuantLinear calls it: the AVX-512 16-column tiles where the CPU has
+            them (pack_tiles), else the blocks as stored; float32 activations;
+  int8      the same with int8 activations (VNNI on the tiles, else the AVX2 int8 path);
+  avx2      the blocks as stored on the AVX2 path (isa=2), float32 activations;
   F.linear  float32 weights dequantised once (what MKL does with today's float32 path);
   engine    engine.models.linear.linear, today's float32 path (W @ x^T for M <= 5);
   fallback  kernels.cpu.fallback: dequantise with `gguf` on every call, then F.linear.
@@ -35,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine.models.gguf_file import read_gguf  # noqa: E402
 from engine.models.linear import linear as engine_linear  # noqa: E402
 from engine.models.loader import resolve_model_path  # noqa: E402
-from kernels.cpu import QuantizedWeight, concat_rows, fallback, load_native  # noqa: E402
+from kernels.cpu import QuantizedWeight, concat_rows, fallback, load_native, pack_tiles  # noqa: E402
 
 # Per layer, in call order: the GGUF tensors fused into each of the model's linear layers.
 FUSED = (("attn_q", "attn_k", "attn_v"), ("attn_output",), ("ffn_gate", "ffn_up"), ("ffn_down",))
@@ -66,10 +69,17 @@ def step_fns(layers: list[QuantizedWeight], rows: int, with_fallback: bool) -> d
     dense = [fallback.dequantize(w) for w in layers]
     inputs = {k: torch.randn(rows, k) for k in {w.in_features for w in layers}}
     outs = [torch.empty(rows, w.out_features) for w in layers]
+    packed = [pack_tiles(w) for w in layers]
 
-    def native() -> None:
+    def native(act: int = 0) -> None:
+        for w, out, tiles in zip(layers, outs, packed):
+            ops.qlinear_out(inputs[w.in_features], w.data, w.qtype, None, out, 0, act, tiles)
+
+    def avx2() -> None:
         for w, out in zip(layers, outs):
-            ops.qlinear_out(inputs[w.in_features], w.data, w.qtype, None, out, 0)
+            ops.qlinear_out(
+                inputs[w.in_features], w.data, w.qtype, None, out, 2 if ops.cpu_has_avx2() else 1
+            )
 
     def f_linear() -> None:
         for w in dense:
@@ -83,7 +93,8 @@ def step_fns(layers: list[QuantizedWeight], rows: int, with_fallback: bool) -> d
         for w in layers:
             fallback.qlinear(inputs[w.in_features], w)
 
-    fns = {"native": native, "F.linear": f_linear, "engine": engine}
+    fns = {"native": native, "int8": lambda: native(1), "avx2": avx2, "F.linear": f_linear}
+    fns["engine"] = engine
     if with_fallback:
         fns["fallback"] = per_call_fallback
     return fns
@@ -136,17 +147,20 @@ def loadavg() -> str:
 
 def table(ms: dict, rows_list: list[int], threads_list: list[int], names: list[str]) -> str:
     head = "| M | threads | " + " | ".join(f"{n} ms/step" for n in names)
-    head += " | native ms/token | F.linear / native | native step / M=1 step |"
-    lines = [head, "|" + "---|" * (len(names) + 5)]
+    head += (
+        " | native ms/token | F.linear / native | native step / M=1 step | int8 step / M=1 step |"
+    )
+    lines = [head, "|" + "---|" * (len(names) + 6)]
     for threads in threads_list:
         for rows in rows_list:
             native = ms[(rows, threads, "native")]
             cells = [f"{ms[(rows, threads, n)]:.1f}" for n in names]
             ratio = ms[(rows, threads, "F.linear")] / native
             vs_one = native / ms[(rows_list[0], threads, "native")]
+            int8_vs_one = ms[(rows, threads, "int8")] / ms[(rows_list[0], threads, "int8")]
             lines.append(
                 f"| {rows} | {threads} | " + " | ".join(cells) + f" | {native / rows:.2f} | "
-                f"{ratio:.2f}x | {vs_one:.2f}x |"
+                f"{ratio:.2f}x | {vs_one:.2f}x | {int8_vs_one:.2f}x |"
             )
     return "\n".join(lines)
 
@@ -161,7 +175,8 @@ def main() -> None:
     threads = args.threads or sorted({1, min(2, os.cpu_count() or 1)})
     before = loadavg()
     ms = run(args.rows, threads, args.rounds, not args.no_fallback)
-    names = ["native", "F.linear", "engine"] + ([] if args.no_fallback else ["fallback"])
+    names = ["native", "int8", "avx2", "F.linear", "engine"]
+    names += [] if args.no_fallback else ["fallback"]
     print(f"command: `python {' '.join(sys.argv)}`  ")
     print(f"machine: {machine()}  ")
     print(f"date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC  ")

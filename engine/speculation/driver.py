@@ -79,7 +79,7 @@ class SpecDriver:
             config.spec_tree_nodes if self.tree else config.num_speculative_tokens
         )
         self.enabled = proposer is not None and config.policy != "off" and self.max_draft_tokens > 0
-        self.cost_model = OnlineLinearCostModel()
+        self.cost_model = OnlineLinearCostModel(refit_every=8)
         self.proposer = proposer
         # Trees: the shape learned from verified trees, for the proposers and the policy.
         self.tree_shape = TreeShapeEstimator() if self.tree else None

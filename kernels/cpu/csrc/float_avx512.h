@@ -24,7 +24,7 @@ GS_VNNI inline __m512 lane_weights(__m512i v, int shift, __m512 d, __m512 m) {
   return _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(q), m);
 }
 
-// Rows r0 .. r0 + R - 1 (R <= 4) of x against one tile: out[r][c].
+// Rows r0 .. r0 + R - 1 (R <= kF32Rows) of x against one tile: out[r][c].
 template <int64_t kFormat, int R>
 GS_VNNI inline void f32_tile(const uint8_t* tile, const float* x, int64_t x_stride, int64_t r0,
                              int64_t G, float out[R][16]) {
@@ -69,20 +69,26 @@ GS_VNNI inline void f32_tile(const uint8_t* tile, const float* x, int64_t x_stri
   }
 }
 
+// Rows per pass over a tile: 4 x 6 accumulators and the weight vectors fit 32 registers.
+constexpr int64_t kF32Rows = 6;
+
 template <int64_t kFormat>
 void run_f32_tiles(const Problem& p, const uint8_t* packed, int64_t begin, int64_t end) {
   const int64_t G = p.K / 32, tile_bytes = G * tile_group_bytes(kFormat);
   for (int64_t tile = begin; tile < end; ++tile) {
     const uint8_t* weights = packed + tile * tile_bytes;
-    for (int64_t r0 = 0; r0 < p.M; r0 += 4) {
-      float res[4][16];
-      switch (std::min<int64_t>(4, p.M - r0)) {
+    for (int64_t r0 = 0; r0 < p.M; r0 += kF32Rows) {
+      float res[kF32Rows][16];
+      const int64_t rows = std::min(kF32Rows, p.M - r0);
+      switch (rows) {
         case 1: f32_tile<kFormat, 1>(weights, p.x, p.x_stride, r0, G, res); break;
         case 2: f32_tile<kFormat, 2>(weights, p.x, p.x_stride, r0, G, res); break;
         case 3: f32_tile<kFormat, 3>(weights, p.x, p.x_stride, r0, G, res); break;
         case 4: f32_tile<kFormat, 4>(weights, p.x, p.x_stride, r0, G, res); break;
+        case 5: f32_tile<kFormat, 5>(weights, p.x, p.x_stride, r0, G, res); break;
+        case 6: f32_tile<kFormat, 6>(weights, p.x, p.x_stride, r0, G, res); break;
       }
-      store<4, 16>(p, r0, tile * kTileCols, kTileCols, res, std::min<int64_t>(4, p.M - r0));
+      store<kF32Rows, 16>(p, r0, tile * kTileCols, kTileCols, res, rows);
     }
   }
 }

@@ -88,10 +88,13 @@ def test_greedy_tokens_equal_transformers(
     assert sum(len(ids) for ids in ours) > 3 * MAX_NEW_TOKENS  # long enough to mean something
 
 
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
 def test_quantized_path_tokens_equal_transformers_or_part_at_near_ties(
-    smollm2_path, hf_model, hf_tokenizer, prompts, eos_ids, hf_outputs, models_helpers
+    smollm2_path, hf_model, hf_tokenizer, prompts, eos_ids, hf_outputs, models_helpers, backend
 ):
-    model, _ = load_model(smollm2_path, torch.float32, "cpu", ReferenceBackend(), "gguf")
+    """On the reference attention (per-op forward) and on the engine's default CPU path (the
+    native attention and decoder stack)."""
+    model, _ = load_model(smollm2_path, torch.float32, "cpu", make_backend(backend), "gguf")
     assert isinstance(model.layers[0].mlp.gate_up_proj, QuantLinear)
     assert isinstance(model.lm_head, QuantLinear)
     ours = our_greedy(model, prompts, eos_ids, models_helpers)
@@ -102,6 +105,12 @@ def test_quantized_path_tokens_equal_transformers_or_part_at_near_ties(
             continue
         assert parted[1] < NEAR_TIE, (hf_tokenizer.decode(prompt_ids), parted)
     assert "Paris" in hf_tokenizer.decode(ours[0])
+
+
+def make_backend(name: str):
+    from kernels.cpu.paged_attention import CpuPagedBackend
+
+    return ReferenceBackend() if name == "reference" else CpuPagedBackend()
 
 
 def test_quantized_path_is_batch_invariant_on_the_real_model(smollm2_path, models_helpers):

@@ -43,6 +43,8 @@ def best_lengths(problem: SearchProblem) -> SearchResult:
     min(c, cap_i), for every m and c, all with one proposer), then Dinkelbach rounds per cap
     started from the best of them, whose batch-wide fixed costs are already paid, so each
     request's first draft is charged only its own cost."""
+    if len(problem.options) == 1:
+        return _one_request(problem)
     floors = [options[0].floor for options in problem.options]
     best = problem.evaluate(floors)
     for picks in _uniform_picks(problem):
@@ -60,6 +62,20 @@ def best_lengths(problem: SearchProblem) -> SearchResult:
         if result.goodput > best.goodput * (1.0 + 1e-12):
             best = result
     return best
+
+
+def _one_request(problem: SearchProblem) -> SearchResult:
+    """One request (batch 1, the common interactive case): every (option, k), brute force;
+    the general search costs several times more here and finds the same plan."""
+    best = None
+    for pick, option in enumerate(problem.options[0]):
+        for k in range(option.floor, option.cap + 1):
+            if not problem.fits((k,)):
+                break
+            result = problem.evaluate((k,), (pick,))
+            if best is None or result.goodput > best.goodput * (1.0 + 1e-12):
+                best = result
+    return best if best is not None else problem.evaluate((problem.options[0][0].floor,))
 
 
 def _max_draft_cap(problem: SearchProblem) -> int:

@@ -149,6 +149,42 @@ def test_search_reaches_the_brute_force_optimum_with_fixed_costs(draft_model):
         assert search(rates, cost, 4, draft_model, graphs).goodput >= 0.99 * best
 
 
+class HingeCost(LinearCost):
+    """LinearCost plus a steeper per-token cost past `knot` batched tokens: convex, like the
+    online model's nonnegative row ramps."""
+
+    def __init__(self, knot: int, extra: float, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.knot, self.extra = knot, extra
+
+    def predict(self, f: StepFeatures) -> float:
+        hinge = self.extra * max(0, f.num_batched_tokens - self.knot)
+        return super().predict(f) + hinge
+
+
+def test_the_no_speculation_shortcut_only_fires_at_the_optimum():
+    """Low acceptance under load: the search answers "no drafts" in one pass when no plan
+    beats it (search._floors_are_best), and that answer is brute force's, hinge included."""
+    rng = random.Random(5)
+    fired = 0
+    for _ in range(80):
+        rates = [rng.uniform(0.0, 0.6) for _ in range(rng.randint(1, 4))]
+        cost = HingeCost(
+            knot=rng.randint(1, 8),
+            extra=rng.uniform(0, 5e-3),
+            intercept=rng.uniform(0.005, 0.03),
+            per_token=rng.uniform(1e-4, 5e-3),
+            per_spec_request=rng.choice([0.0, rng.uniform(0, 0.02)]),
+        )
+        best = brute_force(rates, cost, 4, False, False)
+        result = search(rates, cost, 4, False)
+        assert result.goodput >= 0.99 * best
+        if all(k == 0 for k in result.ks):  # "no drafts" is only ever the exact optimum
+            assert result.goodput >= (1 - 1e-12) * best
+            fired += 1
+    assert 10 < fired < 70  # both answers occur
+
+
 def test_a_fixed_cost_per_speculating_request_is_paid_when_speculation_doubles_goodput():
     # The issue's first case: base 10 ms, 10 ms per speculating request, acceptance 0.9.
     cost = LinearCost(0.01, 0.0, per_spec_request=0.01)

@@ -11,6 +11,11 @@ non-matmul = step - linears (Python, small ops, attention, sampling).
 
 `--compare activations`: two lean engines instead, `gguf` (float32 activations) and
 `gguf-int8` (int8 activations, kernels/cpu act="int8"), the same way.
+
+`--compare stack`: the per-op forward (`native_stack_enabled = False`: one native op at a time
+from Python) against the native decoder stack (engine/models/native_stack.py), same kernels;
+the stack's own timer splits its time by phase (norms, qkv, rope, attention, o, gate_up,
+silu_mul, down; ms per step), and `linear_ms` is then the head's alone.
 """
 
 from __future__ import annotations
@@ -59,16 +64,23 @@ def fused_ops(enabled: bool):
         fused.native_ops = original
 
 
-def measure(llm: LLM, steps: int, lean: bool) -> tuple[float, float]:
-    """(median step ms, mean linear ms per step)."""
+def measure(llm: LLM, steps: int, lean: bool) -> tuple[float, float, dict]:
+    """(median step ms, mean linear ms per step, the stack's ms per step by phase)."""
     times = []
     LINEAR_SECONDS[0] = 0.0
+    stack = llm.engine.runner.model.native_stack()
+    if stack is not None:
+        stack.timings = torch.zeros(len(stack.phase_names), dtype=torch.float64)
     with fused_ops(lean):
         for _ in range(steps):
             start = time.perf_counter()
             llm.engine.step()
             times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times), 1e3 * LINEAR_SECONDS[0] / steps
+    phases = {}
+    if stack is not None:
+        phases = {n: 1e3 * float(t) / steps for n, t in zip(stack.phase_names, stack.timings)}
+        stack.timings = None
+    return 1e3 * statistics.median(times), 1e3 * LINEAR_SECONDS[0] / steps, phases
 
 
 def main() -> None:
@@ -78,18 +90,21 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1)
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--compare", choices=["lean", "activations"], default="lean")
+    parser.add_argument("--compare", choices=["lean", "activations", "stack"], default="lean")
+    parser.add_argument("--weights", default="auto", help="with --compare stack")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     variants = {  # name: (attention backend, weights, lean fused ops)
         "lean": {"torch": ("reference", "auto", False), "lean": ("cpu", "auto", True)},
         "activations": {"float32": ("cpu", "gguf", True), "int8": ("cpu", "gguf-int8", True)},
+        "stack": {"per-op": ("cpu", args.weights, True), "stack": ("cpu", args.weights, True)},
     }[args.compare]
     engines = {}
     for name, (backend, weights, lean) in variants.items():
         flat = {"model": args.model, "threads": args.threads, "attention_backend": backend}
         flat.update(kv_cache_memory="256MiB", weights=weights)
         engines[name] = LLM(config=EngineConfig.from_flat(flat))
+        engines[name].engine.runner.model.native_stack_enabled = name != "per-op"
         with fused_ops(lean):
             start_decoding(engines[name], args.rows, args.steps * (args.rounds + 1))
     time_linears()
@@ -106,6 +121,9 @@ def main() -> None:
             "linear_ms": round(linears, 2),
             "non_matmul_ms": round(step - linears, 2),
         }
+        if rows[0][2]:
+            phases = {n: round(statistics.median(r[2][n] for r in rows), 3) for n in rows[0][2]}
+            summary[name]["stack_phases_ms"] = phases
     print(json.dumps(summary))
 
 

@@ -60,6 +60,10 @@ class NativeStack:
         first = model.layers[0].self_attn.qkv_proj
         self.activations = first.activations
         self.scale = c.head_dim**-0.5
+        # Seconds per phase of the layers (phase_names), summed over calls, when a benchmark
+        # sets it to zeros(len(phase_names), float64); None: not timed.
+        self.timings: torch.Tensor | None = None
+        self.phase_names: list[str] = list(ops.DecoderStack.phases)
         self._stack = ops.DecoderStack(
             c.hidden_size,
             c.num_heads,
@@ -120,6 +124,7 @@ class NativeStack:
             planned.mask,
             self.scale,
             num_layers,
+            self.timings,
         )
 
 

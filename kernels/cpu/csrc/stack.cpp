@@ -9,7 +9,9 @@
 #include <ATen/ops/empty.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <chrono>
 #include <optional>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -18,6 +20,29 @@
 
 namespace goodspeed {
 namespace {
+
+// Phases of a layer, for the optional timings (benchmarks/lean_step.py --compare stack).
+enum Phase { kNorms, kQkv, kRope, kAttention, kO, kGateUp, kSilu, kDown, kPhases };
+
+// Adds the seconds since the last lap to a phase's slot; does nothing without slots.
+class Clock {
+ public:
+  explicit Clock(double* slots) : slots_(slots), last_(now()) {}
+  void lap(Phase phase) {
+    if (slots_ == nullptr) return;
+    const double t = now();
+    slots_[phase] += t - last_;
+    last_ = t;
+  }
+
+ private:
+  static double now() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+  double* slots_;
+  double last_;
+};
 
 // One run of output columns stored in one GGUF format: (blocks [cols, row_bytes], format,
 // first column, number of columns, the blocks repacked for AVX-512 VNNI or None).
@@ -87,12 +112,18 @@ class DecoderStack {
 
   // residual [T, hidden] (the embeddings; overwritten) -> final-norm hidden states [T, hidden].
   // caches[i], slots, block_tables, tokens, mask: as paged_attention_out takes them.
+  // timings: float64 [kPhases] to add each phase's seconds to (benchmarks), or None.
   at::Tensor forward(at::Tensor& residual, const at::Tensor& positions,
                      const std::vector<at::Tensor>& caches, const at::Tensor& slots,
                      const at::Tensor& block_tables, const at::Tensor& tokens,
-                     const std::optional<at::Tensor>& mask, double scale, int64_t num_layers) {
+                     const std::optional<at::Tensor>& mask, double scale, int64_t num_layers,
+                     const std::optional<at::Tensor>& timings) {
     const int64_t T = residual.size(0);
     check_inputs(residual, positions, caches, slots, block_tables, tokens, mask, num_layers);
+    TORCH_CHECK(!timings || (timings->scalar_type() == at::kDouble && timings->is_contiguous() &&
+                             timings->numel() == kPhases),
+                "timings must be a contiguous float64 [", kPhases, "] tensor");
+    Clock clock(timings ? timings->data_ptr<double>() : nullptr);
     const AttentionBatch batch{slots.data_ptr<int64_t>(),
                                block_tables.data_ptr<int32_t>(),
                                block_tables.size(1),
@@ -110,19 +141,28 @@ class DecoderStack {
       const Layer& layer = layers_[i];
       rms_norm_rows(res, i == 0 ? nullptr : &dm, layer.input_norm.data_ptr<float>(), eps_, hm, T,
                     C_);
+      clock.lap(kNorms);
       linear(layer.qkv, hm, mat(qkv), T);
+      clock.lap(kQkv);
       float* qkv_data = qkv.data_ptr<float>();
       rope_rows(qkv_data, QKV, D_, T, H_ + Hkv_, D_, pos, cos_.data_ptr<float>(),
                 sin_.data_ptr<float>());
+      clock.lap(kRope);
       const Paged cache{caches[i].data_ptr<float>(), caches[i].size(2), Hkv_, D_};
       paged_attention(cache, Heads{qkv_data, QKV, D_}, Heads{qkv_data + H_ * D_, QKV, D_},
                       Heads{qkv_data + (H_ + Hkv_) * D_, QKV, D_}, H_, batch, (float)scale,
                       attended.data_ptr<float>());
+      clock.lap(kAttention);
       linear(layer.o, mat(attended), om, T);
+      clock.lap(kO);
       rms_norm_rows(res, &om, layer.post_norm.data_ptr<float>(), eps_, hm, T, C_);
+      clock.lap(kNorms);
       linear(layer.gate_up, hm, mat(gate_up), T);
+      clock.lap(kGateUp);
       silu_mul_rows(mat(gate_up), mat(act), T, I_);
+      clock.lap(kSilu);
       linear(layer.down, mat(act), dm, T);
+      clock.lap(kDown);
     }
     rms_norm_rows(res, num_layers > 0 ? &dm : nullptr, final_norm_.data_ptr<float>(), eps_,
                   mat(out), T, C_);
@@ -203,8 +243,12 @@ void register_stack(pybind11::module& m) {
       .def("forward", &DecoderStack::forward, py::call_guard<py::gil_scoped_release>(),
            py::arg("residual"), py::arg("positions"), py::arg("caches"), py::arg("slots"),
            py::arg("block_tables"), py::arg("tokens"), py::arg("mask"), py::arg("scale"),
-           py::arg("num_layers"))
-      .def_property_readonly("num_layers", &DecoderStack::num_layers);
+           py::arg("num_layers"), py::arg("timings") = py::none())
+      .def_property_readonly("num_layers", &DecoderStack::num_layers)
+      .def_property_readonly_static("phases", [](py::object) {
+        return std::vector<std::string>{"norms", "qkv", "rope", "attention", "o", "gate_up",
+                                        "silu_mul", "down"};
+      });
 }
 
 }  // namespace goodspeed

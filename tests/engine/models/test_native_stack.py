@@ -120,3 +120,16 @@ def test_where_the_native_stack_does_not_apply(tmp_path, models_helpers):
         assert NativeStack.runs_on(CpuPagedBackend(), residual)
     assert not NativeStack.runs_on(CpuPagedBackend(), residual)  # autograd is recording
     assert LlamaForCausalLM.native_stack_enabled  # on by default
+
+
+def test_the_stack_times_its_phases_without_changing_results(tmp_path, models_helpers):
+    hf_dir, _ = models_helpers.build_hf_model(tmp_path / "hf", tie_word_embeddings=True)
+    per_op, native = load_pair(write_gguf(tmp_path / "m.gguf", hf_dir, qtype=Q.Q4_1), "gguf")
+    stack = native.native_stack()
+    stack.timings = torch.zeros(len(stack.phase_names), dtype=torch.float64)
+    assert_bitwise_same(per_op, native, models_helpers)
+    assert stack.phase_names[:2] == ["norms", "qkv"] and "attention" in stack.phase_names
+    assert (stack.timings >= 0).all() and stack.timings.sum() > 0
+    stack.timings = torch.zeros(3, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match="timings"), torch.inference_mode():
+        native(torch.tensor([1]), torch.tensor([0]))

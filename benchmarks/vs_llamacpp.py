@@ -248,7 +248,7 @@ def markdown(results: dict) -> str:
     ]
     for scenario, row in results["results"].items():
         best = max(row.get("llama", 0.0), row.get("llama-spec", 0.0)) or 1.0
-        cells = [f"{row.get(n, 0.0):.1f}" for n in NAMES]
+        cells = [f"{row[n]:.1f}" if n in row else "-" for n in NAMES]
         llama, off = row.get("llama") or 1.0, row.get("gs-off") or 1.0
         lines.append(
             f"| {scenario} | " + " | ".join(cells) + f" | {row.get('gs-off', 0.0) / llama:.2f}x"

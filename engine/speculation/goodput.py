@@ -115,14 +115,19 @@ class GoodputPolicy:
         self, candidates: Sequence[SpecCandidate], options: list[list[SearchSlot]]
     ) -> None:
         """Give one draft to the (request, proposer) idle longest, once idle for
-        explore_interval plans: that request gets only that option. One per plan, so that
-        under load the retries do not all land on the same step."""
+        explore_interval plans (past four candidates, for four plans per candidate, so that
+        under load the retries stay about one per four plans: each is a verify row every
+        request in the step waits for): that request gets only that option. One per plan, so
+        that under load the retries do not all land on the same step."""
+        interval = self.explore_interval
+        if len(candidates) > 4:
+            interval = max(interval, 4 * len(candidates))
         idle = []
         for i, candidate in enumerate(candidates):
             for j, name in enumerate(self.proposers):
                 key = (candidate.request_id, name)
                 last = self._last_speculated.setdefault(key, self._num_plans)
-                if options[i][j].cap > 0 and self._num_plans - last >= self.explore_interval:
+                if options[i][j].cap > 0 and self._num_plans - last >= interval:
                     idle.append((last, i, j))
         if idle:
             _, i, j = min(idle)

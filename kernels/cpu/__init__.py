@@ -5,7 +5,9 @@ is a QuantizedWeight (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K or Q6_K blocks). 
   * effective weights equal gguf.quants.dequantize bit for bit; float32 activations and sums;
   * batch invariance: each output row depends on its own input row only, with one reduction
     order for every M and every thread count, so a row is bitwise the same alone or in a batch;
-  * verify-shaped: each block is read and dequantised once per call, whatever M is.
+  * verify-shaped: each block is read from memory once per call, whatever M is;
+  * on CPUs with AVX-512 and VNNI, `pack_tiles` repacks Q4_0/Q4_1/Q8_0 weights into tiles of
+    16 rows that qlinear_out(..., packed=...) runs for either activation mode.
 act="int8" quantizes each activation row per group of 32 to int8 (its own scales, so batch
 invariance holds) and runs exact integer dot products per group, llama.cpp's arithmetic; the
 results differ from float32 activations by that quantization (fallback.quantize_rows).

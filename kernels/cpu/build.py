@@ -4,8 +4,8 @@ The extension is compiled with `torch.utils.cpp_extension.load` (g++ and ninja) 
 `$GOODSPEED_KERNEL_CACHE/<hash>` (default `~/.cache/goodspeed/kernels/<hash>`), where the hash
 covers the sources, the compiler flags and the torch and Python versions; a later process
 imports the built library directly, without a compiler. The code is not compiled for the build
-machine's CPU (no -march=native): AVX2 functions carry target attributes and are chosen at run
-time, so a cached library is safe on any x86-64 CPU.
+machine's CPU (no -march=native): AVX2 and AVX-512 functions carry target attributes and are
+chosen at run time from the CPU's features, so a cached library is safe on any x86-64 CPU.
 
 If the build cannot run (no compiler, no ninja: checked first, so torch logs nothing), fails (a
 compile error) or `GOODSPEED_NATIVE_KERNELS=0`, `load_native()` returns None after logging ONE

@@ -273,11 +273,24 @@ def test_exploration_retries_one_idle_request_per_plan():
     policy = GoodputPolicy(
         LinearCost(0.01, 0.05), max_draft_tokens=4, prior=0.9, explore_interval=3
     )
-    batch = candidates(*(f"r{i}" for i in range(6)))
-    plans = [policy.plan(batch, decode_base(6)) for _ in range(12)]
+    batch = candidates(*(f"r{i}" for i in range(4)))
+    plans = [policy.plan(batch, decode_base(4)) for _ in range(12)]
     assert all(len(plan) <= 1 for plan in plans)  # steep cost: only the forced retry speculates
     explored = [request_id for plan in plans for request_id in plan]
-    assert explored == [f"r{i % 6}" for i in range(9)]  # round robin from plan 4 on
+    assert explored == [f"r{i % 4}" for i in range(9)]  # round robin from plan 4 on
+
+
+def test_under_load_retries_come_about_once_per_four_plans():
+    """16 idle requests: each is retried every 64 plans (four per candidate), so about one
+    verify row per four plans is spent on retries, not one per plan."""
+    policy = GoodputPolicy(
+        LinearCost(0.01, 0.05), max_draft_tokens=4, prior=0.9, explore_interval=3
+    )
+    batch = candidates(*(f"r{i}" for i in range(16)))
+    plans = [policy.plan(batch, decode_base(16)) for _ in range(96)]
+    explored = [request_id for plan in plans for request_id in plan]
+    assert 16 <= len(explored) <= 96 // 4 + 1
+    assert set(explored) == {f"r{i}" for i in range(16)}  # every request is retried
 
 
 def test_observe_feeds_the_cost_model_and_acceptance_and_release_forgets():

@@ -4,7 +4,7 @@
 
 #include <optional>
 
-#include "decode_core.h"
+#include "attention_batch.h"
 
 namespace goodspeed {
 namespace {
@@ -72,27 +72,11 @@ void paged_attention_out(const at::Tensor& q, const at::Tensor& k, const at::Ten
   TORCH_CHECK(cache.is_contiguous() && cache.dim() == 5 && cache.scalar_type() == at::kFloat,
               "cache must be a contiguous float32 [blocks, 2, block_size, kv_heads, D] tensor");
   TORCH_CHECK(out.is_contiguous() && out.sizes() == q.sizes(), "out must be contiguous like q");
-  TORCH_CHECK(slots.scalar_type() == at::kLong && slots.is_contiguous(), "slots: int64");
-  TORCH_CHECK(block_tables.scalar_type() == at::kInt && block_tables.is_contiguous(), "tables");
-  TORCH_CHECK(tokens.scalar_type() == at::kInt && tokens.is_contiguous() && tokens.dim() == 2 &&
-                  tokens.size(1) == 4 && tokens.size(0) == q.size(0),
-              "tokens must be int32 [T, 4]");
   const int64_t T = q.size(0), H = q.size(1), D = q.size(2), Hkv = k.size(1);
   TORCH_CHECK(H % Hkv == 0 && H / Hkv <= 64 && cache.size(3) == Hkv && cache.size(4) == D,
               "head shapes (at most 64 query heads per KV head)");
-  if (mask) {
-    TORCH_CHECK(mask->scalar_type() == at::kByte && mask->is_contiguous() && mask->dim() == 2 &&
-                    mask->size(0) == T,
-                "mask must be uint8 [T, max_q_len]");
-  }
+  const AttentionBatch batch = attention_batch(slots, block_tables, tokens, mask, T);
   const Paged c{cache.data_ptr<float>(), cache.size(2), Hkv, D};
-  const AttentionBatch batch{slots.data_ptr<int64_t>(),
-                             block_tables.data_ptr<int32_t>(),
-                             block_tables.size(1),
-                             tokens.data_ptr<int32_t>(),
-                             mask ? mask->data_ptr<uint8_t>() : nullptr,
-                             mask ? mask->size(1) : 0,
-                             T};
   paged_attention(c, heads(q), heads(k), heads(v), H, batch, (float)scale, out.data_ptr<float>());
 }
 

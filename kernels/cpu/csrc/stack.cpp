@@ -15,7 +15,7 @@
 #include <tuple>
 #include <vector>
 
-#include "decode_core.h"
+#include "attention_batch.h"
 #include "qlinear_core.h"
 
 namespace goodspeed {
@@ -119,18 +119,12 @@ class DecoderStack {
                      const std::optional<at::Tensor>& mask, double scale, int64_t num_layers,
                      const std::optional<at::Tensor>& timings) {
     const int64_t T = residual.size(0);
-    check_inputs(residual, positions, caches, slots, block_tables, tokens, mask, num_layers);
+    check_inputs(residual, positions, caches, num_layers);
     TORCH_CHECK(!timings || (timings->scalar_type() == at::kDouble && timings->is_contiguous() &&
                              timings->numel() == kPhases),
                 "timings must be a contiguous float64 [", kPhases, "] tensor");
     Clock clock(timings ? timings->data_ptr<double>() : nullptr);
-    const AttentionBatch batch{slots.data_ptr<int64_t>(),
-                               block_tables.data_ptr<int32_t>(),
-                               block_tables.size(1),
-                               tokens.data_ptr<int32_t>(),
-                               mask ? mask->data_ptr<uint8_t>() : nullptr,
-                               mask ? mask->size(1) : 0,
-                               T};
+    const AttentionBatch batch = attention_batch(slots, block_tables, tokens, mask, T);
     const int64_t QKV = (H_ + 2 * Hkv_) * D_;
     auto buffer = [&](int64_t cols) { return at::empty({T, cols}, residual.options()); };
     at::Tensor h = buffer(C_), qkv = buffer(QKV), attended = buffer(H_ * D_), o = buffer(C_);
@@ -185,9 +179,7 @@ class DecoderStack {
   }
 
   void check_inputs(const at::Tensor& residual, const at::Tensor& positions,
-                    const std::vector<at::Tensor>& caches, const at::Tensor& slots,
-                    const at::Tensor& block_tables, const at::Tensor& tokens,
-                    const std::optional<at::Tensor>& mask, int64_t num_layers) const {
+                    const std::vector<at::Tensor>& caches, int64_t num_layers) const {
     TORCH_CHECK(residual.is_cpu() && residual.scalar_type() == at::kFloat &&
                     residual.dim() == 2 && residual.is_contiguous() && residual.size(1) == C_,
                 "residual must be contiguous float32 [T, hidden]");
@@ -208,15 +200,6 @@ class DecoderStack {
     for (int64_t t = 0; t < T; ++t) {
       TORCH_CHECK(pos[t] >= 0 && pos[t] < cos_.size(0), "position ", pos[t], " out of range");
     }
-    TORCH_CHECK(slots.scalar_type() == at::kLong && slots.is_contiguous() && slots.numel() == T,
-                "slots: int64 [T]");
-    TORCH_CHECK(block_tables.scalar_type() == at::kInt && block_tables.is_contiguous(), "tables");
-    TORCH_CHECK(tokens.scalar_type() == at::kInt && tokens.is_contiguous() &&
-                    tokens.dim() == 2 && tokens.size(0) == T && tokens.size(1) == 4,
-                "tokens must be int32 [T, 4]");
-    TORCH_CHECK(!mask || (mask->scalar_type() == at::kByte && mask->is_contiguous() &&
-                          mask->dim() == 2 && mask->size(0) == T),
-                "mask must be uint8 [T, max_q_len]");
   }
 
   int64_t C_, H_, Hkv_, D_, I_;

@@ -12,11 +12,15 @@ model is float32 on the CPU, attention is the native `cpu` backend and no autogr
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from engine.models.linear import ACTIVATIONS, QuantLinear
 from kernels.cpu import load_native
 from kernels.cpu.paged_attention import CpuPagedBackend
+
+logger = logging.getLogger(__name__)
 
 
 def _runs(layer: QuantLinear) -> list[tuple]:
@@ -94,7 +98,16 @@ class NativeStack:
         ops = load_native()
         if ops is None or not _fits(model):
             return None
-        return cls(model, ops)
+        stack = cls(model, ops)
+        runs = [p for layer in model.layers for p in layer.mlp.down_proj.packed_runs()]
+        kernels = "AVX-512 tiles" if any(p is not None for p in runs) else "AVX2/scalar kernels"
+        logger.info(
+            "decoder: %d layers in one native call; linear layers on %s, %s activations",
+            len(model.layers),
+            kernels,
+            stack.activations,
+        )
+        return stack
 
     @staticmethod
     def runs_on(backend, residual: torch.Tensor) -> bool:

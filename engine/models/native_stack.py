@@ -7,7 +7,9 @@ hidden states are bitwise those of the per-op path (tests/engine/models/test_nat
 
 It applies when every linear layer runs GGUF blocks on the native kernels (QuantLinear), the
 model is float32 on the CPU, attention is the native `cpu` backend and no autograd is recording;
-`NativeStack.build` returns None otherwise and the model keeps its per-op forward.
+`NativeStack.build` returns None otherwise and the model keeps its per-op forward. It holds the
+model's parameter tensors as they were when built: the model builds it on first use and again
+after `load_weights`.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ logger = logging.getLogger(__name__)
 
 
 def _runs(layer: QuantLinear) -> list[tuple]:
-    """(blocks, format, first column, columns, VNNI tiles or None) per run of one format."""
+    """(blocks, format, first column, columns, AVX-512 tiles or None) per run of one format."""
     return [
         (weight.data, weight.qtype, columns.start, columns.stop - columns.start, packed)
         for (weight, columns), packed in zip(layer.runs, layer.packed_runs(), strict=True)
@@ -32,6 +34,8 @@ def _runs(layer: QuantLinear) -> list[tuple]:
 
 
 def _fits(model) -> bool:
+    """Every linear layer on the native kernels with one activation mode, float32 CPU norms and
+    RoPE tables, a head size the native RoPE takes."""
     linears = [
         getattr(part, name)
         for layer in model.layers

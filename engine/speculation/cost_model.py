@@ -74,7 +74,8 @@ class OnlineLinearCostModel:
         costs ~0.4 ms, a tenth of a batch-1 step on the AVX-512 kernels; the engine uses 8)."""
         if not 0.0 < forgetting <= 1.0 or window < 1 or refit_every < 1:
             raise ValueError(
-                f"need 0 < forgetting <= 1 and window >= 1, got {forgetting}, {window}"
+                "need 0 < forgetting <= 1, window >= 1 and refit_every >= 1, got "
+                f"{forgetting}, {window}, {refit_every}"
             )
         self.forgetting = forgetting
         self.ridge = ridge

@@ -133,3 +133,17 @@ def test_the_stack_times_its_phases_without_changing_results(tmp_path, models_he
     stack.timings = torch.zeros(3, dtype=torch.float64)
     with pytest.raises(RuntimeError, match="timings"), torch.inference_mode():
         native(torch.tensor([1]), torch.tensor([0]))
+
+
+@pytest.mark.parametrize("weights", ["gguf", "gguf-int8"])
+def test_native_stack_on_the_avx2_kernels(tmp_path, models_helpers, monkeypatch, weights):
+    """Without the AVX-512 tiles (CPUs that lack them), the stack runs the AVX2 kernels, still
+    bitwise the per-op forward."""
+    import engine.models.linear as linear_module
+
+    monkeypatch.setattr(linear_module, "pack_tiles", lambda weight: None)
+    hf_dir, _ = models_helpers.build_hf_model(tmp_path / "hf", tie_word_embeddings=True)
+    per_op, native = load_pair(write_gguf(tmp_path / "m.gguf", hf_dir, qtype=Q.Q4_1), weights)
+    layer = native.layers[0].mlp.down_proj
+    assert layer.packed_runs() == [None]
+    assert_bitwise_same(per_op, native, models_helpers)

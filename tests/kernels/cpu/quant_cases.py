@@ -82,3 +82,16 @@ def activations(num_rows: int, width: int, seed: int = 0) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
     scales = torch.logspace(-2, 1, num_rows).unsqueeze(1)
     return torch.randn(num_rows, width, generator=gen) * scales
+
+
+def with_thread_counts(fn, counts: tuple[int, ...] = (1, 2)) -> list:
+    """fn() run once at each intra-op thread count; the setting is restored after."""
+    threads = torch.get_num_threads()
+    try:
+        results = []
+        for count in counts:
+            torch.set_num_threads(count)
+            results.append(fn())
+    finally:
+        torch.set_num_threads(threads)
+    return results

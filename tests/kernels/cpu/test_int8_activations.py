@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from kernels.cpu import ISA, fallback, load_native, qlinear
-from tests.kernels.cpu.quant_cases import FORMATS, ISAS, activations
+from tests.kernels.cpu.quant_cases import FORMATS, ISAS, activations, with_thread_counts
 
 ROW_COUNTS = (1, 2, 3, 4, 5, 8, 16, 33)
 
@@ -74,15 +74,8 @@ def test_a_row_is_bitwise_the_same_in_any_batch(quant_cases, qtype, isa):
 def test_thread_count_does_not_change_results(quant_cases, qtype):
     weight = quant_cases[qtype].weight
     x = activations(6, weight.in_features, seed=2)
-    threads = torch.get_num_threads()
-    try:
-        results = []
-        for count in (1, 2):
-            torch.set_num_threads(count)
-            results.append(qlinear(x, weight, act="int8"))
-    finally:
-        torch.set_num_threads(threads)
-    assert torch.equal(results[0], results[1])
+    one, two = with_thread_counts(lambda: qlinear(x, weight, act="int8"))
+    assert torch.equal(one, two)
 
 
 def test_rejects_an_unknown_activation_mode(quant_cases):

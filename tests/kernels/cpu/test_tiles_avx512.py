@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from kernels.cpu import ACTIVATIONS, fallback, qlinear
-from tests.kernels.cpu.quant_cases import Q, activations
+from tests.kernels.cpu.quant_cases import Q, activations, with_thread_counts
 from tests.kernels.cpu.test_int8_activations import ROW_COUNTS, int8_bound
 from tests.kernels.cpu.test_qlinear import rounding_bound
 
@@ -28,6 +28,13 @@ def needs_vnni(native):
 def first_tiles(case, rows: int = 32):
     """The case's first `rows` output rows (tiles need a multiple of 16)."""
     return case.weight.with_rows(case.weight.data[:rows]), case.reference[:rows]
+
+
+def product_case(case, num_rows: int):
+    """(weight, reference, x [num_rows, K], bias) over the case's first two tiles."""
+    weight, reference = first_tiles(case)
+    x = activations(num_rows, weight.in_features, seed=num_rows)
+    return weight, reference, x, torch.randn(weight.out_features)
 
 
 def tile_linear(native, x, weight, bias=None, packed=None, act="int8"):
@@ -54,9 +61,7 @@ def test_float_identity_rows_read_back_the_stored_weights(native, quant_cases, q
 @pytest.mark.parametrize("num_rows", ROW_COUNTS)
 @pytest.mark.parametrize("qtype", TILE_FORMATS, ids=lambda q: q.name)
 def test_float_matches_the_exact_product(native, quant_cases, qtype, num_rows):
-    weight, reference = first_tiles(quant_cases[qtype])
-    x = activations(num_rows, weight.in_features, seed=num_rows)
-    bias = torch.randn(weight.out_features)
+    weight, reference, x, bias = product_case(quant_cases[qtype], num_rows)
     got = tile_linear(native, x, weight, bias, act="float32")
     exact = x.double() @ reference.double().T + bias.double()
     bound = rounding_bound(x, reference) + bias.abs().double() * 2.0**-23
@@ -67,9 +72,7 @@ def test_float_matches_the_exact_product(native, quant_cases, qtype, num_rows):
 @pytest.mark.parametrize("num_rows", ROW_COUNTS)
 @pytest.mark.parametrize("qtype", TILE_FORMATS, ids=lambda q: q.name)
 def test_matches_the_exact_product_of_the_quantized_rows(native, quant_cases, qtype, num_rows):
-    weight, reference = first_tiles(quant_cases[qtype])
-    x = activations(num_rows, weight.in_features, seed=num_rows)
-    bias = torch.randn(weight.out_features)
+    weight, reference, x, bias = product_case(quant_cases[qtype], num_rows)
     got = tile_linear(native, x, weight, bias)
     values = fallback.int8_values(x)
     exact = values.double() @ reference.double().T + bias.double()
@@ -118,15 +121,8 @@ def test_a_row_is_bitwise_the_same_in_any_batch(native, quant_cases, qtype, act)
 def test_thread_count_does_not_change_results(native, quant_cases, act):
     weight, _ = first_tiles(quant_cases[Q.Q4_1])
     x = activations(6, weight.in_features, seed=2)
-    threads = torch.get_num_threads()
-    try:
-        results = []
-        for count in (1, 2):
-            torch.set_num_threads(count)
-            results.append(tile_linear(native, x, weight, act=act))
-    finally:
-        torch.set_num_threads(threads)
-    assert torch.equal(results[0], results[1])
+    one, two = with_thread_counts(lambda: tile_linear(native, x, weight, act=act))
+    assert torch.equal(one, two)
 
 
 def test_packing_refuses_what_it_cannot_pack(native, quant_cases):

@@ -91,7 +91,7 @@ class EngineWorker:
         self._commands: list[Add | Abort] = []
         self._stopping = False
         self.dead_error: str | None = None
-        self.last_stats = EngineStats()
+        self.last_stats = engine.stats()  # lists the proposers before the first step
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
 

@@ -45,7 +45,8 @@ def _version() -> str:
 def build_app(engine: AsyncEngine, settings: ServerSettings | None = None) -> FastAPI:
     settings = settings or ServerSettings()
     ctx = ServingContext(engine, settings)
-    metrics = EngineMetrics(ctx.model_name)
+    proposers = [entry[0] for entry in engine.stats().spec_proposer_totals]
+    metrics = EngineMetrics(ctx.model_name, proposers=proposers)
     engine.stat_loggers.append(metrics)
 
     @asynccontextmanager

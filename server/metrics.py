@@ -177,18 +177,24 @@ def _register(registry: CollectorRegistry) -> _Families:
 class EngineMetrics:
     """The engine's Prometheus metrics, fed by the engine thread and rendered for /metrics."""
 
-    def __init__(self, model_name: str, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        model_name: str,
+        registry: CollectorRegistry | None = None,
+        proposers: Sequence[str] = (),
+    ) -> None:
         self.model_name = model_name
         self.registry = registry if registry is not None else CollectorRegistry()
         self._families = _register(self.registry)
-        self._bind_labels()
+        self._bind_labels(proposers)
         self._previous = EngineStats()
         # request_id -> monotonic time of the request's latest output tokens (for ITL).
         self._last_token_time: dict[str, float] = {}
 
-    def _bind_labels(self) -> None:
+    def _bind_labels(self, proposers: Sequence[str]) -> None:
         # Pre-binding makes every series exist (at zero) from the first scrape, so dashboards
-        # and `rate()` have data before the first request arrives.
+        # and `rate()` have data before the first request arrives (a fast engine can finish
+        # a burst of requests between two scrapes: a series born inside it never shows a rise).
         name = self.model_name
         families = self._families
         self._gauges = {k: g.labels(model_name=name) for k, g in families.gauges.items()}
@@ -196,6 +202,9 @@ class EngineMetrics:
         self._histograms = {k: h.labels(model_name=name) for k, h in families.histograms.items()}
         for reason in ("stop", "length", "abort", "error"):
             families.request_success.labels(model_name=name, finished_reason=reason)
+        for proposer in proposers:
+            for counter in families.by_proposer.values():
+                counter.labels(model_name=name, proposer=proposer)
 
     def on_step(self, stats: EngineStats, outputs: Sequence[RequestOutput], now: float) -> None:
         """Record one engine step; `now` is the monotonic time the outputs were produced."""

@@ -146,3 +146,15 @@ def test_per_proposer_counters_advance_by_deltas_and_keep_the_totals() -> None:
     assert by_proposer("accepted_tokens") == {"ngram": 4, "recycle": 2, "draft": 0}
     assert value(metrics, "spec_decode_num_draft_tokens_total") == 11  # the totals still count
     assert value(metrics, "spec_decode_num_accepted_tokens_total") == 6
+
+
+def test_listed_proposers_have_zero_series_before_the_first_step() -> None:
+    # A burst can finish between two scrapes: a series born inside it would never show a rise.
+    metrics = EngineMetrics(MODEL, proposers=("ngram", "draft"))
+    for proposer in ("ngram", "draft"):
+        for name in ("drafts", "draft_tokens", "accepted_tokens"):
+            sample = f"spec_decode_proposer_{name}_total"
+            assert value(metrics, sample, proposer=proposer) == 0
+    assert (
+        value(EngineMetrics(MODEL), "spec_decode_proposer_drafts_total", proposer="ngram") is None
+    )

@@ -13,6 +13,7 @@ layer's norm adds it to the residual stream (one fused op on CPU).
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 from collections.abc import Iterable
 
@@ -130,10 +131,12 @@ class LlamaForCausalLM(nn.Module):
         `num_layers` runs only the first layers (a self-draft), on `backend` if given."""
         backend = backend or self.backend
         residual, delta = self.embed_tokens(input_ids), None
+        # (range slicing: slicing the ModuleList would build a new module every step)
+        depth = len(range(len(self.layers))[:num_layers])
         stack = self.native_stack()
         if stack is not None and NativeStack.runs_on(backend, residual):
-            return stack(residual, positions, backend, len(self.layers[:num_layers]))
-        for layer in self.layers[:num_layers]:
+            return stack(residual, positions, backend, depth)
+        for layer in itertools.islice(self.layers, depth):
             residual, delta = layer(residual, delta, self.rotary, positions, backend)
         return self.norm(residual, delta)[1]
 

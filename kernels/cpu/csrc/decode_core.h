@@ -12,6 +12,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -167,8 +168,14 @@ inline void attend_scalar(const Paged& c, const QueryTask& task, int64_t g, floa
 }  // namespace goodspeed
 
 #include "attention_avx2.h"
+#include "attention_avx512.h"
 
 namespace goodspeed {
+
+// The widest attention path a process may take: 2 = AVX-512 (per KV head), 1 = AVX2 (per
+// query head), 0 = scalar. Lowered by tests to cover every path on one machine; a process that
+// serves uses one path throughout (decode and verification must agree bit for bit).
+inline std::atomic<int> attention_isa_cap{2};
 
 // (query, key) pairs times query heads below which attention runs on the calling thread.
 constexpr int64_t kParallelPairs = 4096;
@@ -190,6 +197,19 @@ struct Heads {
   const float* at(int64_t t, int64_t h) const { return data + t * stride + h * head; }
 };
 
+// Token t, query head h of a step's batch.
+inline QueryTask query_task(Heads q, const AttentionBatch& b, int64_t t, int64_t h, int64_t H,
+                            int64_t D, float* out) {
+  const int32_t* row = b.tokens + 4 * t;
+  return QueryTask{q.at(t, h),
+                   out + (t * H + h) * D,
+                   b.tables + row[0] * b.max_blocks,
+                   row[1],
+                   row[2],
+                   row[3],
+                   b.mask ? b.mask + t * b.mask_stride : nullptr};
+}
+
 // q [T, H, D] and k, v [T, Hkv, D]; out [T, H, D] contiguous. Writes k/v into the cache, then
 // attends each (token, KV head) pair.
 inline void paged_attention(const Paged& c, Heads q, Heads k, Heads v, int64_t H,
@@ -206,24 +226,35 @@ inline void paged_attention(const Paged& c, Heads q, Heads k, Heads v, int64_t H
     }
   }
   const int64_t group = H / Hkv;
-  const bool avx2 = D % 8 == 0 && avx2_fma();
   // Threads pay off past a few thousand (query, key) pairs; below that the fork costs more.
   int64_t pairs = 0;
   for (int64_t t = 0; t < b.T; ++t) pairs += b.tokens[4 * t + 1] + b.tokens[4 * t + 3];
-  const int64_t grain = pairs * H < kParallelPairs ? b.T * H : 1;
-  at::parallel_for(0, b.T * H, grain, [&](int64_t begin, int64_t end) {
+  const bool threaded = pairs * H >= kParallelPairs;
+  const int cap = attention_isa_cap.load();
+  if (cap >= 2 && D % 16 == 0 && group <= kMaxGroupHeads && avx512_attention()) {
+    at::parallel_for(0, b.T * Hkv, threaded ? 1 : b.T * Hkv, [&](int64_t begin, int64_t end) {
+      std::vector<float> scores;
+      for (int64_t item = begin; item < end; ++item) {
+        const int64_t t = item / Hkv, g = item % Hkv;
+        const QueryTask task = query_task(q, b, t, g * group, H, D, out);
+        HeadGroup heads;
+        for (int64_t i = 0; i < group; ++i) {
+          heads.q[i] = q.at(t, g * group + i);
+          heads.out[i] = out + (t * H + g * group + i) * D;
+        }
+        scores.resize(group * (2 * (task.hist + task.q_len) + 16) + 8);
+        attend_group_any(group, c, task, heads, g, scale, scores.data());
+      }
+    });
+    return;
+  }
+  const bool avx2 = cap >= 1 && D % 8 == 0 && avx2_fma();
+  at::parallel_for(0, b.T * H, threaded ? 1 : b.T * H, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
     for (int64_t item = begin; item < end; ++item) {
       const int64_t t = item / H, h = item % H;
-      const int32_t* row = b.tokens + 4 * t;
-      const QueryTask task{q.at(t, h),
-                           out + (t * H + h) * D,
-                           b.tables + row[0] * b.max_blocks,
-                           row[1],
-                           row[2],
-                           row[3],
-                           b.mask ? b.mask + t * b.mask_stride : nullptr};
-      scores.resize(2 * (row[1] + row[3] + 8));  // the AVX2 path's padding and ranked copy
+      const QueryTask task = query_task(q, b, t, h, H, D, out);
+      scores.resize(2 * (task.hist + task.q_len + 8));  // the AVX2 path's padding, ranked copy
       if (avx2) {
         attend_avx2(c, task, h / group, scale, scores.data());
       } else {

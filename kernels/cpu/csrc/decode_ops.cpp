@@ -83,6 +83,13 @@ void paged_attention_out(const at::Tensor& q, const at::Tensor& k, const at::Ten
 }  // namespace
 
 void register_decode_ops(pybind11::module& m) {
+  m.def("set_attention_isa_cap",
+        [](int cap) {
+          TORCH_CHECK(cap >= 0 && cap <= 2, "attention ISA cap: 0 scalar, 1 AVX2, 2 AVX-512");
+          attention_isa_cap.store(cap);
+        },
+        "the widest attention path this process takes (tests: cover the narrower ones)",
+        pybind11::arg("cap"));
   m.def("rms_norm_out", &rms_norm_out, "residual (+= delta); out = weight * rmsnorm(residual)",
         pybind11::arg("residual"), pybind11::arg("delta"), pybind11::arg("weight"),
         pybind11::arg("eps"), pybind11::arg("out"));

@@ -15,12 +15,22 @@ from kernels.attention import KVCacheSpec
 from kernels.reference import ReferenceBackend
 from tests.kernels.flashinfer_fakes import RequestCase, make_metadata, random_cases
 
-pytestmark = pytest.mark.usefixtures("native")
+pytestmark = pytest.mark.usefixtures("native", "attention_isa")
 NUM_BLOCKS, NUM_LAYERS = 256, 2
 KINDS = {"prefill": ("prefill",), "chunk": ("chunk",), "decode": ("decode",), "tree": ("tree",)}
 KINDS["mixed"] = ("prefill", "chunk", "decode", "tree")
-# (query heads, KV heads, head_dim): SmolLM2's 9/3/64, MHA, and a head size off the AVX2 path.
-SHAPES = [(9, 3, 64), (4, 4, 32), (6, 2, 12)]
+# (query heads, KV heads, head_dim): SmolLM2's 9/3/64, MHA, a head size off the vector paths,
+# Qwen2.5-0.5B's 14/2/64 and a Llama-like 8/2/128 (the AVX-512 path's values in two chunks).
+SHAPES = [(9, 3, 64), (4, 4, 32), (6, 2, 12), (14, 2, 64), (8, 2, 128)]
+
+
+@pytest.fixture(params=[2, 1], ids=["widest", "avx2"])
+def attention_isa(request, native):
+    """Every test runs on the widest attention path this CPU has (AVX-512 per KV head where it
+    exists) and on the AVX2 path (per query head)."""
+    native.set_attention_isa_cap(request.param)
+    yield request.param
+    native.set_attention_isa_cap(2)
 
 
 def backends(num_kv_heads: int, head_dim: int, block_size: int):

@@ -1,0 +1,151 @@
+// The AVX-512 path of paged attention (decode_core.h): one task per (query token, KV head)
+// attends with all G query heads of that KV head, so each key and value row is read once per
+// token instead of once per query head (GQA: G = 3 for SmolLM2, 7 for Qwen2.5-0.5B).
+//
+// Every quantity of a (query head, key) pair is computed the same way whatever else is in the
+// step, as in attention_avx2.h:
+//  * scores: 16 lanes per vector, one FMA chain over D per (head, key), the 16 lanes summed in one
+//    fixed pattern (sum4x16), so a key's score does not depend on its slot or on the batch;
+//  * softmax: softmax_avx2, per head (the denominator by rank among the seen keys);
+//  * values: keys in position order, the keys the token does not see skipped, accumulated in
+//    registers per 16 dimensions.
+#pragma once
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+
+#include "attention_avx2.h"
+
+#define GS_AVX512 __attribute__((target("avx512f,avx512dq,avx512vl,avx2,fma")))
+
+namespace goodspeed {
+
+// Query heads per KV head this path takes (its accumulators must fit 32 registers).
+constexpr int64_t kMaxGroupHeads = 8;
+
+inline bool avx512_attention() {
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma");
+}
+
+// The lane sums of a0 .. a3, in one fixed order: halves added, then the AVX2 hadd pattern.
+GS_AVX512 inline __m128 sum4x16(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+  const __m256 b0 = _mm256_add_ps(_mm512_castps512_ps256(a0), _mm512_extractf32x8_ps(a0, 1));
+  const __m256 b1 = _mm256_add_ps(_mm512_castps512_ps256(a1), _mm512_extractf32x8_ps(a1, 1));
+  const __m256 b2 = _mm256_add_ps(_mm512_castps512_ps256(a2), _mm512_extractf32x8_ps(a2, 1));
+  const __m256 b3 = _mm256_add_ps(_mm512_castps512_ps256(a3), _mm512_extractf32x8_ps(a3, 1));
+  const __m256 s = _mm256_hadd_ps(_mm256_hadd_ps(b0, b1), _mm256_hadd_ps(b2, b3));
+  return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+}
+
+// The query heads of one task: head i's query q[i] and output out[i], each [D].
+struct HeadGroup {
+  const float* q[kMaxGroupHeads];
+  float* out[kMaxGroupHeads];
+};
+
+// scores[h * stride + p] = q_h . k_p * scale for the keys the token sees, -inf for the others.
+template <int G>
+GS_AVX512 inline void group_scores(const Paged& c, const QueryTask& task, const HeadGroup& heads,
+                                   int64_t g, float scale, int64_t n, float* scores,
+                                   int64_t stride) {
+  const int64_t V = c.D / 16;
+  for (int64_t p0 = 0; p0 < n; p0 += 4) {
+    for (int64_t p = p0 + kPrefetchKeys; p < std::min(n, p0 + kPrefetchKeys + 4); ++p) {
+      prefetch_row(c.key(task.table, p, g), c.D);
+    }
+    for (int64_t p = p0; p < std::min(n, p0 + 4); ++p) {
+      prefetch_row(c.key(task.table, p, g) + c.v_shift(), c.D);
+    }
+    const float* k[4];
+    for (int j = 0; j < 4; ++j) k[j] = c.key(task.table, std::min(p0 + j, n - 1), g);
+    for (int h = 0; h < G; ++h) {
+      __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                       _mm512_setzero_ps()};
+      for (int64_t v = 0; v < V; ++v) {
+        const __m512 qv = _mm512_loadu_ps(heads.q[h] + 16 * v);
+        for (int j = 0; j < 4; ++j) {
+          acc[j] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k[j] + 16 * v), acc[j]);
+        }
+      }
+      alignas(16) float sums[4];
+      _mm_store_ps(sums, sum4x16(acc[0], acc[1], acc[2], acc[3]));
+      for (int j = 0; j < 4 && p0 + j < n; ++j) {
+        scores[h * stride + p0 + j] = task.visible(p0 + j)
+                                          ? sums[j] * scale
+                                          : -std::numeric_limits<float>::infinity();
+      }
+    }
+  }
+}
+
+// Accumulators per head in one pass over the values: G x VC of them, G broadcast weights and
+// one value vector fit the 32 registers.
+template <int G>
+constexpr int kValueVectors = std::min(8, (31 - G) / G);
+
+// out_h[d0 .. d0 + 16 nv) = inv_h * sum over seen p of w_h[p] * v_p[...], keys in order.
+template <int G>
+GS_AVX512 inline void group_values(const Paged& c, const QueryTask& task, const HeadGroup& heads,
+                                   int64_t g, const float* w, int64_t stride, int64_t n,
+                                   int64_t d0, int nv, const float* inv) {
+  constexpr int VC = kValueVectors<G>;
+  __m512 acc[G][VC];
+  for (int h = 0; h < G; ++h) {
+    for (int i = 0; i < VC; ++i) acc[h][i] = _mm512_setzero_ps();
+  }
+  for (int64_t p = 0; p < n; ++p) {
+    if (!task.visible(p)) continue;  // weight 0 for every head of this token
+    const float* v = c.key(task.table, p, g) + c.v_shift() + d0;
+    __m512 wp[G];
+    for (int h = 0; h < G; ++h) wp[h] = _mm512_set1_ps(w[h * stride + p]);
+    for (int i = 0; i < VC; ++i) {
+      if (i >= nv) break;
+      const __m512 vv = _mm512_loadu_ps(v + 16 * i);
+      for (int h = 0; h < G; ++h) acc[h][i] = _mm512_fmadd_ps(wp[h], vv, acc[h][i]);
+    }
+  }
+  for (int h = 0; h < G; ++h) {
+    const __m512 scale = _mm512_set1_ps(inv[h]);
+    for (int i = 0; i < nv; ++i) {
+      _mm512_storeu_ps(heads.out[h] + d0 + 16 * i, _mm512_mul_ps(acc[h][i], scale));
+    }
+  }
+}
+
+// One token's attention for the G query heads of KV head g. scores: room for G (2 n + 16).
+template <int G>
+GS_AVX512 inline void attend_group(const Paged& c, const QueryTask& task, const HeadGroup& heads,
+                                   int64_t g, float scale, float* scores) {
+  const int64_t n = task.hist + task.q_len, stride = n + 8;
+  for (int64_t p = 0; p < std::min(n, kPrefetchKeys); ++p) prefetch_row(c.key(task.table, p, g), c.D);
+  group_scores<G>(c, task, heads, g, scale, n, scores, stride);
+  float* seen = scores + G * stride;
+  float inv[G];
+  for (int h = 0; h < G; ++h) inv[h] = softmax_avx2(task, scores + h * stride, n, seen);
+  constexpr int VC = kValueVectors<G>;
+  for (int64_t d0 = 0; d0 < c.D; d0 += 16 * VC) {
+    const int nv = (int)std::min<int64_t>(VC, (c.D - d0) / 16);
+    group_values<G>(c, task, heads, g, scores, stride, n, d0, nv, inv);
+  }
+}
+
+// Dispatch on the group size (1 .. kMaxGroupHeads).
+inline void attend_group_any(int64_t G, const Paged& c, const QueryTask& task,
+                             const HeadGroup& heads, int64_t g, float scale, float* scores) {
+  switch (G) {
+    case 1: attend_group<1>(c, task, heads, g, scale, scores); break;
+    case 2: attend_group<2>(c, task, heads, g, scale, scores); break;
+    case 3: attend_group<3>(c, task, heads, g, scale, scores); break;
+    case 4: attend_group<4>(c, task, heads, g, scale, scores); break;
+    case 5: attend_group<5>(c, task, heads, g, scale, scores); break;
+    case 6: attend_group<6>(c, task, heads, g, scale, scores); break;
+    case 7: attend_group<7>(c, task, heads, g, scale, scores); break;
+    case 8: attend_group<8>(c, task, heads, g, scale, scores); break;
+  }
+}
+
+}  // namespace goodspeed

@@ -61,7 +61,11 @@ GS_AVX512 inline void group_scores(const Paged& c, const QueryTask& task, const 
       prefetch_row(c.key(task.table, p, g) + c.v_shift(), c.D);
     }
     const float* k[4];
-    for (int j = 0; j < 4; ++j) k[j] = c.key(task.table, std::min(p0 + j, n - 1), g);
+    bool seen[4];
+    for (int j = 0; j < 4; ++j) {
+      k[j] = c.key(task.table, std::min(p0 + j, n - 1), g);
+      seen[j] = task.visible(p0 + j);
+    }
     for (int h = 0; h < G; ++h) {
       __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
                        _mm512_setzero_ps()};
@@ -74,9 +78,8 @@ GS_AVX512 inline void group_scores(const Paged& c, const QueryTask& task, const 
       alignas(16) float sums[4];
       _mm_store_ps(sums, sum4x16(acc[0], acc[1], acc[2], acc[3]));
       for (int j = 0; j < 4 && p0 + j < n; ++j) {
-        scores[h * stride + p0 + j] = task.visible(p0 + j)
-                                          ? sums[j] * scale
-                                          : -std::numeric_limits<float>::infinity();
+        scores[h * stride + p0 + j] =
+            seen[j] ? sums[j] * scale : -std::numeric_limits<float>::infinity();
       }
     }
   }

@@ -95,16 +95,22 @@ def _floors_are_best(problem: SearchProblem, floors: SearchResult) -> bool:
 
 
 def _one_request(problem: SearchProblem) -> SearchResult:
-    """One request (batch 1, the common interactive case): every (option, k), brute force;
-    the general search costs several times more here and finds the same plan."""
+    """One request (batch 1, the common interactive case): every (option, k) up to the first k
+    past which no longer chain can win, brute force; the general search costs several times
+    more here and finds the same plan."""
     best = None
     for pick, option in enumerate(problem.options[0]):
+        most = 1.0 + option.cumulative[option.cap]  # no longer draft of it emits more
         for k in range(option.floor, option.cap + 1):
             if not problem.fits((k,)):
                 break
             result = problem.evaluate((k,), (pick,))
             if best is None or result.goodput > best.goodput * (1.0 + 1e-12):
                 best = result
+            # Step time never falls as k grows (theta >= 0): once even every draft's gain over
+            # this k's seconds cannot beat the best, no longer chain can.
+            if most / result.predicted_seconds <= best.goodput * (1.0 + 1e-12):
+                break
     return best if best is not None else problem.evaluate((problem.options[0][0].floor,))
 
 

@@ -185,6 +185,28 @@ def test_the_no_speculation_shortcut_only_fires_at_the_optimum():
     assert 10 < fired < 70  # both answers occur
 
 
+def test_one_request_stops_early_only_when_no_longer_chain_can_win():
+    """Batch 1 stops trying longer chains once even all drafts accepted could not beat the best
+    (step time never falls as k grows): the answer is every k's brute-force argmax, exactly."""
+    rng = random.Random(9)
+    for _ in range(200):
+        rate = rng.choice([rng.uniform(0.0, 0.3), rng.uniform(0.3, 1.0)])
+        cost = HingeCost(
+            knot=rng.randint(1, 6),
+            extra=rng.uniform(0, 5e-3),
+            intercept=rng.uniform(0.002, 0.03),
+            per_token=rng.uniform(1e-5, 5e-3),
+            per_spec_request=rng.choice([0.0, rng.uniform(0, 0.01)]),
+        )
+        cap = rng.randint(1, 8)
+        goodputs = []
+        for k in range(cap + 1):
+            f = decode_base(1).with_drafts(k, int(k > 0))
+            goodputs.append(expected_emitted(rate, k) / cost.predict(f))
+        want = max(range(cap + 1), key=lambda k: (goodputs[k], -k))
+        assert search([rate], cost, cap, draft_model=False).ks == (want,)
+
+
 def test_a_fixed_cost_per_speculating_request_is_paid_when_speculation_doubles_goodput():
     # The issue's first case: base 10 ms, 10 ms per speculating request, acceptance 0.9.
     cost = LinearCost(0.01, 0.0, per_spec_request=0.01)

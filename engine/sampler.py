@@ -89,6 +89,19 @@ class Sampler:
         return probs
 
     @staticmethod
+    def plain_greedy(rows: Sequence[SamplingRow], bitmask: torch.Tensor | None) -> bool:
+        """Every row greedy with nothing to edit: greedy_targets() gives process() + sample()
+        + valid_rows()'s answer without building the one-hot rows."""
+        return bitmask is None and all(r.params.greedy and not r.needs_logit_edits for r in rows)
+
+    @staticmethod
+    def greedy_targets(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(argmax [N], valid [N] bool) of plain greedy rows in one reduction: the max is the
+        first maximal logit's (as argmax), and NaN or inf in a row makes that row's max so."""
+        best, targets = logits.float().max(dim=-1)
+        return targets, torch.isfinite(best)
+
+    @staticmethod
     def valid_rows(logits: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
         """bool [N]: row i came from finite logits and is a distribution (positive, finite
         mass). Two reductions on the device, no sync: amax and sum propagate NaN and inf, and

@@ -97,9 +97,14 @@ class BatchVerifier:
         index = torch.tensor([r for rows in sampling for r in rows.logit_rows], device=device)
         step_logits = logits[index]
         bitmask = _grammar_masks(sampling, device)
-        probs = self.sampler.process(step_logits, self._sampling_rows(sampling), bitmask)
-        targets = self.sampler.sample(probs, self._uniforms(sampling, device))
-        parts = [targets, self.sampler.valid_rows(step_logits, probs).long()]
+        rows_params = self._sampling_rows(sampling)
+        if self.sampler.plain_greedy(rows_params, bitmask):
+            targets, valid_rows = self.sampler.greedy_targets(step_logits)
+        else:
+            probs = self.sampler.process(step_logits, rows_params, bitmask)
+            targets = self.sampler.sample(probs, self._uniforms(sampling, device))
+            valid_rows = self.sampler.valid_rows(step_logits, probs)
+        parts = [targets, valid_rows.long()]
         if target_topk > 0:
             parts.append(step_logits.topk(target_topk, dim=-1).indices.flatten())
         host = torch.cat(parts).tolist()  # the step's one host sync
@@ -110,7 +115,7 @@ class BatchVerifier:
         results, first = {}, 0
         for rows in sampling:
             span = slice(first, first + len(rows.logit_rows))
-            row_error = _row_error(host[span], valid[span], probs.shape[-1])
+            row_error = _row_error(host[span], valid[span], step_logits.shape[-1])
             results[rows.scheduled.request_id] = self._accept_or_fail(
                 rows, host[span], topk[span], row_error
             )

@@ -37,6 +37,29 @@ def test_greedy_is_a_point_mass_on_the_argmax_with_lowest_id_ties():
     assert torch.equal(probs, torch.tensor([[0.0, 1, 0, 0], [1, 0, 0, 0]]))
 
 
+def test_plain_greedy_rows_take_the_one_reduction_fast_path_with_the_same_answer():
+    """greedy_targets == process + sample + valid_rows for plain greedy rows: ties to the lowest
+    id, NaN / inf / all -inf rows invalid; rows with edits or a grammar mask are not plain."""
+    generator = torch.Generator().manual_seed(3)
+    logits = torch.randn(8, 50, generator=generator).round(decimals=1)  # ties occur
+    logits[1, 7] = float("nan")
+    logits[2, 3] = float("inf")
+    logits[3] = float("-inf")
+    logits[4, :10] = float("-inf")
+    logits[5], logits[5, 9], logits[5, 4] = 0.0, 2.0, 2.0  # a tie: the lower id wins
+    rows = [row_of({"temperature": 0})] * 8
+    assert SAMPLER.plain_greedy(rows, None)
+    probs = SAMPLER.process(logits, rows)
+    targets, valid = SAMPLER.greedy_targets(logits)
+    assert valid.tolist() == SAMPLER.valid_rows(logits, probs).tolist()
+    assert valid.tolist() == [True, False, False, False, True, True, True, True]
+    want = SAMPLER.sample(probs, None)
+    assert torch.equal(targets[valid], want[valid]) and targets[5] == 4
+    assert not SAMPLER.plain_greedy([row_of({"temperature": 0, "logit_bias": {1: 1.0}})], None)
+    assert not SAMPLER.plain_greedy([row_of({"temperature": 0.7})], None)
+    assert not SAMPLER.plain_greedy(rows[:1], torch.zeros(1, 2, dtype=torch.int32))
+
+
 def test_temperature_scales_the_softmax():
     expected = torch.softmax(LOGITS[0] / 0.5, -1)
     assert torch.allclose(probs_of(LOGITS, temperature=0.5), expected)

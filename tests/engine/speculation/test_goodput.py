@@ -162,6 +162,16 @@ class HingeCost(LinearCost):
         return super().predict(f) + hinge
 
 
+def random_hinge_cost(rng: random.Random) -> HingeCost:
+    return HingeCost(
+        knot=rng.randint(1, 8),
+        extra=rng.uniform(0, 5e-3),
+        intercept=rng.uniform(0.005, 0.03),
+        per_token=rng.uniform(1e-4, 5e-3),
+        per_spec_request=rng.choice([0.0, rng.uniform(0, 0.02)]),
+    )
+
+
 def test_the_no_speculation_shortcut_only_fires_at_the_optimum():
     """Low acceptance under load: the search answers "no drafts" in one pass when no plan
     beats it (search._floors_are_best), and that answer is brute force's, hinge included."""
@@ -169,13 +179,7 @@ def test_the_no_speculation_shortcut_only_fires_at_the_optimum():
     fired = 0
     for _ in range(80):
         rates = [rng.uniform(0.0, 0.6) for _ in range(rng.randint(1, 4))]
-        cost = HingeCost(
-            knot=rng.randint(1, 8),
-            extra=rng.uniform(0, 5e-3),
-            intercept=rng.uniform(0.005, 0.03),
-            per_token=rng.uniform(1e-4, 5e-3),
-            per_spec_request=rng.choice([0.0, rng.uniform(0, 0.02)]),
-        )
+        cost = random_hinge_cost(rng)
         best = brute_force(rates, cost, 4, False, False)
         result = search(rates, cost, 4, False)
         assert result.goodput >= 0.99 * best
@@ -191,13 +195,7 @@ def test_one_request_stops_early_only_when_no_longer_chain_can_win():
     rng = random.Random(9)
     for _ in range(200):
         rate = rng.choice([rng.uniform(0.0, 0.3), rng.uniform(0.3, 1.0)])
-        cost = HingeCost(
-            knot=rng.randint(1, 6),
-            extra=rng.uniform(0, 5e-3),
-            intercept=rng.uniform(0.002, 0.03),
-            per_token=rng.uniform(1e-5, 5e-3),
-            per_spec_request=rng.choice([0.0, rng.uniform(0, 0.01)]),
-        )
+        cost = random_hinge_cost(rng)
         cap = rng.randint(1, 8)
         goodputs = []
         for k in range(cap + 1):

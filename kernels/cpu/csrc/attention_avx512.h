@@ -54,6 +54,8 @@ GS_AVX512 inline void group_scores(const Paged& c, const QueryTask& task, const 
                                    int64_t stride) {
   const int64_t V = c.D / 16;
   for (int64_t p0 = 0; p0 < n; p0 += 4) {
+    // The same prefetches as attention_scores (AVX2). Kept inline: a shared helper measured ~2x
+    // slower here (docs/benchmarks.md §5f).
     for (int64_t p = p0 + kPrefetchKeys; p < std::min(n, p0 + kPrefetchKeys + 4); ++p) {
       prefetch_row(c.key(task.table, p, g), c.D);
     }

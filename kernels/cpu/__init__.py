@@ -1,16 +1,17 @@
 """CPU linear layers that run a GGUF's quantized blocks as stored.
 
 `qlinear(x, weight, bias)` computes x [M, K] @ W^T (+ bias) -> [M, N] float32, where `weight`
-is a QuantizedWeight (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K or Q6_K blocks). Contract of the native path:
-  * effective weights equal gguf.quants.dequantize bit for bit; float32 activations and sums;
+is a QuantizedWeight (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K or Q6_K blocks). Contract of the
+native path, for every activation mode (`act`):
   * batch invariance: each output row depends on its own input row only, with one reduction
     order for every M and every thread count, so a row is bitwise the same alone or in a batch;
-  * verify-shaped: each block is read from memory once per call, whatever M is;
-  * on CPUs with AVX-512 and VNNI, `pack_tiles` repacks Q4_0/Q4_1/Q8_0 weights into tiles of
-    16 rows that qlinear_out(..., packed=...) runs for either activation mode.
-act="int8" quantizes each activation row per group of 32 to int8 (its own scales, so batch
-invariance holds) and runs exact integer dot products per group, llama.cpp's arithmetic; the
-results differ from float32 activations by that quantization (fallback.quantize_rows).
+  * each weight block is read from memory once per call (per 64 rows past 64).
+act="float32": effective weights equal gguf.quants.dequantize bit for bit, float32 sums.
+act="int16" / "int8": each activation row is quantized per group of 32 to 16 / 8 bits (its own
+scale), weights run as packed tiles (`pack_tiles`, csrc/tile_pack.h) with exact integer dot
+products per group and one float order (csrc/qint_kernel.h): the same bytes on the AVX-512
+(VNNI), AVX2 and scalar paths. The results differ from float32 activations by that quantization
+(fallback.int_values); int16's step is 1/32639 of a group's largest value, int8's 1/127.
 `fallback` is the pure-PyTorch twin (dequantise with `gguf`, then F.linear); it is used when the
 native library cannot be built (build.py logs one line saying why).
 """
@@ -30,17 +31,19 @@ __all__ = [
     "concat_rows",
     "dequantize",
     "fast_path_available",
+    "float_tiles_run",
     "is_native_type",
     "load_native",
     "native_available",
     "pack_tiles",
     "qlinear",
+    "set_linear_isa_cap",
 ]
 
-# Instruction-set choice passed to the native ops: auto picks AVX2 when the CPU has it.
-ISA = {"auto": 0, "scalar": 1, "avx2": 2}
-# Activation arithmetic: float32, or int8 per row and group of 32.
-ACTIVATIONS = {"float32": 0, "int8": 1}
+# Instruction-set choice passed to the native ops: auto is the best the CPU has; the others cap it.
+ISA = {"auto": 0, "scalar": 1, "avx2": 2, "avx512": 3}
+# Activation arithmetic: float32, or int16 / int8 per row and group of 32.
+ACTIVATIONS = {"float32": 0, "int8": 1, "int16": 2}
 
 
 def native_available() -> bool:
@@ -61,9 +64,11 @@ def qlinear(
     out: torch.Tensor | None = None,
     isa: str = "auto",
     act: str = "float32",
+    packed: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x [M, in_features] float32 -> [M, out_features]; `out` may be a column slice of a wider
-    output (rows need not be contiguous with each other, elements of a row must be)."""
+    output (rows need not be contiguous with each other, elements of a row must be). `packed`:
+    pack_tiles(weight), made here when an integer mode needs it and none is given."""
     ops = load_native()
     if ops is None:
         result = fallback.qlinear(x, weight, bias, act)
@@ -72,29 +77,44 @@ def qlinear(
         x = x.contiguous()
     if out is None:
         out = torch.empty(x.shape[0], weight.out_features, dtype=torch.float32)
-    ops.qlinear_out(x, weight.data, weight.qtype, bias, out, ISA[isa], ACTIVATIONS[act])
+    if packed is None and act != "float32":
+        packed = pack_tiles(weight)
+    ops.qlinear_out(x, weight.data, weight.qtype, bias, out, ISA[isa], ACTIVATIONS[act], packed)
     return out
 
 
-# Formats with AVX-512 paths over tiles of 16 weight rows (csrc/float_avx512.h for float32
-# activations, csrc/int8_vnni.h for int8), and the tile width in rows.
-TILE_TYPES = frozenset({2, 3, 8})  # Q4_0, Q4_1, Q8_0
+# Rows (weight columns) per tile of the packed layout; float32 activations run tiles of these
+# formats on AVX-512 (csrc/float_avx512.h), the integer modes run every format's.
 TILE_ROWS = 16
+FLOAT_TILE_TYPES = frozenset({2, 3, 8})  # Q4_0, Q4_1, Q8_0
+
+
+def set_linear_isa_cap(isa: int) -> None:
+    """Cap the linear kernels' ISA for the whole process (ISA values; "auto" lifts the cap): the
+    tests run a model on each path of one machine. No-op without the native library."""
+    ops = load_native()
+    if ops is not None:
+        ops.set_linear_isa_cap(isa)
 
 
 def pack_tiles(weight: QuantizedWeight) -> torch.Tensor | None:
-    """`weight` repacked into AVX-512 tiles of 16 rows (bytes moved only), or None where those
-    paths do not apply (no native library, a CPU without AVX-512 F/BW/VL/DQ and VNNI, another
-    format, rows not a multiple of 16). qlinear_out runs them for either activation mode."""
+    """`weight` repacked into tiles of 16 rows (csrc/tile_pack.h; a last partial tile is padded),
+    or None without the native library."""
     ops = load_native()
-    if (
-        ops is None
-        or not ops.cpu_has_avx512()
-        or weight.qtype not in TILE_TYPES
-        or weight.out_features % TILE_ROWS
-    ):
+    if ops is None:
         return None
     return ops.pack_tiles(weight.data, weight.qtype, weight.in_features)
+
+
+def float_tiles_run(weight: QuantizedWeight) -> bool:
+    """Whether float32 activations run this weight's tiles (else its blocks as stored)."""
+    ops = load_native()
+    return (
+        ops is not None
+        and ops.cpu_has_avx512()
+        and weight.qtype in FLOAT_TILE_TYPES
+        and weight.out_features % TILE_ROWS == 0
+    )
 
 
 def dequantize(weight: QuantizedWeight, isa: str = "auto") -> torch.Tensor:

@@ -34,6 +34,9 @@ logger = logging.getLogger(__name__)
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = (
     "qlinear.cpp",
+    "qint_avx512.cpp",
+    "qint_avx2.cpp",
+    "qint_scalar.cpp",
     "decode_ops.cpp",
     "stack.cpp",
 )  # translation units; the headers are included

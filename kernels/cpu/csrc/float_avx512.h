@@ -1,4 +1,4 @@
-// float32 activations on the tiles of int8_vnni.h (16 output columns, weights as stored, bytes
+// float32 activations on the tiles of tile_pack.h (16 output columns, weights as stored, bytes
 // moved), with AVX-512: each 32-bit lane of a weight vector is one column, so one FMA applies
 // one input to 16 columns, and the decode is two integer ops per 16 weights.
 //
@@ -12,9 +12,24 @@
 
 #include <immintrin.h>
 
-#include "int8_vnni.h"
+#include "drivers.h"
+#include "qint.h"
+
+#define GS_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
 
 namespace goodspeed {
+
+// The three formats with float32 tile paths, and where their weight planes start in a block.
+inline bool f32_tile_format(int64_t format) {
+  return format == kQ4_0 || format == kQ4_1 || format == kQ8_0;
+}
+
+template <int64_t kFormat>
+struct TileFormat {
+  static constexpr bool kNibbles = kFormat != kQ8_0, kMin = kFormat == kQ4_1;
+  static constexpr int kOffset = kFormat == kQ4_0 ? 8 : kFormat == kQ8_0 ? 128 : 0;
+  static constexpr int64_t kQuants = kMin ? 64 : 32;  // where the weight vectors start
+};
 
 // The weights of inputs 4j + t (and, for nibbles, 16 + 4j + t) of one group, for 16 columns.
 template <int64_t kFormat>
@@ -33,7 +48,7 @@ GS_VNNI inline void f32_tile(const uint8_t* tile, const float* x, int64_t x_stri
   GS_UNROLL for (int r = 0; r < R; ++r) {
     GS_UNROLL for (int t = 0; t < 4; ++t) acc[r][t] = _mm512_setzero_ps();
   }
-  const int64_t group_bytes = tile_group_bytes(kFormat);
+  const int64_t group_bytes = tile_block_bytes(kFormat);
   constexpr int kVectors = F::kNibbles ? 4 : 8;
   for (int64_t g = 0; g < G; ++g) {
     const uint8_t* b = tile + g * group_bytes;
@@ -74,7 +89,7 @@ constexpr int64_t kF32Rows = 6;
 
 template <int64_t kFormat>
 void run_f32_tiles(const Problem& p, const uint8_t* packed, int64_t begin, int64_t end) {
-  const int64_t G = p.K / 32, tile_bytes = G * tile_group_bytes(kFormat);
+  const int64_t G = p.K / 32, tile_bytes = G * tile_block_bytes(kFormat);
   for (int64_t tile = begin; tile < end; ++tile) {
     const uint8_t* weights = packed + tile * tile_bytes;
     for (int64_t r0 = 0; r0 < p.M; r0 += kF32Rows) {

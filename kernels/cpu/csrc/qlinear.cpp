@@ -1,15 +1,18 @@
 // goodspeed CPU quantized linear: out[M, N] = x[M, K] @ W^T (+ bias), W as GGUF blocks.
 //
 // Contract (kernels/cpu/__init__.py has the Python side):
-//  * W is `blocks` [N, K / elems * bytes] uint8, each row the GGUF's blocks as stored.
-//  * Effective weights are exactly gguf.quants.dequantize's; activations and sums are float32,
-//    or (act = 1) activations quantized per row and group of 32 to int8 (int8_drivers.h).
-//  * Output y[m, n] depends on x[m] and W[n] only, with one reduction order (tiles.h), so a row
-//    is bitwise the same alone or in any batch, with any thread count.
-//  * Work is split over panels of kPanel output columns with at::parallel_for (so
-//    torch.set_num_threads governs it); each weight block is decoded once per call and applied
-//    to all M rows (drivers.h), so weights are read from memory once per call.
-// isa: 0 = best the CPU has, 1 = scalar, 2 = AVX2 + FMA + F16C (error if the CPU lacks it).
+//  * W is `blocks` [N, K / elems * bytes] uint8, each row the GGUF's blocks as stored, and/or
+//    `packed`: the same weights as tiles of 16 columns (pack_tiles, tile_pack.h).
+//  * act = 0: float32 activations, effective weights exactly gguf.quants.dequantize's;
+//    act = 1 / 2: each row quantized per group of 32 to int8 / int16 (act_quant.h), exact
+//    integer group sums, one float32 order (qint_kernel.h); these need `packed`.
+//  * Output y[m, n] depends on x[m] and W[n] only, with one reduction order, so a row is
+//    bitwise the same alone or in any batch, with any thread count; with integer activations
+//    also on any ISA.
+//  * Work is split over column tiles or panels with at::parallel_for (torch.set_num_threads
+//    governs it); each weight block is read from memory once per call (per 64 rows for M > 64).
+// isa: 0 = best the CPU has, 1 = scalar, 2 = at most AVX2 (+ FMA + F16C), 3 = AVX-512 with VNNI
+// (error if the CPU lacks what is asked).
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -23,10 +26,13 @@
 namespace goodspeed {
 namespace {
 
-bool use_avx2(int64_t isa) {
-  TORCH_CHECK(isa >= 0 && isa <= 2, "isa must be 0 (auto), 1 (scalar) or 2 (avx2), got ", isa);
+Isa checked_isa(int64_t isa) {
+  TORCH_CHECK(isa >= 0 && isa <= 3,
+              "isa must be 0 (auto), 1 (scalar), 2 (avx2) or 3 (avx512), got ", isa);
   TORCH_CHECK(isa != 2 || cpu_has_avx2(), "isa=2 needs AVX2, FMA and F16C; this CPU lacks them");
-  return isa == 2 || (isa == 0 && cpu_has_avx2());
+  TORCH_CHECK(isa != 3 || cpu_has_avx512(),
+              "isa=3 needs AVX-512 (F, BW, VL, DQ) with VNNI; this CPU lacks them");
+  return best_isa((Isa)isa);
 }
 
 void check_weight(const at::Tensor& blocks, int64_t format, int64_t K) {
@@ -44,12 +50,12 @@ void check_weight(const at::Tensor& blocks, int64_t format, int64_t K) {
 
 void check_packed(const at::Tensor& packed, int64_t format, int64_t N, int64_t K);
 
-// act: 0 = float32 activations, 1 = int8 activations (int8_drivers.h); `packed`: pack_tiles's
-// tiles of these weights (AVX-512, float_avx512.h and int8_vnni.h), or None.
+// act: 0 = float32, 1 = int8, 2 = int16 activations; `packed`: pack_tiles's tiles of these
+// weights (needed by act 1 and 2; float32 runs them on AVX-512 for Q4_0, Q4_1, Q8_0), or None.
 void qlinear_out(const at::Tensor& x, const at::Tensor& blocks, int64_t format,
                  const std::optional<at::Tensor>& bias, at::Tensor& out, int64_t isa,
                  int64_t act, const std::optional<at::Tensor>& packed) {
-  TORCH_CHECK(act == 0 || act == 1, "act must be 0 (float32) or 1 (int8), got ", act);
+  TORCH_CHECK(act >= 0 && act <= 2, "act must be 0 (float32), 1 (int8) or 2 (int16), got ", act);
   TORCH_CHECK(x.is_cpu() && blocks.is_cpu() && out.is_cpu() && (!bias || bias->is_cpu()),
               "qlinear_out runs on CPU tensors only");
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.stride(1) == 1,
@@ -62,6 +68,8 @@ void qlinear_out(const at::Tensor& x, const at::Tensor& blocks, int64_t format,
   TORCH_CHECK(!bias || (bias->scalar_type() == at::kFloat && bias->is_contiguous() &&
                         bias->numel() == N),
               "bias must be a contiguous float32 [N] tensor");
+  TORCH_CHECK(act == 0 || packed, "integer activations (act 1, 2) run packed tiles: pass packed");
+  if (act != 0) TORCH_CHECK(K % 32 == 0, "integer activations need K % 32 == 0, got ", K);
   const Problem p{x.data_ptr<float>(),
                   x.stride(0),
                   M,
@@ -75,35 +83,35 @@ void qlinear_out(const at::Tensor& x, const at::Tensor& blocks, int64_t format,
                   out.stride(0)};
   const uint8_t* tiles = nullptr;
   if (packed) {
-    TORCH_CHECK(isa == 0 && cpu_has_avx512(),
-                "packed weights run with isa=0 (auto), on a CPU with AVX-512 (F, BW, VL, DQ, VNNI)");
     check_packed(*packed, format, N, K);
     tiles = packed->data_ptr<uint8_t>();
   }
-  run_qlinear(p, use_avx2(isa), act, tiles);
+  run_qlinear(p, checked_isa(isa), (ActMode)act, tiles);
 }
 
-// blocks [N, row_bytes] (N a multiple of 16; Q4_0, Q4_1 or Q8_0) -> [N / 16, tile bytes].
+// blocks [N, row_bytes] -> [ceil(N / 16), tile bytes] (tile_pack.h; a last partial tile is
+// padded with zero columns).
 at::Tensor pack_tiles(const at::Tensor& blocks, int64_t format, int64_t K) {
   TORCH_CHECK(blocks.is_cpu(), "pack_tiles runs on CPU tensors only");
   check_weight(blocks, format, K);
-  TORCH_CHECK(tile_format(format) && blocks.size(0) % kTileCols == 0,
-              "pack_tiles takes Q4_0, Q4_1 or Q8_0 weights with a multiple of 16 rows");
-  const int64_t N = blocks.size(0), G = K / 32, tile_bytes = G * tile_group_bytes(format);
-  at::Tensor packed = at::empty({N / kTileCols, tile_bytes}, blocks.options());
-  for (int64_t tile = 0; tile < N / kTileCols; ++tile) {
-    pack_tile16(blocks.data_ptr<uint8_t>() + tile * kTileCols * blocks.size(1),
-                   blocks.size(1), format, G, packed.data_ptr<uint8_t>() + tile * tile_bytes);
-  }
+  const int64_t N = blocks.size(0), num_tiles = (N + kTileCols - 1) / kTileCols;
+  const int64_t bytes = tile_bytes(format, K), row_bytes = blocks.size(1);
+  at::Tensor packed = at::empty({num_tiles, bytes}, blocks.options());
+  const uint8_t* src = blocks.data_ptr<uint8_t>();
+  uint8_t* dst = packed.data_ptr<uint8_t>();
+  at::parallel_for(0, num_tiles, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t tile = begin; tile < end; ++tile) {
+      pack_tile(src, row_bytes, N, tile * kTileCols, format, K, dst + tile * bytes);
+    }
+  });
   return packed;
 }
 
 void check_packed(const at::Tensor& packed, int64_t format, int64_t N, int64_t K) {
-  TORCH_CHECK(tile_format(format) && N % kTileCols == 0, "packed weights: Q4_0, Q4_1 or Q8_0, N % 16 == 0");
   TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() && packed.dim() == 2 &&
-                  packed.size(0) == N / kTileCols &&
-                  packed.size(1) == K / 32 * tile_group_bytes(format),
-              "packed must be pack_tiles's [N / 16, tile bytes] of these weights");
+                  packed.size(0) == (N + kTileCols - 1) / kTileCols &&
+                  packed.size(1) == tile_bytes(format, K),
+              "packed must be pack_tiles's [ceil(N / 16), tile bytes] of these weights");
 }
 
 at::Tensor dequantize(const at::Tensor& blocks, int64_t format, int64_t K, int64_t isa) {
@@ -111,7 +119,7 @@ at::Tensor dequantize(const at::Tensor& blocks, int64_t format, int64_t K, int64
   check_weight(blocks, format, K);
   const int64_t N = blocks.size(0), row_bytes = blocks.size(1);
   at::Tensor out = at::empty({N, K}, blocks.options().dtype(at::kFloat));
-  const bool avx2 = use_avx2(isa);
+  const bool avx2 = checked_isa(isa) != Isa::kScalar;
   const uint8_t* src = blocks.data_ptr<uint8_t>();
   float* dst = out.data_ptr<float>();
   at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
@@ -128,20 +136,25 @@ at::Tensor dequantize(const at::Tensor& blocks, int64_t format, int64_t K, int64
   return out;
 }
 
-// The int8 path's quantization of x [M, K] (for tests): (q int8 [M, K], d float32 [M, K / 32]).
-std::tuple<at::Tensor, at::Tensor> quantize_rows_op(const at::Tensor& x, int64_t isa) {
+// The integer modes' quantization of x [M, K] (for tests): (hi int8 [M, K], lo int8 [M, K]
+// (empty for int8), d float32 [M, K / 32], sum16 int32 [M, K / 16]).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_rows_op(const at::Tensor& x,
+                                                                            int64_t act,
+                                                                            int64_t isa) {
   TORCH_CHECK(x.is_cpu() && x.scalar_type() == at::kFloat && x.dim() == 2 && x.is_contiguous() &&
                   x.size(1) % 32 == 0,
               "x must be a contiguous float32 [M, K] CPU tensor with K a multiple of 32");
+  TORCH_CHECK(act == 1 || act == 2, "act must be 1 (int8) or 2 (int16), got ", act);
   const int64_t M = x.size(0), K = x.size(1);
-  at::Tensor q = at::empty({M, K}, x.options().dtype(at::kChar));
+  const bool int16 = act == 2;
+  at::Tensor hi = at::empty({M, K}, x.options().dtype(at::kChar));
+  at::Tensor lo = at::empty({int16 ? M : 0, K}, x.options().dtype(at::kChar));
   at::Tensor d = at::empty({M, K / 32}, x.options());
-  std::vector<float> sd(M * (K / 32));
-  std::vector<int32_t> sums(M * (K / 32));
-  auto* quantize = use_avx2(isa) ? quantize_rows_avx2 : quantize_rows;
-  quantize(x.data_ptr<float>(), K, M, K, q.data_ptr<int8_t>(), d.data_ptr<float>(), sd.data(),
-           sums.data());
-  return {q, d};
+  at::Tensor sum16 = at::empty({M, K / 16}, x.options().dtype(at::kInt));
+  quantize_acts(x.data_ptr<float>(), K, M, K, (ActMode)act, checked_isa(isa) != Isa::kScalar,
+                hi.data_ptr<int8_t>(), int16 ? lo.data_ptr<int8_t>() : nullptr,
+                d.data_ptr<float>(), sum16.data_ptr<int32_t>());
+  return {hi, lo, d, sum16};
 }
 
 }  // namespace
@@ -158,16 +171,23 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::call_guard<pybind11::gil_scoped_release>(), pybind11::arg("x"), pybind11::arg("blocks"), pybind11::arg("format"),
         pybind11::arg("bias"), pybind11::arg("out"), pybind11::arg("isa") = 0,
         pybind11::arg("act") = 0, pybind11::arg("packed") = pybind11::none());
-  m.def("pack_tiles", &goodspeed::pack_tiles, "blocks -> tiles of 16 columns for the AVX-512 paths",
+  m.def("pack_tiles", &goodspeed::pack_tiles, "blocks -> tiles of 16 columns (tile_pack.h)",
         pybind11::arg("blocks"), pybind11::arg("format"), pybind11::arg("K"));
   m.def("cpu_has_avx512", []() { return goodspeed::cpu_has_avx512(); },
         "AVX-512 (F, BW, VL, DQ) with VNNI is usable");
   m.def("dequantize", &goodspeed::dequantize, "blocks [N, row_bytes] -> float32 [N, K]",
         pybind11::arg("blocks"), pybind11::arg("format"), pybind11::arg("K"),
         pybind11::arg("isa") = 0);
-  m.def("quantize_rows", &goodspeed::quantize_rows_op, "the int8 path's (q, d) of x",
-        pybind11::arg("x"), pybind11::arg("isa") = 0);
+  m.def("quantize_rows", &goodspeed::quantize_rows_op, "(hi, lo, d, sum16) of x for act 1 or 2",
+        pybind11::arg("x"), pybind11::arg("act"), pybind11::arg("isa") = 0);
   m.def("cpu_has_avx2", []() { return goodspeed::cpu_has_avx2(); }, "AVX2, FMA and F16C are usable");
+  m.def(
+      "set_linear_isa_cap",
+      [](int64_t isa) {
+        TORCH_CHECK(isa >= 0 && isa <= 3, "isa must be 0 (none), 1 (scalar), 2 (avx2) or 3");
+        goodspeed::linear_isa_cap().store(isa);
+      },
+      "cap the linear kernels' ISA for the whole process (0: no cap; tests)", pybind11::arg("isa"));
   m.def("panel_width", []() { return goodspeed::kPanel; });
   goodspeed::register_decode_ops(m);
   goodspeed::register_stack(m);

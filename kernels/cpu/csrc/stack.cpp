@@ -45,7 +45,8 @@ class Clock {
 };
 
 // One run of output columns stored in one GGUF format: (blocks [cols, row_bytes], format,
-// first column, number of columns, the blocks repacked for AVX-512 VNNI or None).
+// first column, number of columns, the blocks packed into tiles (tile_pack.h) or None; the
+// integer activation modes need the tiles).
 using Run = std::tuple<at::Tensor, int64_t, int64_t, int64_t, std::optional<at::Tensor>>;
 
 struct QuantizedLinear {
@@ -70,10 +71,10 @@ QuantizedLinear make_linear(std::vector<Run> runs, std::optional<at::Tensor> bia
                     blocks.size(1) == K / shape.elems * shape.bytes,
                 "a run's blocks must be contiguous uint8 [cols, row_bytes]");
     TORCH_CHECK(col0 == linear.N, "runs must cover the output columns in order");
-    TORCH_CHECK(!packed || (cpu_has_avx512() && tile_format(format) && cols % kTileCols == 0 &&
-                            packed->is_contiguous() && packed->size(0) == cols / kTileCols &&
-                            packed->size(1) == K / 32 * tile_group_bytes(format)),
-                "packed weights must be pack_tiles's tiles of the run, on a VNNI CPU");
+    TORCH_CHECK(!packed || (packed->is_contiguous() &&
+                            packed->size(0) == (cols + kTileCols - 1) / kTileCols &&
+                            packed->size(1) == tile_bytes(format, K)),
+                "packed weights must be pack_tiles's tiles of the run");
     linear.N += cols;
   }
   TORCH_CHECK(!linear.bias || (linear.bias->scalar_type() == at::kFloat &&
@@ -89,8 +90,8 @@ class DecoderStack {
                at::Tensor final_norm, int64_t act)
       : C_(hidden), H_(heads), Hkv_(kv_heads), D_(head_dim), I_(intermediate), eps_((float)eps),
         cos_(std::move(cos)), sin_(std::move(sin_signed)), final_norm_(std::move(final_norm)),
-        act_(act), avx2_(cpu_has_avx2()) {
-    TORCH_CHECK(act == 0 || act == 1, "act must be 0 (float32) or 1 (int8)");
+        act_((ActMode)act) {
+    TORCH_CHECK(act >= 0 && act <= 2, "act must be 0 (float32), 1 (int8) or 2 (int16)");
     TORCH_CHECK(D_ % 2 == 0 && D_ <= 1024 && H_ % Hkv_ == 0 && H_ / Hkv_ <= 64, "head shapes");
     TORCH_CHECK(cos_.is_contiguous() && sin_.is_contiguous() && cos_.size(1) == D_, "tables");
   }
@@ -104,6 +105,12 @@ class DecoderStack {
                 make_linear(std::move(o), std::move(o_bias), H_ * D_),
                 make_linear(std::move(gate_up), std::nullopt, C_),
                 make_linear(std::move(down), std::nullopt, I_)};
+    for (const QuantizedLinear* w : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down}) {
+      for (const Run& run : w->runs) {
+        TORCH_CHECK(act_ == ActMode::kFloat32 || std::get<4>(run),
+                    "integer activations need every run's packed tiles");
+      }
+    }
     TORCH_CHECK(layer.qkv.N == (H_ + 2 * Hkv_) * D_ && layer.o.N == C_ &&
                     layer.gate_up.N == 2 * I_ && layer.down.N == C_,
                 "linear shapes do not match the model's");
@@ -168,13 +175,18 @@ class DecoderStack {
  private:
   static Mat mat(const at::Tensor& t) { return Mat{t.data_ptr<float>(), t.stride(0)}; }
 
+  // Integer activations are quantized once for all the runs of a layer.
   void linear(const QuantizedLinear& w, Mat x, Mat out, int64_t T) const {
+    const Isa isa = best_isa();
+    std::optional<QuantizedActs> acts;
+    if (act_ != ActMode::kFloat32) acts.emplace(x.data, x.stride, T, w.K, act_);
     for (const Run& run : w.runs) {
       const auto& [blocks, format, col0, cols, packed] = run;
       const Problem p{x.data, x.stride, T, w.K, cols, blocks.data_ptr<uint8_t>(), blocks.size(1),
                       format, w.bias ? w.bias->data_ptr<float>() + col0 : nullptr,
                       out.data + col0, out.stride};
-      run_qlinear(p, avx2_, act_, packed ? packed->data_ptr<uint8_t>() : nullptr);
+      run_qlinear(p, isa, act_, packed ? packed->data_ptr<uint8_t>() : nullptr,
+                  acts ? &acts->view() : nullptr);
     }
   }
 
@@ -205,8 +217,7 @@ class DecoderStack {
   int64_t C_, H_, Hkv_, D_, I_;
   float eps_;
   at::Tensor cos_, sin_, final_norm_;
-  int64_t act_;
-  bool avx2_;
+  ActMode act_;
   std::vector<Layer> layers_;
 };
 

@@ -1,0 +1,69 @@
+// The integer-activation tile kernels (qint_kernel.h) on AVX-512 with VNNI: a U8 plane is one
+// zmm (16 columns x 4 bytes), products by vpdpbusd (u8 x s8, four per 32-bit lane, no
+// saturation). Only called where cpu_has_avx512().
+#include "qint.h"
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
+
+#include <immintrin.h>
+
+namespace goodspeed {
+namespace qint_avx512 {
+
+struct V {
+  static constexpr int kLanes = 16, kMaxRows = 4;
+  using U8 = __m512i;
+  using I32 = __m512i;
+  using F32 = __m512;
+
+  static U8 load(const uint8_t* p) { return _mm512_loadu_si512(p); }
+  static U8 low4(U8 v) { return _mm512_and_si512(v, _mm512_set1_epi8(0x0F)); }
+  static U8 high4(U8 v) { return low4(_mm512_srli_epi16(v, 4)); }
+  // (v << n) & mask per byte (n < 0: a right shift); the masks keep bits of the same byte.
+  static U8 shift_mask(U8 v, int n, uint8_t mask) {
+    const __m512i s = n >= 0 ? _mm512_sll_epi16(v, _mm_cvtsi32_si128(n))
+                             : _mm512_srl_epi16(v, _mm_cvtsi32_si128(-n));
+    return _mm512_and_si512(s, _mm512_set1_epi8((char)mask));
+  }
+  static U8 or8(U8 a, U8 b) { return _mm512_or_si512(a, b); }
+  static I32 zero() { return _mm512_setzero_si512(); }
+  template <bool kFull>
+  static I32 dot(I32 acc, U8 u, int32_t x4) {
+    return _mm512_dpbusd_epi32(acc, u, _mm512_set1_epi32(x4));
+  }
+  static I32 combine(I32 hi, I32 lo) { return _mm512_add_epi32(_mm512_slli_epi32(hi, 8), lo); }
+  static I32 add(I32 a, I32 b) { return _mm512_add_epi32(a, b); }
+  static I32 sub_scalar(I32 a, int32_t s) { return _mm512_sub_epi32(a, _mm512_set1_epi32(s)); }
+  static F32 cvt(I32 a) { return _mm512_cvtepi32_ps(a); }
+  static F32 zero_f() { return _mm512_setzero_ps(); }
+  static F32 fma(F32 a, F32 b, F32 c) { return _mm512_fmadd_ps(a, b, c); }
+  static F32 fnma(F32 a, F32 b, F32 c) { return _mm512_fnmadd_ps(a, b, c); }
+  static F32 mul(F32 a, F32 b) { return _mm512_mul_ps(a, b); }
+  static F32 set1(float v) { return _mm512_set1_ps(v); }
+  static F32 halves(const uint8_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
+  }
+  static F32 bytes_u8(const uint8_t* p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p)));
+  }
+  static F32 bytes_i8(const uint8_t* p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
+  }
+  static void store(float* out, F32 v) { _mm512_storeu_ps(out, v); }
+};
+
+}  // namespace qint_avx512
+}  // namespace goodspeed
+
+#define QINT_NS qint_avx512
+#include "qint_kernel.h"
+#undef QINT_NS
+
+namespace goodspeed {
+void qint_tiles_avx512(const QintJob& job, int64_t t0, int64_t t1, int64_t r0, int64_t r1) {
+  qint_avx512::run(job, t0, t1, r0, r1);
+}
+}  // namespace goodspeed
+
+#pragma GCC pop_options

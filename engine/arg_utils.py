@@ -16,8 +16,9 @@ _FLAGS: tuple[tuple[str, type, str], ...] = (
     (
         "--weights",
         str,
-        "auto | gguf | gguf-int8 | q8_0 | float32: run a GGUF's quantized blocks (CPU kernels; "
-        "gguf-int8 also quantizes activations to int8, as llama.cpp does), quantize a "
+        "auto | gguf | gguf-f32 | gguf-int16 | gguf-int8 | q8_0 | float32: run a GGUF's quantized "
+        "blocks on the CPU kernels (gguf: activations quantized to int16 per row and group; the "
+        "suffix picks float32, int16 or int8 (llama.cpp's) activations), quantize a "
         "safetensors model to Q8_0 at load (q8_0), or dequantise at load",
     ),
     ("--max-model-len", int, "context length cap (default: the model's)"),

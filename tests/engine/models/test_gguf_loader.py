@@ -15,6 +15,7 @@ from engine.models.gguf_loader import hf_name, iter_gguf_weights, open_gguf, unp
 from engine.models.loader import load_model, read_arch_config
 from engine.models.tokenizer import Tokenizer
 from kernels.reference import ReferenceBackend
+from tests import kquants
 
 Q = gguf.GGMLQuantizationType
 _HF_TO_GGUF = {
@@ -53,7 +54,8 @@ def llamacpp_permute(weight: np.ndarray, num_heads: int) -> np.ndarray:
 
 
 def write_gguf(path, hf_dir, qtype=Q.F32, arch="llama", drop=(), extra_tensors=None):
-    """Convert the tiny HF model in hf_dir; 2-D weights as `qtype`, 1-D tensors F32."""
+    """Convert the tiny HF model in hf_dir; 2-D weights as `qtype` (a type, or a function of
+    the HF tensor name giving one; K-quants through tests/kquants.py), 1-D tensors F32."""
     import json
 
     config = json.loads((hf_dir / "config.json").read_text())
@@ -78,8 +80,9 @@ def write_gguf(path, hf_dir, qtype=Q.F32, arch="llama", drop=(), extra_tensors=N
             array = llamacpp_permute(array, heads)
         elif arch == "llama" and ".k_proj." in name:
             array = llamacpp_permute(array, kv_heads)
-        kind = qtype if array.ndim == 2 else Q.F32
-        data = gguf.quants.quantize(array, kind)
+        kind = (qtype(name) if callable(qtype) else qtype) if array.ndim == 2 else Q.F32
+        quantizer = kquants.quantize if kind in kquants.TYPES else gguf.quants.quantize
+        data = quantizer(array, kind)
         writer.add_tensor(
             gguf_name(name) if name.startswith(("model.", "lm_head")) else name,
             data,

@@ -13,6 +13,7 @@ from engine.models.loader import load_model
 from engine.models.native_stack import NativeStack
 from kernels.cpu.paged_attention import CpuPagedBackend
 from kernels.reference import ReferenceBackend
+from tests import kquants
 from tests.engine.models.test_gguf_loader import write_gguf
 
 Q = gguf.GGMLQuantizationType
@@ -75,11 +76,26 @@ def assert_bitwise_same(per_op, native, models_helpers, num_layers=None):
         assert torch.equal(a, b), layer
 
 
-@pytest.mark.parametrize("weights", ["gguf", "gguf-int8"])
+@pytest.mark.parametrize("weights", ["gguf", "gguf-f32", "gguf-int8"])
 @pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q8_0], ids=lambda q: q.name)
 def test_native_stack_is_bitwise_the_per_op_forward(tmp_path, models_helpers, weights, qtype):
     hf_dir, _ = models_helpers.build_hf_model(tmp_path / "hf", tie_word_embeddings=True)
     per_op, native = load_pair(write_gguf(tmp_path / "m.gguf", hf_dir, qtype=qtype), weights)
+    assert_bitwise_same(per_op, native, models_helpers)
+
+
+def kquant_model(tmp_path, models_helpers):
+    """A model in llama.cpp's Q4_K_M mix (Q4_K and Q6_K blocks), head untied."""
+    hf_dir, _ = models_helpers.build_hf_model(tmp_path / "hf", **models_helpers.KQUANT_DIMS)
+    return write_gguf(tmp_path / "k.gguf", hf_dir, qtype=kquants.q4_k_m)
+
+
+@pytest.mark.parametrize("weights", ["gguf", "gguf-f32"])
+def test_native_stack_runs_k_quants_bitwise_the_per_op_forward(tmp_path, models_helpers, weights):
+    per_op, native = load_pair(kquant_model(tmp_path, models_helpers), weights)
+    formats = {w.type_name for w, _ in native.layers[0].mlp.down_proj.runs}
+    formats |= {w.type_name for w, _ in native.layers[0].self_attn.qkv_proj.runs}
+    assert formats == {"Q4_K", "Q6_K"}
     assert_bitwise_same(per_op, native, models_helpers)
 
 
@@ -98,13 +114,14 @@ def test_native_stack_runs_a_self_drafts_first_layers(tmp_path, models_helpers):
 
 
 def test_native_stack_follows_the_activation_setting(tmp_path, models_helpers):
-    from engine.models.linear import set_int8_activations
+    from engine.models.linear import set_activations
 
     hf_dir, _ = models_helpers.build_hf_model(tmp_path / "hf", tie_word_embeddings=True)
     _, native = load_pair(write_gguf(tmp_path / "m.gguf", hf_dir, qtype=Q.Q4_0), "gguf")
-    assert native.native_stack().activations == "float32"
-    set_int8_activations(native)
-    assert native.native_stack().activations == "int8"
+    assert native.native_stack().activations == "int16"
+    for mode in ("int8", "float32"):
+        set_activations(native, mode)
+        assert native.native_stack().activations == mode
 
 
 def test_where_the_native_stack_does_not_apply(tmp_path, models_helpers):
@@ -135,15 +152,36 @@ def test_the_stack_times_its_phases_without_changing_results(tmp_path, models_he
         native(torch.tensor([1]), torch.tensor([0]))
 
 
-@pytest.mark.parametrize("weights", ["gguf", "gguf-int8"])
-def test_native_stack_on_the_avx2_kernels(tmp_path, models_helpers, monkeypatch, weights):
-    """Without the AVX-512 tiles (CPUs that lack them), the stack runs the AVX2 kernels, still
-    bitwise the per-op forward."""
+def test_native_stack_on_the_avx2_kernels(tmp_path, models_helpers, monkeypatch):
+    """float32 activations without the AVX-512 tiles (CPUs that lack them): the stack runs the
+    blocks on the AVX2 kernels, still bitwise the per-op forward."""
     import engine.models.linear as linear_module
 
-    monkeypatch.setattr(linear_module, "pack_tiles", lambda weight: None)
+    monkeypatch.setattr(linear_module, "float_tiles_run", lambda weight: False)
     hf_dir, _ = models_helpers.build_hf_model(tmp_path / "hf", tie_word_embeddings=True)
-    per_op, native = load_pair(write_gguf(tmp_path / "m.gguf", hf_dir, qtype=Q.Q4_1), weights)
+    path = write_gguf(tmp_path / "m.gguf", hf_dir, qtype=Q.Q4_1)
+    per_op, native = load_pair(path, "gguf-f32")
     layer = native.layers[0].mlp.down_proj
     assert layer.packed_runs() == [None]
     assert_bitwise_same(per_op, native, models_helpers)
+
+
+@pytest.mark.parametrize("weights", ["gguf", "gguf-int8"])
+def test_integer_activations_give_the_same_bytes_on_every_isa(tmp_path, models_helpers, weights):
+    """The integer paths compute the same bytes on AVX-512, AVX2 and scalar (kernels/cpu): a
+    whole model capped to each ISA gives bitwise the same hidden states and KV cache."""
+    from kernels.cpu import ISA, set_linear_isa_cap
+
+    path = kquant_model(tmp_path, models_helpers)
+    reference, _ = load_pair(path, weights)
+    want = run_schedule(reference, models_helpers, None)
+    try:
+        for isa in ("avx2", "scalar"):
+            set_linear_isa_cap(ISA[isa])
+            _, native = load_pair(path, weights)
+            got = run_schedule(native, models_helpers, None)
+            for step, (expected, actual) in enumerate(zip(want, got, strict=True)):
+                for rid in expected:
+                    assert torch.equal(expected[rid], actual[rid]), (isa, step, rid)
+    finally:
+        set_linear_isa_cap(ISA["auto"])

@@ -40,15 +40,23 @@ def load(path, weights):
     return model
 
 
+# Logit tolerance against the dequantised float32 path, relative to the largest logit: float32
+# activations differ by summation order only; the default int16 ones also by their rounding
+# (1/32639 of a group's largest value, ~1e-4 of the logits here).
+TOLERANCE = {"gguf-f32": 1e-5, "gguf": 1e-3}
+
+
 def assert_paths_agree(path, helpers, vocab_size):
-    """Same effective weights on both paths: logits differ by float32 summation order only."""
+    """Same effective weights on both paths: logits differ by summation order (and the int16
+    activations' rounding) only."""
     sequences = helpers.schedule_sequences(vocab_size)
-    quantized = helpers.paged_logits(load(path, "gguf"), sequences)
     dense = helpers.paged_logits(load(path, "float32"), sequences)
-    for rid in sequences:
-        scale = dense[rid].abs().max()
-        torch.testing.assert_close(quantized[rid], dense[rid], rtol=0, atol=1e-5 * scale)
-        assert scale > 0
+    for weights, tolerance in TOLERANCE.items():
+        quantized = helpers.paged_logits(load(path, weights), sequences)
+        for rid in sequences:
+            scale = dense[rid].abs().max()
+            torch.testing.assert_close(quantized[rid], dense[rid], rtol=0, atol=tolerance * scale)
+            assert scale > 0
 
 
 @pytest.mark.parametrize("tied", [False, True])
@@ -131,7 +139,8 @@ def test_weights_setting_resolves_as_documented(tmp_path, tiny_model_dir, monkey
     f32, bf16 = torch.float32, torch.bfloat16
     assert resolve_weight_format("auto", gguf_path, f32, "cpu") == "gguf"
     assert resolve_weight_format("gguf", gguf_path, f32, "cpu") == "gguf"
-    assert resolve_weight_format("gguf-int8", gguf_path, f32, "cpu") == "gguf-int8"
+    for setting in ("gguf-f32", "gguf-int16", "gguf-int8"):
+        assert resolve_weight_format(setting, gguf_path, f32, "cpu") == setting
     assert resolve_weight_format("float32", gguf_path, f32, "cpu") == "float32"
     assert resolve_weight_format("auto", hf_dir, f32, "cpu") == "float32"
     assert resolve_weight_format("auto", gguf_path, bf16, "cpu") == "float32"
@@ -146,9 +155,9 @@ def test_weights_setting_resolves_as_documented(tmp_path, tiny_model_dir, monkey
     assert resolve_weight_format("gguf", gguf_path, f32, "cpu") == "float32"
 
 
-@pytest.mark.parametrize("weights", ["gguf", "gguf-int8"])
+@pytest.mark.parametrize("weights", ["gguf", "gguf-f32", "gguf-int8"])
 def test_a_request_is_bitwise_the_same_alone_and_batched(tmp_path, models_helpers, weights):
-    """End to end on the quantized path (float32 or int8 activations): batching never changes
+    """End to end on the quantized path (each activation mode): batching never changes
     a request's logits (what keeps speculative decoding token-identical to plain decoding)."""
     hf_dir, _ = models_helpers.build_hf_model(tmp_path / "hf", tie_word_embeddings=True)
     model = load(write_gguf(tmp_path / "m.gguf", hf_dir, qtype=Q.Q4_0), weights)
@@ -167,7 +176,8 @@ def test_a_request_is_bitwise_the_same_alone_and_batched(tmp_path, models_helper
 @pytest.mark.parametrize(
     "weights, layer_type, kind",
     [
-        ("gguf", QuantLinear, "gguf:"),
+        ("gguf", QuantLinear, "gguf-int16:"),
+        ("gguf-f32", QuantLinear, "gguf-float32:"),
         ("gguf-int8", QuantLinear, "gguf-int8:"),
         ("float32", Linear, "dense"),
     ],
@@ -186,7 +196,26 @@ def test_the_engine_setting_reaches_the_loaded_model(
     assert type(runner.model.layers[0].mlp.down_proj) is layer_type
     assert runner.weight_format.startswith(kind)  # the cost-model cache key tells them apart
     if layer_type is QuantLinear:
-        want = "int8" if weights == "gguf-int8" else "float32"
+        want = {"gguf": "int16", "gguf-f32": "float32", "gguf-int8": "int8"}[weights]
         assert {m.activations for m in runner.model.modules() if isinstance(m, QuantLinear)} == {
             want
         }
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_k_quant_model_matches_the_float_path(tmp_path, models_helpers, tied):
+    """A whole model in llama.cpp's Q4_K_M mix (Q4_K, and Q6_K for v, down and the head):
+    every linear layer and the embedding keep their blocks; logits agree with the dequantised
+    float32 path within each activation mode's tolerance."""
+    from tests import kquants
+
+    hf_dir, _ = models_helpers.build_hf_model(
+        tmp_path / "hf", tie_word_embeddings=tied, **models_helpers.KQUANT_DIMS
+    )
+    path = write_gguf(tmp_path / "k.gguf", hf_dir, qtype=kquants.q4_k_m)
+    model = load(path, "gguf")
+    formats = {
+        w.type_name for m in model.modules() if isinstance(m, QuantLinear) for w, _ in m.runs
+    }
+    assert formats == {"Q4_K", "Q6_K"} and isinstance(model.embed_tokens, QuantEmbedding)
+    assert_paths_agree(path, models_helpers, models_helpers.TINY["vocab_size"])

@@ -1,29 +1,26 @@
-"""Microbenchmark: SmolLM2-135M's linear layers per step, native GGUF kernels vs float32.
+"""Microbenchmark: a GGUF model's linear layers per step on the native CPU kernels.
 
 One "step" runs every linear layer of the model once on M rows, as the model calls them
-(30 x [qkv 960x576, o 576x576, gate_up 3072x576, down 576x1536] + lm_head 49152x576), with
-the embedded GGUF's own blocks (Q4_1 layers, Q8_0 head). Implementations:
-  native    kernels.cpu as QuantLinear calls it: the AVX-512 16-column tiles where the CPU has
-            them (pack_tiles), else the blocks as stored; float32 activations;
-  int8      the same with int8 activations (VNNI on the tiles, else the AVX2 int8 path);
-  avx2      the blocks as stored on the AVX2 path (isa=2), float32 activations;
-  F.linear  float32 weights dequantised once (what MKL does with today's float32 path);
-  engine    engine.models.linear.linear, today's float32 path (W @ x^T for M <= 5);
-  fallback  kernels.cpu.fallback: dequantise with `gguf` on every call, then F.linear.
-Repeats are interleaved (every configuration once per round, then the next round) and the
-median is reported. Prints a markdown table with the command, machine, date and load average.
+(per layer the fused q|k|v, o, the fused gate|up and down, then the output head), with the
+GGUF's own blocks, through `engine.models.linear.QuantLinear` (so the packed tiles and the
+per-format runs are exactly the model's). Activation modes (`--modes`):
+  float32   float32 activations: AVX-512 tiles for Q4_0 / Q4_1 / Q8_0, else the blocks on AVX2
+  int16     rows quantized to 16 bits per group of 32, integer tiles (the default path)
+  int8      rows quantized to 8 bits per group of 32 (llama.cpp's arithmetic), integer tiles
+  int16-avx2 / int8-avx2 / float32-avx2   the same, capped at the AVX2 kernels
+Before timing it measures the machine's read bandwidth (torch sum of a 1 GiB float32 tensor)
+and prints the bytes one step reads and the M = 1 bound they imply. Repeats are interleaved
+(every configuration once per round, then the next round) and the median is reported.
 
-    python benchmarks/cpu_kernels.py                   # threads 1 and 2 (capped at nproc)
-    python benchmarks/cpu_kernels.py --rounds 9 --rows 1 5 --no-fallback
+    python benchmarks/cpu_kernels.py                                  # SmolLM2 (embedded)
+    python benchmarks/cpu_kernels.py --model ~/.cache/goodspeed/models/qwen-pair/\\
+        qwen2.5-coder-1.5b-instruct-q4_k_m.gguf --rows 1 4 16 128 512 --rounds 5
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -31,22 +28,23 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.report import load_average, machine_description  # noqa: E402
 from engine.models.gguf_file import read_gguf  # noqa: E402
-from engine.models.linear import linear as engine_linear  # noqa: E402
+from engine.models.linear import QuantLinear  # noqa: E402
 from engine.models.loader import resolve_model_path  # noqa: E402
-from kernels.cpu import QuantizedWeight, concat_rows, fallback, load_native, pack_tiles  # noqa: E402
+from kernels.cpu import ISA, QuantizedWeight, load_native  # noqa: E402
 
 # Per layer, in call order: the GGUF tensors fused into each of the model's linear layers.
 FUSED = (("attn_q", "attn_k", "attn_v"), ("attn_output",), ("ffn_gate", "ffn_up"), ("ffn_down",))
+MODES = ("float32", "int16", "int8", "float32-avx2", "int16-avx2", "int8-avx2")
 
 
-def smollm2_layers() -> list[QuantizedWeight]:
+def model_layers(path: Path) -> list[QuantLinear]:
     """The model's linear layers in call order, fused like the model fuses them."""
-    tensors = {t.name: t for t in read_gguf(resolve_model_path("smollm2-135m-instruct")).tensors}
+    tensors = {t.name: t for t in read_gguf(path).tensors}
 
     def weight(name: str) -> QuantizedWeight:
         t = tensors[name]
@@ -56,133 +54,110 @@ def smollm2_layers() -> list[QuantizedWeight]:
     layers = []
     for i in range(num_layers):
         for parts in FUSED:
-            layers.append(concat_rows([weight(f"blk.{i}.{p}.weight") for p in parts]))
-    layers.append(weight("token_embd.weight"))  # the tied head
+            layers.append(QuantLinear([weight(f"blk.{i}.{p}.weight") for p in parts]))
+    head = "output.weight" if "output.weight" in tensors else "token_embd.weight"  # tied
+    layers.append(QuantLinear([weight(head)]))
+    for layer in layers:
+        layer.packed_runs()  # pack before timing
     return layers
 
 
-def step_fns(layers: list[QuantizedWeight], rows: int, with_fallback: bool) -> dict[str, Callable]:
-    """Implementation name -> a function running one step on `rows` rows."""
+def step_bytes(layers: list[QuantLinear]) -> int:
+    return sum(weight.data.numel() for layer in layers for weight, _ in layer.runs)
+
+
+def step_fn(layers: list[QuantLinear], rows: int, mode: str) -> Callable[[], None]:
     ops = load_native()
-    if ops is None:
-        raise SystemExit("the native kernels did not build (see the warning above)")
-    dense = [fallback.dequantize(w) for w in layers]
-    inputs = {k: torch.randn(rows, k) for k in {w.in_features for w in layers}}
-    outs = [torch.empty(rows, w.out_features) for w in layers]
-    packed = [pack_tiles(w) for w in layers]
+    act, _, cap = mode.partition("-")
+    isa = ISA[cap or "auto"]
+    inputs = {k: torch.randn(rows, k) for k in {layer.in_features for layer in layers}}
+    outs = [torch.empty(rows, layer.out_features) for layer in layers]
+    calls = []
+    for layer, out in zip(layers, outs):
+        for (weight, columns), packed in zip(layer.runs, layer.packed_runs()):
+            target = out[:, columns]
+            tiles = packed if (act != "float32" or isa != ISA["avx2"]) else None
+            calls.append((inputs[layer.in_features], weight, target, tiles))
+    code = {"float32": 0, "int8": 1, "int16": 2}[act]
 
-    def native(act: int = 0) -> None:
-        for w, out, tiles in zip(layers, outs, packed):
-            ops.qlinear_out(inputs[w.in_features], w.data, w.qtype, None, out, 0, act, tiles)
+    def run() -> None:
+        for x, weight, target, tiles in calls:
+            ops.qlinear_out(x, weight.data, weight.qtype, None, target, isa, code, tiles)
 
-    def avx2() -> None:
-        for w, out in zip(layers, outs):
-            ops.qlinear_out(
-                inputs[w.in_features], w.data, w.qtype, None, out, 2 if ops.cpu_has_avx2() else 1
-            )
-
-    def f_linear() -> None:
-        for w in dense:
-            F.linear(inputs[w.shape[1]], w)
-
-    def engine() -> None:
-        for w in dense:
-            engine_linear(inputs[w.shape[1]], w)
-
-    def per_call_fallback() -> None:
-        for w in layers:
-            fallback.qlinear(inputs[w.in_features], w)
-
-    fns = {"native": native, "int8": lambda: native(1), "avx2": avx2, "F.linear": f_linear}
-    fns["engine"] = engine
-    if with_fallback:
-        fns["fallback"] = per_call_fallback
-    return fns
+    return run
 
 
-def timed(fn: Callable[[], None]) -> float:
+def read_bandwidth(threads: int, rounds: int = 5) -> float:
+    """GB/s of torch summing a 1 GiB float32 tensor with `threads` threads (best of rounds)."""
+    torch.set_num_threads(threads)
+    data = torch.ones(1 << 28)
+    best = min(timed(data.sum) for _ in range(rounds))
+    return data.numel() * 4 / best / 1e9
+
+
+def timed(fn: Callable) -> float:
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
 
 
-def run(rows_list: list[int], threads_list: list[int], rounds: int, with_fallback: bool) -> dict:
-    layers = smollm2_layers()
-    configs = {}
-    for rows in rows_list:
-        for name, fn in step_fns(layers, rows, with_fallback).items():
-            for threads in threads_list:
-                configs[(rows, threads, name)] = fn
+def run(layers, rows_list, modes, threads, rounds) -> dict:
+    configs = {(rows, mode): step_fn(layers, rows, mode) for rows in rows_list for mode in modes}
+    torch.set_num_threads(threads)
     samples: dict[tuple, list[float]] = {key: [] for key in configs}
-    for key, fn in configs.items():  # warm-up: page in weights, build thread pools
-        torch.set_num_threads(key[1])
+    for fn in configs.values():  # warm-up: page in weights, build thread pools
         fn()
     for _ in range(rounds):
         for key, fn in configs.items():
-            torch.set_num_threads(key[1])
-            slow = key[2] == "fallback"
-            if slow and len(samples[key]) >= max(1, rounds // 3):
-                continue  # the per-call fallback is ~100x slower: fewer samples
             samples[key].append(timed(fn))
     return {key: statistics.median(times) * 1e3 for key, times in samples.items()}
 
 
-def machine() -> str:
-    model = platform.processor() or platform.machine()
-    try:
-        lines = subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines()
-        model = next(x.split(":", 1)[1].strip() for x in lines if x.startswith("Model name"))
-    except (OSError, StopIteration):
-        pass
-    capability = torch.backends.cpu.get_cpu_capability()
-    return f"{model}, {os.cpu_count()} CPUs, torch {torch.__version__} ({capability})"
-
-
-def loadavg() -> str:
-    try:
-        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        return "n/a"
-
-
-def table(ms: dict, rows_list: list[int], threads_list: list[int], names: list[str]) -> str:
-    head = "| M | threads | " + " | ".join(f"{n} ms/step" for n in names)
-    head += (
-        " | native ms/token | F.linear / native | native step / M=1 step | int8 step / M=1 step |"
-    )
-    lines = [head, "|" + "---|" * (len(names) + 6)]
-    for threads in threads_list:
-        for rows in rows_list:
-            native = ms[(rows, threads, "native")]
-            cells = [f"{ms[(rows, threads, n)]:.1f}" for n in names]
-            ratio = ms[(rows, threads, "F.linear")] / native
-            vs_one = native / ms[(rows_list[0], threads, "native")]
-            int8_vs_one = ms[(rows, threads, "int8")] / ms[(rows_list[0], threads, "int8")]
-            lines.append(
-                f"| {rows} | {threads} | " + " | ".join(cells) + f" | {native / rows:.2f} | "
-                f"{ratio:.2f}x | {vs_one:.2f}x | {int8_vs_one:.2f}x |"
-            )
+def table(ms: dict, rows_list: list[int], modes: list[str], bound_ms: float) -> str:
+    head = "| M | " + " | ".join(f"{m} ms" for m in modes) + " | int16 ms/row | int16 / bound |"
+    lines = [head, "|" + "---|" * (len(modes) + 3)]
+    for rows in rows_list:
+        cells = [f"{ms[(rows, m)]:.1f}" for m in modes]
+        int16 = ms.get((rows, "int16"), float("nan"))
+        lines.append(
+            f"| {rows} | " + " | ".join(cells) + f" | {int16 / rows:.2f} | "
+            f"{int16 / bound_ms:.2f}x |"
+        )
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None, help="GGUF (default: the embedded SmolLM2)")
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 5, 8, 16, 128])
-    parser.add_argument("--threads", type=int, nargs="+", default=None)
+    parser.add_argument(
+        "--modes", default="float32,int16,int8", help="comma list of " + ",".join(MODES)
+    )
+    parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--no-fallback", action="store_true", help="skip the slow per-call path")
     args = parser.parse_args()
-    threads = args.threads or sorted({1, min(2, os.cpu_count() or 1)})
-    before = loadavg()
-    ms = run(args.rows, threads, args.rounds, not args.no_fallback)
-    names = ["native", "int8", "avx2", "F.linear", "engine"]
-    names += [] if args.no_fallback else ["fallback"]
+    if load_native() is None:
+        raise SystemExit("the native kernels did not build (see the warning above)")
+    path = (
+        Path(args.model).expanduser() if args.model else resolve_model_path("smollm2-135m-instruct")
+    )
+    modes = args.modes.split(",")
+    before = load_average()
+    bandwidth = read_bandwidth(args.threads)
+    layers = model_layers(path)
+    nbytes = step_bytes(layers)
+    bound_ms = nbytes / bandwidth / 1e6
+    ms = run(layers, args.rows, modes, args.threads, args.rounds)
     print(f"command: `python {' '.join(sys.argv)}`  ")
-    print(f"machine: {machine()}  ")
-    print(f"date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC  ")
-    print(f"load average (1/5/15 min): before {before}, after {loadavg()}  ")
-    print(f"median of {args.rounds} interleaved rounds (fallback: {max(1, args.rounds // 3)})\n")
-    print(table(ms, args.rows, threads, names))
+    print(f"machine: {machine_description()}  ")
+    print(f"date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC; {args.threads} threads  ")
+    print(f"load average (1/5/15 min): before {before}, after {load_average()}  ")
+    print(
+        f"model: {path.name}; one step reads {nbytes / 1e6:.0f} MB of weights; read bandwidth "
+        f"{bandwidth:.1f} GB/s -> M = 1 bound {bound_ms:.1f} ms  "
+    )
+    print(f"median of {args.rounds} interleaved rounds\n")
+    print(table(ms, args.rows, modes, bound_ms))
 
 
 if __name__ == "__main__":

@@ -9,8 +9,8 @@ non-matmul = step - linears (Python, small ops, attention, sampling).
 
     .venv/bin/python benchmarks/lean_step.py --threads 2 --rows 1 --rounds 5
 
-`--compare activations`: two lean engines instead, `gguf` (float32 activations) and
-`gguf-int8` (int8 activations, kernels/cpu act="int8"), the same way.
+`--compare activations`: three lean engines instead, `gguf-f32`, `gguf-int16` and `gguf-int8`
+(float32, int16 and int8 activations, kernels/cpu), the same way.
 
 `--compare stack`: the per-op forward (`native_stack_enabled = False`: one native op at a time
 from Python) against the native decoder stack (engine/models/native_stack.py), same kernels;
@@ -96,7 +96,11 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     variants = {  # name: (attention backend, weights, lean fused ops)
         "lean": {"torch": ("reference", "auto", False), "lean": ("cpu", "auto", True)},
-        "activations": {"float32": ("cpu", "gguf", True), "int8": ("cpu", "gguf-int8", True)},
+        "activations": {
+            "float32": ("cpu", "gguf-f32", True),
+            "int16": ("cpu", "gguf-int16", True),
+            "int8": ("cpu", "gguf-int8", True),
+        },
         "stack": {"per-op": ("cpu", args.weights, True), "stack": ("cpu", args.weights, True)},
     }[args.compare]
     engines = {}

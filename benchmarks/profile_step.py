@@ -83,7 +83,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument(
-        "--weights", default="auto", choices=["auto", "gguf", "gguf-int8", "float32"]
+        "--weights",
+        default="auto",
+        choices=["auto", "gguf", "gguf-f32", "gguf-int16", "gguf-int8", "float32"],
     )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rows", type=int, default=1)

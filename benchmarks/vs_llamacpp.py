@@ -457,6 +457,7 @@ def bench(args: argparse.Namespace) -> dict:
 
 
 def _exit_on_sigterm(signum, frame) -> None:
+    print("SIGTERM: stopping the servers", file=sys.stderr, flush=True)
     sys.exit(128 + signum)  # SystemExit unwinds the ExitStack: every server is stopped
 
 

@@ -55,9 +55,10 @@ def main() -> None:
     log_dir.mkdir(exist_ok=True)
     for _ in range(own.pairs):
         for name in ("gs-off", "gs-goodput"):
-            with vs_llamacpp.running(name, commands[name], log_dir) as url:
-                tok_s = asyncio.run(vs_llamacpp.concurrent({name: url}, prompts, args))[name]
-                seen = counters(url)
+            with vs_llamacpp.running(name, commands[name], log_dir) as server:
+                urls = {name: server.url}
+                tok_s = asyncio.run(vs_llamacpp.concurrent(urls, prompts, args))[name]["tok_s"]
+                seen = counters(server.url)
             print(name, f"{tok_s:.1f} tok/s", {k: round(v, 2) for k, v in seen.items()}, flush=True)
 
 

@@ -8,7 +8,7 @@ per-format runs are exactly the model's). Activation modes (`--modes`):
   int16     rows quantized to 16 bits per group of 32, integer tiles (the default path)
   int8      rows quantized to 8 bits per group of 32 (llama.cpp's arithmetic), integer tiles
   int16-avx2 / int8-avx2 / float32-avx2   the same, capped at the AVX2 kernels
-Before timing it measures the machine's read bandwidth (torch sum of a 1 GiB float32 tensor)
+Before timing it measures the machine's read bandwidth (benchmarks/decode_bound.py)
 and prints the bytes one step reads and the M = 1 bound they imply. Repeats are interleaved
 (every configuration once per round, then the next round) and the median is reported.
 
@@ -31,6 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.decode_bound import read_bandwidth  # noqa: E402
 from benchmarks.report import load_average, machine_description  # noqa: E402
 from engine.models.gguf_file import read_gguf  # noqa: E402
 from engine.models.linear import QuantLinear  # noqa: E402
@@ -87,14 +88,6 @@ def step_fn(layers: list[QuantLinear], rows: int, mode: str) -> Callable[[], Non
     return run
 
 
-def read_bandwidth(threads: int, rounds: int = 5) -> float:
-    """GB/s of torch summing a 1 GiB float32 tensor with `threads` threads (best of rounds)."""
-    torch.set_num_threads(threads)
-    data = torch.ones(1 << 28)
-    best = min(timed(data.sum) for _ in range(rounds))
-    return data.numel() * 4 / best / 1e9
-
-
 def timed(fn: Callable) -> float:
     start = time.perf_counter()
     fn()
@@ -143,7 +136,7 @@ def main() -> None:
     )
     modes = args.modes.split(",")
     before = load_average()
-    bandwidth = read_bandwidth(args.threads)
+    bandwidth = read_bandwidth(args.threads) / 1e9
     layers = model_layers(path)
     nbytes = step_bytes(layers)
     bound_ms = nbytes / bandwidth / 1e6

@@ -17,6 +17,7 @@ Run by benchmarks/gpu_bench.sh; writes gpu_bench[_NAME].json and .md into --out.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import sys
@@ -33,7 +34,8 @@ from engine.models.arch_config import ModelArchConfig  # noqa: E402
 from engine.models.llama import LlamaForCausalLM  # noqa: E402
 from engine.models.loader import load_model  # noqa: E402
 from kernels.attention import AttentionMetadata  # noqa: E402
-from kernels.cuda_graphs import DecodeGraphRunner  # noqa: E402
+from kernels.cuda_graphs import StepGraphRunner  # noqa: E402
+from kernels.graph_shapes import GraphShapes  # noqa: E402
 from kernels.registry import make_attention_backend  # noqa: E402
 
 BLOCK_SIZE = 16
@@ -93,24 +95,25 @@ class DecodeBatch:
         self.batch_size, self.context = batch_size, context
         self.pages = pages_per_request
         blocks = torch.arange(batch_size * pages_per_request, dtype=torch.int32)
-        self.block_tables = blocks.view(batch_size, pages_per_request).to(DEVICE)
+        self.block_tables = blocks.view(batch_size, pages_per_request)
         self.tokens = torch.randint(3, vocab, (batch_size,)).tolist()
 
     def inputs(self, step: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-        """Input ids, positions and metadata of decode step `step` (history context + step)."""
+        """Host input ids, positions and metadata of decode step `step` (history context +
+        step), as the engine's ModelInput holds them."""
         position = self.context + step
         slots = [b * self.pages * BLOCK_SIZE + position for b in range(self.batch_size)]
         n = self.batch_size
         metadata = AttentionMetadata(
-            query_start_loc=torch.arange(n + 1, dtype=torch.int32).to(DEVICE),
-            seq_lens=torch.full((n,), position + 1, dtype=torch.int32).to(DEVICE),
+            query_start_loc=torch.arange(n + 1, dtype=torch.int32),
+            seq_lens=torch.full((n,), position + 1, dtype=torch.int32),
             block_tables=self.block_tables,
-            slot_mapping=torch.tensor(slots, dtype=torch.int64).to(DEVICE),
+            slot_mapping=torch.tensor(slots, dtype=torch.int64),
             query_lens_host=(1,) * n,
             seq_lens_host=(position + 1,) * n,
         )
-        ids = torch.tensor(self.tokens, dtype=torch.int64).to(DEVICE)
-        return ids, torch.full((n,), position, dtype=torch.int64).to(DEVICE), metadata
+        ids = torch.tensor(self.tokens, dtype=torch.int64)
+        return ids, torch.full((n,), position, dtype=torch.int64), metadata
 
 
 def sync() -> None:
@@ -118,25 +121,43 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
+def on_device(metadata: AttentionMetadata) -> AttentionMetadata:
+    return dataclasses.replace(
+        metadata,
+        query_start_loc=metadata.query_start_loc.to(DEVICE),
+        seq_lens=metadata.seq_lens.to(DEVICE),
+        block_tables=metadata.block_tables.to(DEVICE),
+        slot_mapping=metadata.slot_mapping.to(DEVICE),
+    )
+
+
 def eager_step(model: LlamaForCausalLM):
     def step(ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata):
-        model.backend.plan(metadata)
-        return model.compute_logits(model(ids, positions))
+        model.backend.plan(on_device(metadata))
+        return model.compute_logits(model(ids.to(DEVICE), positions.to(DEVICE)))
 
     return step
 
 
 def graph_step(model: LlamaForCausalLM, batch_sizes: tuple[int, ...]):
+    """The engine's graph path: the model step replayed, then the logits of the gathered rows
+    (here every row) outside the graph."""
     config = model.config
-    runner = DecodeGraphRunner(
+    runner = StepGraphRunner(
         model.backend,
-        lambda ids, positions: model.compute_logits(model(ids, positions)),
+        model,
+        GraphShapes(batch_sizes, 1),
         num_heads=config.num_heads,
         max_model_len=config.max_position_embeddings,
-        batch_sizes=batch_sizes,
+        sm_scale=config.head_dim**-0.5,
     )
     runner.capture()
-    return runner.run
+
+    def step(ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata):
+        rows = torch.arange(metadata.num_tokens)
+        return model.compute_logits(runner.run(ids, positions, metadata, rows))
+
+    return step
 
 
 @torch.inference_mode()
@@ -155,15 +176,15 @@ def decode_tok_s(step, batch: DecodeBatch, steps: int, warmup: int) -> float:
 def prefill_tok_s(model: LlamaForCausalLM, num_tokens: int, repeats: int = 3) -> float:
     pages = -(-num_tokens // BLOCK_SIZE)
     metadata = AttentionMetadata(
-        query_start_loc=torch.tensor([0, num_tokens], dtype=torch.int32).to(DEVICE),
-        seq_lens=torch.tensor([num_tokens], dtype=torch.int32).to(DEVICE),
-        block_tables=torch.arange(pages, dtype=torch.int32).view(1, pages).to(DEVICE),
-        slot_mapping=torch.arange(num_tokens, dtype=torch.int64).to(DEVICE),
+        query_start_loc=torch.tensor([0, num_tokens], dtype=torch.int32),
+        seq_lens=torch.tensor([num_tokens], dtype=torch.int32),
+        block_tables=torch.arange(pages, dtype=torch.int32).view(1, pages),
+        slot_mapping=torch.arange(num_tokens, dtype=torch.int64),
         query_lens_host=(num_tokens,),
         seq_lens_host=(num_tokens,),
     )
-    ids = torch.randint(0, model.config.vocab_size, (num_tokens,)).to(DEVICE)
-    positions = torch.arange(num_tokens).to(DEVICE)
+    ids = torch.randint(0, model.config.vocab_size, (num_tokens,))
+    positions = torch.arange(num_tokens)
     step = eager_step(model)
     times = []
     for _ in range(repeats + 1):  # the first run warms up (and JIT-compiles)

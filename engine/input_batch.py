@@ -13,8 +13,9 @@ every draft (1 + num_draft_tokens rows, in row order); prompt logprobs need ever
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+import numpy as np
 import torch
 
 from engine.outputs import Drafts, ScheduledRequest, SchedulerOutput
@@ -37,11 +38,33 @@ class RequestRows:
 
 @dataclass(frozen=True)
 class ModelInput:
+    """Built on the host (a CUDA-graph step plans and stages from host tensors); `to(device)`
+    gives the eager path its device copy."""
+
     input_ids: torch.Tensor  # [num_tokens] int64
     positions: torch.Tensor  # [num_tokens] int64
     metadata: AttentionMetadata
     logits_indices: torch.Tensor  # [num_logit_rows] int64, rows of the hidden states to project
     requests: tuple[RequestRows, ...]
+
+    def to(self, device: torch.device) -> ModelInput:
+        if device.type == "cpu":
+            return self
+        metadata = self.metadata
+        return replace(
+            self,
+            input_ids=self.input_ids.to(device),
+            positions=self.positions.to(device),
+            logits_indices=self.logits_indices.to(device),
+            metadata=replace(
+                metadata,
+                query_start_loc=metadata.query_start_loc.to(device),
+                seq_lens=metadata.seq_lens.to(device),
+                block_tables=metadata.block_tables.to(device),
+                slot_mapping=metadata.slot_mapping.to(device),
+                tree_masks=tuple(m if m is None else m.to(device) for m in metadata.tree_masks),
+            ),
+        )
 
 
 def slot_of(block_ids: list[int], index: int, block_size: int) -> int:
@@ -62,8 +85,9 @@ def tree_attention_mask(num_real: int, tree: DraftTree) -> torch.Tensor:
 
 
 def build_model_input(
-    scheduler_output: SchedulerOutput, drafts: Drafts, block_size: int, device: torch.device
+    scheduler_output: SchedulerOutput, drafts: Drafts, block_size: int
 ) -> ModelInput:
+    """The step's inputs as host tensors."""
     input_ids: list[int] = []
     positions: list[int] = []
     slots: list[int] = []
@@ -122,23 +146,22 @@ def build_model_input(
             RequestRows(scheduled, draft_ids, tree, start, num_real, sample_rows, prompt_rows)
         )
     max_blocks = max((len(t) for t in block_tables), default=1) or 1
-    table = torch.zeros(len(block_tables), max_blocks, dtype=torch.int32)
+    table = np.zeros((len(block_tables), max_blocks), dtype=np.int32)
     for i, blocks in enumerate(block_tables):
-        if blocks:
-            table[i, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+        table[i, : len(blocks)] = blocks
     metadata = AttentionMetadata(
-        query_start_loc=torch.tensor(cu_query, dtype=torch.int32, device=device),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
-        block_tables=table.to(device),
-        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+        query_start_loc=torch.tensor(cu_query, dtype=torch.int32),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+        block_tables=torch.from_numpy(table),
+        slot_mapping=torch.tensor(slots, dtype=torch.int64),
         query_lens_host=tuple(b - a for a, b in zip(cu_query, cu_query[1:])),
         seq_lens_host=tuple(seq_lens),
-        tree_masks=tuple(m.to(device) if m is not None else None for m in tree_masks),
+        tree_masks=tuple(tree_masks),
     )
     return ModelInput(
-        input_ids=torch.tensor(input_ids, dtype=torch.int64, device=device),
-        positions=torch.tensor(positions, dtype=torch.int64, device=device),
+        input_ids=torch.tensor(input_ids, dtype=torch.int64),
+        positions=torch.tensor(positions, dtype=torch.int64),
         metadata=metadata,
-        logits_indices=torch.tensor(logits_indices, dtype=torch.int64, device=device),
+        logits_indices=torch.tensor(logits_indices, dtype=torch.int64),
         requests=tuple(rows),
     )

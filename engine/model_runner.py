@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -24,9 +25,17 @@ from engine.outputs import Drafts, ModelOutput, RequestStepOutput, SchedulerOutp
 from engine.sampler import Sampler
 from engine.speculation.batch_verify import BatchVerifier, Verified
 from kernels.attention import KVCacheSpec
+from kernels.graph_shapes import GraphShapes
 from kernels.registry import make_attention_backend
 
+if TYPE_CHECKING:
+    from kernels.cuda_graphs import StepGraphRunner
+
 logger = logging.getLogger(__name__)
+
+# Chain verification steps are captured up to this many drafts per request; a longer chain
+# cap (--num-speculative-tokens) captures decode steps only (about 7 graphs per extra row).
+MAX_GRAPHED_DRAFTS = 8
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -51,7 +60,7 @@ class ModelRunner:
             self.arch.max_position_embeddings,
         )
         self.num_blocks = self._allocate_kv_cache()
-        self.decode_graphs = self._capture_decode_graphs()
+        self.graphs = self._capture_graphs()
         self.sampler = Sampler()
         self.verifier = BatchVerifier(self.sampler)
 
@@ -93,40 +102,47 @@ class ModelRunner:
         )
         return num_blocks
 
-    def _capture_decode_graphs(self):
-        """CUDA graphs of the decode step (FlashInfer on CUDA, unless cuda_graphs is off)."""
+    def _capture_graphs(self) -> StepGraphRunner | None:
+        """CUDA graphs of decode and chain-verification steps (FlashInfer on CUDA, unless
+        cuda_graphs is off)."""
         if not (
             self.config.device.cuda_graphs
             and self.device.type == "cuda"
             and getattr(self.backend, "name", "") == "flashinfer"
         ):
             return None
-        from kernels.cuda_graphs import DecodeGraphRunner, graph_batch_sizes
+        from kernels.cuda_graphs import StepGraphRunner
 
         start = time.perf_counter()
-        graphs = DecodeGraphRunner(
+        graphs = StepGraphRunner(
             self.backend,
             self.model,
+            graph_shapes(self.config),
             num_heads=self.arch.num_heads,
             max_model_len=self.max_model_len,
             sm_scale=self.arch.head_dim**-0.5,
-            batch_sizes=graph_batch_sizes(self.config.scheduler.max_num_seqs),
         )
         graphs.capture()
         logger.info(
-            "CUDA graphs: decode captured at batch sizes %s in %.1f s",
-            graphs.batch_sizes,
+            "CUDA graphs: batch sizes %s x query rows 1..%d captured in %.1f s",
+            graphs.shapes.batch_sizes,
+            graphs.shapes.max_query_len,
             time.perf_counter() - start,
         )
         return graphs
+
+    @property
+    def graph_shapes(self) -> GraphShapes:
+        """The step shapes this runner replays as graphs (none without graphs)."""
+        return self.graphs.shapes if self.graphs is not None else GraphShapes()
 
     # ---- the step ----------------------------------------------------------------------
     @torch.inference_mode()
     def execute(self, scheduler_output: SchedulerOutput, drafts: Drafts) -> ModelOutput:
         start = time.perf_counter()
         self._copy_blocks(scheduler_output.block_copies)
-        model_input = build_model_input(scheduler_output, drafts, self.block_size, self.device)
-        logits = self._forward(model_input)
+        model_input = build_model_input(scheduler_output, drafts, self.block_size)
+        logits = self._logits(model_input)
         verified = self.verifier.verify(model_input.requests, logits, drafts.target_topk)
         self._compact_trees(model_input.requests, verified)
         outputs = self._outputs(model_input, logits, verified)
@@ -140,16 +156,24 @@ class ModelRunner:
         dst = torch.cat([offsets + d * self.block_size for _, d in copies])
         self.backend.copy_slots(src, dst)
 
-    def _forward(self, model_input: ModelInput) -> torch.Tensor:
-        metadata = model_input.metadata
-        if self.decode_graphs is not None and self.decode_graphs.can_run(metadata):
-            hidden = self.decode_graphs.run(model_input.input_ids, model_input.positions, metadata)
+    def _logits(self, model_input: ModelInput) -> torch.Tensor:
+        """float32 logits [num_logit_rows, vocab]: the step replayed as a graph where its
+        shape was captured, else run eagerly."""
+        if self.graphs is not None and self.graphs.can_run(model_input.metadata):
+            hidden = self.graphs.run(
+                model_input.input_ids,
+                model_input.positions,
+                model_input.metadata,
+                model_input.logits_indices,
+            )
         else:
-            self.backend.plan(metadata)
-            hidden = self.model(model_input.input_ids, model_input.positions)
-        if model_input.logits_indices.numel() == 0:
+            on_device = model_input.to(self.device)
+            self.backend.plan(on_device.metadata)
+            hidden = self.model(on_device.input_ids, on_device.positions)
+            hidden = hidden[on_device.logits_indices]
+        if hidden.shape[0] == 0:
             return hidden.new_empty(0, self.arch.vocab_size, dtype=torch.float32)
-        return self.model.compute_logits(hidden[model_input.logits_indices])
+        return self.model.compute_logits(hidden)
 
     def _outputs(
         self, model_input: ModelInput, logits: torch.Tensor, verified: dict[str, Verified]
@@ -240,3 +264,16 @@ class ModelRunner:
             self.backend.copy_slots(
                 torch.tensor(src, device=self.device), torch.tensor(dst, device=self.device)
             )
+
+
+def graph_shapes(config: EngineConfig) -> GraphShapes:
+    """What to capture: decode steps at the batch sizes max_num_seqs needs, and chain
+    verification steps up to the spec cap when chains may be verified (a tree proposer's
+    steps carry masks and run eagerly)."""
+    from kernels.cuda_graphs import graph_batch_sizes
+
+    spec = config.spec
+    chains = spec.proposers and spec.spec_tree_nodes == 0 and spec.policy != "off"
+    drafts = spec.num_speculative_tokens if chains else 0
+    max_query_len = 1 + drafts if drafts <= MAX_GRAPHED_DRAFTS else 1
+    return GraphShapes(graph_batch_sizes(config.scheduler.max_num_seqs), max_query_len)

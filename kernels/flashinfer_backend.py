@@ -11,13 +11,16 @@ only reveals in forward(). They are learned from the first forward() (or given u
 set_attention_shape(), which CUDA-graph capture needs); until then the wrapper plan is deferred
 to the first layer's forward().
 
-The cache holds one extra block past spec.num_blocks (pad_block_id): padded dummy requests of a
-CUDA-graph decode batch read and write only there. FlashInfer kernels need float16/bfloat16.
+A CUDA-graph step (kernels/cuda_graphs.py) plans with plan_graph() instead: its batch is padded
+to a captured (batch size, query rows per request) and runs that shape's graph wrapper. The
+cache holds one extra block past spec.num_blocks (pad_block_id): the padding's dummy rows write
+only there. FlashInfer kernels need float16/bfloat16.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from types import ModuleType
 
 import torch
@@ -51,8 +54,7 @@ class FlashInferBackend:
         self._spec: KVCacheSpec | None = None
         self._num_heads: int | None = None
         self._sm_scale: float | None = None
-        self._graph_decode: dict[int, object] = {}  # batch size -> CUDA-graph decode wrapper
-        self._graph_rows: torch.Tensor | None = None  # [2, max graph batch] static K/V rows
+        self._graph_wrappers: dict[tuple[int, int], object] = {}  # (batch, q rows) -> wrapper
         self._pending: tuple[object, tuple, dict] | None = None  # wrapper, plan args not yet run
         self._active: object | None = None
         self._kv_rows = torch.zeros(2, 0, dtype=torch.int64)
@@ -90,63 +92,78 @@ class FlashInferBackend:
         self._num_heads = num_heads
         self._sm_scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(spec.head_dim)
 
-    def enable_decode_graphs(self, batch_sizes: tuple[int, ...], max_pages: int) -> None:
-        """Create one CUDA-graph decode wrapper per batch size, with fixed index buffers.
+    def enable_graphs(self, shapes: Sequence[tuple[int, int]], max_pages: int) -> None:
+        """One CUDA-graph wrapper per captured (batch size, query rows per request), with
+        fixed index buffers: FlashInfer's tensor-core decode with q_len_per_req rows per
+        request, causal within each request (a decode at 1 row, a chain verification at 1 + k).
 
-        max_pages: the most pages one request may use (max_model_len / block_size). Steps whose
-        batch size is in batch_sizes then use these wrappers (eagerly or replayed).
+        max_pages: the most pages one request may list (plan_graph's padded batches included).
         """
         device = self._require_spec().device
-        for size in batch_sizes:
-            self._graph_decode[size] = self._fi.BatchDecodeWithPagedKVCacheWrapper(
+        for batch, q_len in shapes:
+            self._graph_wrappers[(batch, q_len)] = self._fi.BatchDecodeWithPagedKVCacheWrapper(
                 self._workspace,
                 "NHD",
                 use_cuda_graph=True,
                 use_tensor_cores=True,
-                paged_kv_indptr_buffer=torch.zeros(size + 1, dtype=torch.int32, device=device),
+                paged_kv_indptr_buffer=torch.zeros(batch + 1, dtype=torch.int32, device=device),
                 paged_kv_indices_buffer=torch.zeros(
-                    size * max_pages, dtype=torch.int32, device=device
+                    batch * max_pages, dtype=torch.int32, device=device
                 ),
-                paged_kv_last_page_len_buffer=torch.zeros(size, dtype=torch.int32, device=device),
+                paged_kv_last_page_len_buffer=torch.zeros(batch, dtype=torch.int32, device=device),
             )
-        self._graph_rows = torch.zeros(2, max(batch_sizes), dtype=torch.int64, device=device)
 
     # ---- per step ---------------------------------------------------------------------
     def plan(self, metadata: AttentionMetadata) -> None:
+        """An eager step: the batch decode wrapper for pure decodes, else batch prefill."""
         spec = self._require_spec()
         layout = build_paged_kv_layout(metadata, spec.block_size)
-        self._kv_rows = self._rows_for(metadata)
-        common = dict(
-            num_kv_heads=spec.num_kv_heads,
-            page_size=spec.block_size,
-            pos_encoding_mode="NONE",  # RoPE is applied by the model with explicit positions
-            q_data_type=spec.dtype,
-            kv_data_type=spec.dtype,
-        )
+        self._kv_rows = kv_cache_rows(metadata.slot_mapping, spec.block_size).to(spec.device)
         if metadata.is_pure_decode:
-            wrapper = self._graph_decode.get(metadata.num_requests, self._decode)
+            wrapper = self._decode
             args = (layout.kv_indptr, layout.kv_indices, layout.kv_last_page_len)
-            kwargs = dict(common, head_dim=spec.head_dim)
+            kwargs = dict(self._common(), head_dim=spec.head_dim)
         else:
             wrapper = self._prefill
             mask = None
             if has_tree_masks(metadata):
                 mask = build_custom_mask(metadata).to(spec.device, non_blocking=True)
             args = (layout.qo_indptr, layout.kv_indptr, layout.kv_indices, layout.kv_last_page_len)
-            kwargs = dict(common, head_dim_qk=spec.head_dim, custom_mask=mask, causal=mask is None)
+            kwargs = dict(
+                self._common(), head_dim_qk=spec.head_dim, custom_mask=mask, causal=mask is None
+            )
+        self._set_plan(wrapper, args, kwargs)
+
+    def plan_graph(self, metadata: AttentionMetadata, kv_rows: torch.Tensor) -> None:
+        """A step padded to a captured shape (flashinfer_metadata.pad_uniform: host tensors,
+        every request the same query rows), on its graph wrapper. kv_rows: [2, num_tokens]
+        int64, the new tokens' K and V cache rows, already in the graph's static device buffer
+        (the same tensor at capture and at every replay)."""
+        spec = self._require_spec()
+        q_len = metadata.query_lens_host[0]
+        wrapper = self._graph_wrappers[(metadata.num_requests, q_len)]
+        layout = build_paged_kv_layout(metadata, spec.block_size)
+        self._kv_rows = kv_rows
+        args = (layout.kv_indptr, layout.kv_indices, layout.kv_last_page_len)
+        self._set_plan(
+            wrapper, args, dict(self._common(), head_dim=spec.head_dim, q_len_per_req=q_len)
+        )
+
+    def _common(self) -> dict:
+        spec = self._require_spec()
+        return dict(
+            num_kv_heads=spec.num_kv_heads,
+            page_size=spec.block_size,
+            pos_encoding_mode="NONE",  # RoPE is applied by the model with explicit positions
+            q_data_type=spec.dtype,
+            kv_data_type=spec.dtype,
+        )
+
+    def _set_plan(self, wrapper, args: tuple, kwargs: dict) -> None:
         self._active = wrapper
         self._pending = (wrapper, args, kwargs)
         if self._num_heads is not None:
             self._plan_pending()
-
-    def _rows_for(self, metadata: AttentionMetadata) -> torch.Tensor:
-        """K/V cache rows of the new tokens; graph-sized decode steps use the static buffer."""
-        rows = kv_cache_rows(metadata.slot_mapping, self._require_spec().block_size)
-        if metadata.is_pure_decode and metadata.num_requests in self._graph_decode:
-            static = self._graph_rows[:, : metadata.num_tokens]
-            static.copy_(rows, non_blocking=True)
-            return static
-        return rows
 
     def _plan_pending(self) -> None:
         wrapper, args, kwargs = self._pending

@@ -14,9 +14,9 @@ hold exactly the history the reference backend gathers (new tokens included, at 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from kernels.attention import AttentionMetadata
@@ -63,29 +63,38 @@ def _check_batch(metadata: AttentionMetadata, page_size: int) -> list[int]:
 def build_paged_kv_layout(metadata: AttentionMetadata, page_size: int) -> PagedKVLayout:
     """CSR page lists from the block tables and host lengths, without a host sync.
 
-    kv_indices is gathered on the block tables' device with an index built on the host: entry
-    j of request i is block_tables[i, j] for j < num_pages_i (the 0-padding is never read).
+    Host tables (a CUDA-graph step plans from the host) are gathered with numpy; device tables
+    on their device with an index built on the host. Either way entry j of request i is
+    block_tables[i, j] for j < num_pages_i (the 0-padding is never read).
     """
-    pages = _check_batch(metadata, page_size)
-    num_requests = len(pages)
-    pages_t = torch.tensor(pages, dtype=torch.int64)
-    kv_indptr = torch.zeros(num_requests + 1, dtype=torch.int64)
-    kv_indptr[1:] = torch.cumsum(pages_t, 0)
-    total = int(kv_indptr[-1])
-    rows = torch.repeat_interleave(torch.arange(num_requests), pages_t)
-    cols = torch.arange(total) - torch.repeat_interleave(kv_indptr[:-1], pages_t)
-    width = metadata.block_tables.shape[1] if num_requests else 0
-    flat_index = (rows * width + cols).to(metadata.block_tables.device, non_blocking=True)
-    kv_indices = metadata.block_tables.reshape(-1)[flat_index].to(torch.int32)
-    qo_indptr = torch.zeros(num_requests + 1, dtype=torch.int32)
-    qo_indptr[1:] = torch.cumsum(torch.tensor(metadata.query_lens_host, dtype=torch.int32), 0)
-    last = [last_page_len(s, page_size) for s in metadata.seq_lens_host]
+    pages = np.asarray(_check_batch(metadata, page_size), dtype=np.int64)
+    kv_indptr = np.zeros(len(pages) + 1, dtype=np.int32)
+    np.cumsum(pages, out=kv_indptr[1:])
+    tables = metadata.block_tables
+    if tables.device.type == "cpu":
+        width = tables.shape[1] if tables.dim() == 2 else 0
+        used = np.arange(width)[None, :] < pages[:, None]
+        kv_indices = torch.from_numpy(tables.numpy()[used].astype(np.int32, copy=False))
+    else:
+        kv_indices = _gather_pages(tables, pages, kv_indptr)
+    qo_indptr = np.zeros(len(pages) + 1, dtype=np.int32)
+    np.cumsum(metadata.query_lens_host, out=qo_indptr[1:])
+    seq_lens = np.asarray(metadata.seq_lens_host, dtype=np.int32)
     return PagedKVLayout(
-        qo_indptr=qo_indptr,
-        kv_indptr=kv_indptr.to(torch.int32),
+        qo_indptr=torch.from_numpy(qo_indptr),
+        kv_indptr=torch.from_numpy(kv_indptr),
         kv_indices=kv_indices,
-        kv_last_page_len=torch.tensor(last, dtype=torch.int32),
+        kv_last_page_len=torch.from_numpy((seq_lens - 1) % page_size + 1),
     )
+
+
+def _gather_pages(tables: torch.Tensor, pages: np.ndarray, kv_indptr: np.ndarray) -> torch.Tensor:
+    """kv_indices gathered on the tables' device (int32)."""
+    rows = np.repeat(np.arange(len(pages)), pages)
+    cols = np.arange(int(kv_indptr[-1])) - np.repeat(kv_indptr[:-1], pages)
+    width = tables.shape[1] if len(pages) else 0
+    flat_index = torch.from_numpy(rows * width + cols).to(tables.device, non_blocking=True)
+    return tables.reshape(-1)[flat_index].to(torch.int32)
 
 
 def has_tree_masks(metadata: AttentionMetadata) -> bool:
@@ -134,46 +143,86 @@ def kv_cache_rows(slots: torch.Tensor, block_size: int) -> torch.Tensor:
     return torch.stack([k_rows, k_rows + block_size])
 
 
-def pad_decode_metadata(
-    metadata: AttentionMetadata, batch_size: int, pad_block_id: int, block_size: int
-) -> AttentionMetadata:
-    """A pure-decode batch padded with dummy requests up to batch_size (for CUDA graphs).
+@dataclass(frozen=True)
+class UniformBatch:
+    """A step padded to a captured CUDA-graph shape: batch_size requests of query_len rows.
 
-    Each dummy request has one token at slot pad_block_id * block_size, history length 1 and
-    the block table row [pad_block_id, 0, ...]: it reads and writes only the pad block, which
-    no real request owns, so real requests' outputs and cache are unaffected.
+    Request i's real rows become padded rows i * query_len + j; the rows after them are
+    dummies. A dummy row of request i stands where its next tokens would, so its causal view
+    ends past the request's history: the request's declared length grows by its dummy rows,
+    which read stale cache entries (or the pad block, past its last page) and write only the
+    pad block. The real rows see exactly their own history (query row r of a query_len-row
+    request sees kv positions < seq_len - query_len + r + 1). Dummy requests past the real
+    ones own only the pad block. No real row ever reads a pad-block entry.
     """
-    num_pad = batch_size - metadata.num_requests
-    if not metadata.is_pure_decode or num_pad < 0:
+
+    metadata: AttentionMetadata  # host tensors, every request query_len rows, no tree masks
+    rows: np.ndarray  # [num real rows] int64: the padded row of each real row, in order
+    query_len: int
+
+    @property
+    def num_rows(self) -> int:
+        return self.metadata.num_tokens
+
+
+def pad_uniform(
+    metadata: AttentionMetadata,
+    batch_size: int,
+    query_len: int,
+    pad_block_id: int,
+    block_size: int,
+) -> UniformBatch:
+    """Pad a host batch (no tree masks, <= batch_size requests, <= query_len rows each) to
+    batch_size requests of query_len rows (UniformBatch)."""
+    query_lens = np.asarray(metadata.query_lens_host, dtype=np.int64)
+    n = len(query_lens)
+    if metadata.tree_masks and any(m is not None for m in metadata.tree_masks):
+        raise ValueError("a batch with tree masks has no uniform padding")
+    if n > batch_size or (n and int(query_lens.max()) > query_len):
         raise ValueError(
-            f"can pad only a pure-decode batch of <= {batch_size} requests, "
-            f"got {metadata.num_requests} requests with query lengths {metadata.query_lens_host}"
+            f"cannot pad {n} requests of up to {int(query_lens.max(initial=0))} rows to "
+            f"{batch_size} x {query_len}"
         )
-    if num_pad == 0:
-        return metadata
-    device = metadata.block_tables.device
-    width = max(1, metadata.block_tables.shape[1])
-    pad_tables = torch.zeros(num_pad, width, dtype=metadata.block_tables.dtype, device=device)
-    pad_tables[:, 0] = pad_block_id
-    tables = torch.zeros(metadata.num_requests, width, dtype=pad_tables.dtype, device=device)
-    tables[:, : metadata.block_tables.shape[1]] = metadata.block_tables
-    pad_slots = torch.full((num_pad,), pad_block_id * block_size, dtype=torch.int64)
-    start = torch.arange(1, num_pad + 1, dtype=metadata.query_start_loc.dtype)
-    return replace(
-        metadata,
-        query_start_loc=torch.cat(
-            [metadata.query_start_loc, (start + metadata.num_tokens).to(device)]
+    seq_lens = np.full(batch_size, query_len, dtype=np.int64)
+    seq_lens[:n] = np.asarray(metadata.seq_lens_host, dtype=np.int64) + query_len - query_lens
+    rows = _real_rows(query_lens, query_len)
+    slots = pad_block_id * block_size + np.arange(batch_size * query_len) % block_size
+    slots[rows] = metadata.slot_mapping.numpy()
+    padded = AttentionMetadata(
+        query_start_loc=torch.arange(0, (batch_size + 1) * query_len, query_len, dtype=torch.int32),
+        seq_lens=torch.from_numpy(seq_lens.astype(np.int32)),
+        block_tables=torch.from_numpy(
+            _padded_tables(metadata, seq_lens, batch_size, pad_block_id, block_size)
         ),
-        seq_lens=torch.cat([metadata.seq_lens, torch.ones_like(start).to(device)]),
-        block_tables=torch.cat([tables, pad_tables]),
-        slot_mapping=torch.cat([metadata.slot_mapping, pad_slots.to(device)]),
-        query_lens_host=metadata.query_lens_host + (1,) * num_pad,
-        seq_lens_host=metadata.seq_lens_host + (1,) * num_pad,
-        tree_masks=(),
+        slot_mapping=torch.from_numpy(slots),
+        query_lens_host=(query_len,) * batch_size,
+        seq_lens_host=tuple(seq_lens.tolist()),
     )
+    return UniformBatch(padded, rows, query_len)
 
 
-def padded_batch_size(num_requests: int, batch_sizes: Sequence[int]) -> int | None:
-    """Smallest captured batch size >= num_requests, or None when the batch is too large."""
-    fitting = [size for size in batch_sizes if size >= num_requests]
-    return min(fitting) if fitting else None
+def _real_rows(query_lens: np.ndarray, query_len: int) -> np.ndarray:
+    """Padded row of each real row: request i's j-th row -> i * query_len + j."""
+    starts = np.repeat(np.arange(len(query_lens)) * query_len, query_lens)
+    firsts = np.repeat(np.cumsum(query_lens) - query_lens, query_lens)
+    return starts + np.arange(int(query_lens.sum())) - firsts
+
+
+def _padded_tables(
+    metadata: AttentionMetadata,
+    seq_lens: np.ndarray,
+    batch_size: int,
+    pad_block_id: int,
+    block_size: int,
+) -> np.ndarray:
+    """Block tables of the padded batch: each real request's own pages, then the pad block
+    for pages its dummy rows reach past them; dummy requests only the pad block."""
+    own = -(-np.asarray(metadata.seq_lens_host, dtype=np.int64) // block_size)
+    needed = -(-seq_lens // block_size)
+    width = max(int(needed.max(initial=1)), 1)
+    tables = np.full((batch_size, width), pad_block_id, dtype=np.int32)
+    source = metadata.block_tables.numpy()
+    cols = min(source.shape[1], width)
+    used = np.arange(cols)[None, :] < own[:, None]
+    tables[: len(own), :cols][used] = source[:, :cols][used]
+    return tables

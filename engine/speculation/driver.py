@@ -32,6 +32,7 @@ from engine.speculation.proposer import (
 from engine.speculation.spec_totals import SpecTotals
 from engine.speculation.step_features import StepFeatures
 from engine.speculation.tree_shape import TreeShapeEstimator, accepted_path
+from kernels.graph_shapes import NO_GRAPHS, GraphShapes
 
 if TYPE_CHECKING:
     from engine.model_runner import ModelRunner
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
 def build_spec_driver(config: SpecConfig, runner: ModelRunner, scheduler: Scheduler) -> SpecDriver:
     """The proposer built for the target, the cost model seeded (goodput only)."""
     proposer = make_proposer(config, vocab_size=runner.arch.vocab_size, runner=runner)
-    graphs = getattr(runner, "decode_graphs", None) is not None
+    graphs = getattr(runner, "graph_shapes", NO_GRAPHS)
     limits = scheduler.config
     driver = SpecDriver(
         config, proposer, limits.max_num_batched_tokens, limits.max_num_seqs, graphs
@@ -56,6 +57,7 @@ def build_spec_driver(config: SpecConfig, runner: ModelRunner, scheduler: Schedu
             scheduler.config,
             driver.max_draft_tokens,
             draft_runner=getattr(proposer, "runner", None),
+            graphs=driver.graphs,
         )
     return driver
 
@@ -67,12 +69,13 @@ class SpecDriver:
         proposer: Proposer | None,
         token_budget: int,
         max_num_seqs: int = 1 << 30,
-        graphs: bool = False,
+        graphs: GraphShapes = NO_GRAPHS,
     ) -> None:
-        """graphs: the runner replays captured graphs for decode steps (a verify step is eager)."""
+        """graphs: the step shapes the runner replays as CUDA graphs (trees never replay)."""
         self.config = config
-        self.token_budget, self.max_num_seqs, self.graphs = token_budget, max_num_seqs, graphs
+        self.token_budget, self.max_num_seqs = token_budget, max_num_seqs
         self.tree = config.spec_tree_nodes > 0
+        self.graphs = graphs.decode_only() if self.tree else graphs
         self.draft_model = DRAFT_PROPOSER in config.proposers
         self.choice = len(config.proposers) > 1  # proposer is a ProposerSet
         self.max_draft_tokens = (
@@ -91,7 +94,7 @@ class SpecDriver:
             tree=self.tree,
             draft_model=self.draft_model,
             token_budget=token_budget,
-            graphs=graphs,
+            graphs=self.graphs,
             tree_shape=self.tree_shape,
             proposers=config.proposers if self.choice else (),
             # the model-free proposers' CPU seconds per request, as the ProposerSet measures them

@@ -27,6 +27,7 @@ from engine.speculation.proposer import DRAFT_PROPOSER
 from engine.speculation.search import SearchProblem, SearchSlot, best_lengths
 from engine.speculation.step_features import StepFeatures
 from engine.speculation.tree_shape import TreeShapeEstimator
+from kernels.graph_shapes import NO_GRAPHS, GraphShapes
 
 
 class GoodputPolicy:
@@ -48,7 +49,7 @@ class GoodputPolicy:
         explore_interval: int = 16,
         token_budget: int | None = None,
         decay: float = 0.9,
-        graphs: bool = False,
+        graphs: GraphShapes = NO_GRAPHS,
         tree_shape: TreeShapeEstimator | None = None,
         proposers: Sequence[str] = (),
         propose_seconds: dict[str, float] | None = None,
@@ -65,7 +66,7 @@ class GoodputPolicy:
         self.max_draft_tokens = max_draft_tokens
         self.tree = tree
         self.draft_model = draft_model
-        self.graphs = graphs  # the runner replays decode graphs: a verify step is eager
+        self.graphs = graphs  # the step shapes the runner replays as CUDA graphs
         self.tree_shape = tree_shape  # trees: node gains from the learned shape
         self.explore_interval = explore_interval
         self.token_budget = token_budget

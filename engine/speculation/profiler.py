@@ -29,6 +29,7 @@ from engine.request import Request
 from engine.sampling_params import SamplingParams
 from engine.speculation.cost_model import CostModelCache, OnlineLinearCostModel, cache_key
 from engine.speculation.step_features import StepFeatures, profile_grid
+from kernels.graph_shapes import NO_GRAPHS, GraphShapes
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +81,7 @@ def fit_to_pool(
     block_size: int,
     max_model_len: int,
     draft_model: bool = False,
+    graphs: GraphShapes = NO_GRAPHS,
 ) -> list[StepFeatures]:
     """The grid with contexts shrunk so each batch fits the KV pool and the context length;
     points that cannot fit at all are dropped, duplicates removed (order kept)."""
@@ -89,7 +91,7 @@ def fit_to_pool(
         per_request = min(num_blocks // len(shapes) * block_size, max_model_len)
         clipped = [(min(c, per_request - n - k), n, k) for c, n, k in shapes]
         if all(c >= 0 for c, _, _ in clipped):
-            fitted[StepFeatures.from_shapes(clipped, draft_model)] = None
+            fitted[StepFeatures.from_shapes(clipped, draft_model, graphs)] = None
     return list(fitted)
 
 
@@ -101,9 +103,11 @@ def startup_grid(
     max_model_len: int,
     seed: int = 0,
     draft_model: bool = False,
+    graphs: GraphShapes = NO_GRAPHS,
 ) -> list[StepFeatures]:
     """Profile shapes for this engine, cheapest first (profile() warms up on grid[0]); with a
-    draft model, steps with k drafts include k draft passes."""
+    draft model, steps with k drafts include k draft passes; each step is marked eager or not
+    as the runner's graphs (`graphs`) will run it."""
     grid = profile_grid(
         max_num_batched_tokens=min(
             scheduler_config.max_num_batched_tokens, PROFILE_MAX_BATCHED_TOKENS
@@ -113,8 +117,9 @@ def startup_grid(
         max_context=min(max_model_len, PROFILE_MAX_CONTEXT),
         draft_model=draft_model,
         seed=seed,
+        graphs=graphs,
     )
-    grid = fit_to_pool(grid, num_blocks, block_size, max_model_len, draft_model)
+    grid = fit_to_pool(grid, num_blocks, block_size, max_model_len, draft_model, graphs)
     cheapest = min(range(len(grid)), key=lambda i: (grid[i].num_kv_tokens, i), default=0)
     return grid[cheapest : cheapest + 1] + grid[:cheapest] + grid[cheapest + 1 :]
 
@@ -222,12 +227,16 @@ def seed_cost_model(
     scheduler_config: SchedulerConfig,
     max_draft_tokens: int,
     draft_runner=None,
+    graphs: GraphShapes = NO_GRAPHS,
 ) -> SeedReport:
-    """Load the cached fit, or profile and cache it; logs one line saying which."""
+    """Load the cached fit, or profile and cache it; logs one line saying which. `graphs`:
+    the step shapes replayed as CUDA graphs, as the speculation driver sees them."""
     if spec_config.spec_profile_seconds <= 0:
         logger.info("cost model: no start-up profile (spec_profile_seconds=0); learning online")
         return SeedReport("skipped")
     key = runner_cache_key(runner)
+    if graphs.enabled:  # which steps replay graphs changes the costs
+        key += f"|graphs={graphs.describe()}"
     if draft_runner is not None:  # its passes are part of the fit
         key += f"|draft={spec_config.draft_model}"
     path = spec_config.cost_cache_path
@@ -241,6 +250,7 @@ def seed_cost_model(
         block_manager.block_size,
         _max_model_len(runner),
         draft_model=draft_runner is not None,
+        graphs=graphs,
     )
     run_step = DummyBatchRunner(
         runner, block_manager, seed=runner.config.model.seed, draft_runner=draft_runner

@@ -75,7 +75,7 @@ def _floors_are_best(problem: SearchProblem, floors: SearchResult) -> bool:
     without a new speculating request (`token`), and a newly speculating request at least the
     model's per-request term (`request`). A plan beats the floors' goodput L only if some
     request's extra expected tokens exceed L times that lower bound of its extra seconds."""
-    if problem.any_draft or problem.graphs:
+    if problem.any_draft or problem.graphs.eager_on_drafts:
         return False
     predict = problem.cost_model.predict
     features = problem.features(floors.ks, floors.picks)

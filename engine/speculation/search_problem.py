@@ -13,6 +13,7 @@ from functools import cached_property
 
 from engine.speculation.cost_model import StepCostModel
 from engine.speculation.step_features import StepFeatures
+from kernels.graph_shapes import NO_GRAPHS, GraphShapes
 
 
 @dataclass
@@ -53,7 +54,7 @@ class SearchProblem:
     base: StepFeatures
     cost_model: StepCostModel
     draft_model: bool = False
-    graphs: bool = False
+    graphs: GraphShapes = NO_GRAPHS
     token_budget: int | None = None
 
     @cached_property

@@ -7,6 +7,8 @@ import random
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from kernels.graph_shapes import NO_GRAPHS, GraphShapes
+
 # Batched-row knots of the cost model's piecewise-linear row term: a step's cost can jump
 # between two row counts (measured on this CPU: 5 -> 6 rows, where the few-row matmul path
 # ends), so the model gets one ramp per segment between consecutive knots.
@@ -34,8 +36,9 @@ class StepFeatures:
     num_draft_tokens: int = 0
     num_draft_steps: int = 0  # draft-model forward passes; 0 for model-free proposers
     num_spec_requests: int = 0  # requests verifying at least one draft token
-    # 1 when the step cannot replay a captured CUDA graph although graphs are on (a verify or
-    # prefill step on FlashInfer runs eagerly, ~3x a graph step on an H100); 0 elsewhere.
+    # 1 when the step cannot replay a captured CUDA graph although graphs are on (a prefill
+    # chunk longer than the captured query rows, a tree, a batch past the largest graph: it
+    # runs eagerly, several times a graph step on a GPU); 0 elsewhere.
     num_eager_steps: int = 0
 
     @classmethod
@@ -43,18 +46,18 @@ class StepFeatures:
         cls,
         shapes: Iterable[tuple[int, int, int]],
         draft_model: bool = False,
-        graphs: bool = False,
+        graphs: GraphShapes = NO_GRAPHS,
     ) -> StepFeatures:
         """Build from (context_len, num_new_tokens, k) per request.
 
         context_len: tokens already in the KV cache; num_new_tokens: the prefill chunk or 1;
         k: draft tokens (tree nodes). A draft model drafts chains in lock-step and expands one
-        tree node per request per pass, so it runs max(k) passes. graphs: the runner replays
-        captured graphs for pure decode steps, so any other step is an eager one.
+        tree node per request per pass, so it runs max(k) passes. graphs: the step shapes the
+        runner replays (a tree proposer passes graphs.decode_only()); any other is eager.
         """
         shapes = list(shapes)
         ks = [k for _, _, k in shapes]
-        eager = graphs and any(new > 1 or k > 0 for _, new, k in shapes)
+        eager = graphs.enabled and not graphs.replays([new + k for _, new, k in shapes])
         return cls(
             num_batched_tokens=sum(new + k for _, new, k in shapes),
             num_requests=len(shapes),
@@ -70,10 +73,12 @@ class StepFeatures:
         num_draft_tokens: int,
         num_spec_requests: int,
         num_draft_steps: int = 0,
-        graphs: bool = False,
+        graphs: GraphShapes = NO_GRAPHS,
     ) -> StepFeatures:
-        """These features plus drafts (each draft is one more batched and attended token)."""
-        eager = self.num_eager_steps or (graphs and num_draft_tokens > 0)
+        """These features plus drafts (each draft is one more batched and attended token).
+        Drafts make a replayed step eager only where graphs replay decodes alone: a runner
+        that replays verification captures chains up to the drafts' cap."""
+        eager = self.num_eager_steps or (graphs.eager_on_drafts and num_draft_tokens > 0)
         return StepFeatures(
             num_batched_tokens=self.num_batched_tokens + num_draft_tokens,
             num_requests=self.num_requests,
@@ -92,9 +97,11 @@ def profile_grid(
     max_context: int = 2048,
     draft_model: bool = False,
     seed: int = 0,
+    graphs: GraphShapes = NO_GRAPHS,
 ) -> list[StepFeatures]:
     """Synthetic step shapes spanning the features: decode batches of every size with chains
-    of 0..max_draft_tokens drafts over short and long contexts, plus single prefill chunks."""
+    of 0..max_draft_tokens drafts over short and long contexts, plus single prefill chunks;
+    each marked eager or not as the runner's graphs will run it."""
     sizes = [n for n in (1, 2, 4, 8, 16, 32, 64, 128, 256) if n <= max_num_seqs]
     ks = sorted({0, 1, max_draft_tokens // 2, max_draft_tokens})
     contexts = sorted({16, max_context // 8, max_context})
@@ -105,9 +112,9 @@ def profile_grid(
                 continue
             for context in contexts:
                 shape = (context, 1, k)
-                grid.append(StepFeatures.from_shapes([shape] * size, draft_model))
+                grid.append(StepFeatures.from_shapes([shape] * size, draft_model, graphs))
     for chunk in (16, 64, 128, 256, 512, 1024, 2048):
         if chunk <= max_num_batched_tokens:
-            grid.append(StepFeatures.from_shapes([(0, chunk, 0)]))
+            grid.append(StepFeatures.from_shapes([(0, chunk, 0)], graphs=graphs))
     random.Random(seed).shuffle(grid)
     return grid

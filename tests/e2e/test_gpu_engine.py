@@ -75,9 +75,9 @@ def make_llm(model_dir: Path, **flat) -> LLM:
 def plain(model_dir, prompts) -> tuple[LLM, list[list[int]]]:
     """FlashInfer with decode graphs, no speculation: the engine and its greedy tokens."""
     llm = make_llm(model_dir)
-    assert llm.engine.runner.decode_graphs is not None
+    assert llm.engine.runner.graphs is not None
     outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
-    assert llm.engine.runner.decode_graphs.num_replays >= NEW_TOKENS - 1
+    assert llm.engine.runner.graphs.num_replays >= NEW_TOKENS - 1
     assert_pool_whole(llm)
     return llm, [o.output_token_ids for o in outputs]
 
@@ -96,7 +96,7 @@ def assert_same_or_near_tie(judge: LLM, prompts, got, want) -> None:
 
 def test_cuda_graphs_match_eager(model_dir, prompts, plain):
     eager = make_llm(model_dir, cuda_graphs=False)
-    assert eager.engine.runner.decode_graphs is None
+    assert eager.engine.runner.graphs is None
     outputs = eager.generate(prompts, GREEDY, use_tqdm=False)
     assert_same_or_near_tie(plain[0], prompts, [o.output_token_ids for o in outputs], plain[1])
 
@@ -124,3 +124,9 @@ def test_speculation_matches_plain_decoding(model_dir, prompts, plain, proposer,
     stats = llm.engine.stats()
     assert stats.spec_num_accepted_tokens_total > 0
     assert_pool_whole(llm)
+    graphs = llm.engine.runner.graphs
+    if tree_nodes:  # tree steps carry masks: decode graphs only
+        assert graphs.shapes.max_query_len == 1
+    else:  # every step after the one prefill step replays, verification included
+        assert graphs.shapes.max_query_len == k + 1
+        assert graphs.num_replays >= stats.num_steps_total - 1

@@ -45,6 +45,8 @@ def random_cases(
             cases.append(RequestCase(rng.randint(1, 30), rng.randint(2, 11)))
         elif kind == "decode":
             cases.append(RequestCase(rng.randint(0, 40), 1))
+        elif kind == "verify":  # a chain: the last real token and 1..4 drafts
+            cases.append(RequestCase(rng.randint(0, 40), rng.randint(2, 5)))
         else:  # tree: real tokens ending in the root + nodes with random earlier parents
             num_real, num_nodes = rng.randint(1, 3), rng.randint(1, 7)
             parents = tuple(
@@ -153,6 +155,9 @@ def emulate_paged_attention(
 
 
 class FakeDecodeWrapper:
+    """The tensor-core decode wrapper: q_len_per_req rows per request, causal within the
+    request; in CUDA-graph mode a fixed batch size, a bounded page list and one q_len."""
+
     def __init__(
         self,
         workspace,
@@ -166,6 +171,11 @@ class FakeDecodeWrapper:
     ):
         assert kv_layout == "NHD" and use_tensor_cores
         self.use_cuda_graph = use_cuda_graph
+        if use_cuda_graph:
+            self.fixed_batch = len(paged_kv_last_page_len_buffer)
+            assert len(paged_kv_indptr_buffer) == self.fixed_batch + 1
+            self.max_pages = len(paged_kv_indices_buffer)
+        self.q_len = None
         self.num_plans = 0
 
     def plan(
@@ -182,14 +192,24 @@ class FakeDecodeWrapper:
         q_data_type="float16",
         kv_data_type=None,
         sm_scale=None,
+        q_len_per_req=1,
     ):
         assert pos_encoding_mode == "NONE" and indptr.dtype == indices.dtype == torch.int32
-        self.num_plans += 1
         batch = len(last_page_len)
-        self.args = (torch.arange(batch + 1), indptr, indices, last_page_len)
+        if self.use_cuda_graph:
+            assert batch == self.fixed_batch, "cudagraph mode: the batch size is fixed"
+            assert len(indices) <= self.max_pages, "page list larger than its buffer"
+            assert self.q_len in (None, q_len_per_req), "q_len_per_req is frozen per wrapper"
+        pages = indptr[1:] - indptr[:-1]
+        kv_lens = (pages - 1) * page_size + last_page_len
+        assert int(kv_lens.min()) >= q_len_per_req, "every request needs kv_len >= q_len"
+        self.q_len = q_len_per_req
+        self.num_plans += 1
+        self.args = (torch.arange(batch + 1) * q_len_per_req, indptr, indices, last_page_len)
         self.kwargs = dict(page_size=page_size, sm_scale=sm_scale, causal=True, custom_mask=None)
 
     def run(self, q, paged_kv_cache):
+        assert q.shape[0] == int(self.args[0][-1]), "q rows must be batch * q_len_per_req"
         return emulate_paged_attention(q, paged_kv_cache, *self.args, **self.kwargs)
 
 
@@ -232,3 +252,44 @@ def fake_flashinfer_module() -> SimpleNamespace:
         BatchDecodeWithPagedKVCacheWrapper=FakeDecodeWrapper,
         BatchPrefillWithPagedKVCacheWrapper=FakePrefillWrapper,
     )
+
+
+def attention_stack(backend, tables: list[torch.Tensor], dtype: torch.dtype, scale: float):
+    """A model_step made only of attention: token ids pick q/k/v rows, one backend call per
+    layer (as many layers as the backend has caches)."""
+
+    def step(input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        q_table, k_table, v_table = tables
+        shift = (positions % 7)[:, None, None]  # positions matter, without a host sync
+        # q + shift is rounded to bfloat16 on both sides, so both backends see the same q.
+        q = (q_table[input_ids].float() + shift).to(torch.bfloat16).to(dtype)
+        return torch.stack(
+            [
+                backend.forward(
+                    layer,
+                    q,
+                    k_table[input_ids].to(dtype),
+                    v_table[input_ids].to(dtype),
+                    scale,
+                )
+                for layer in range(len(backend.kv_caches))
+            ],
+            dim=1,  # [n, layers, heads, head_dim]: rows first, as the graph runner gathers
+        )
+
+    return step
+
+
+def graph_step_inputs(rng: random.Random, metadata: AttentionMetadata, vocab: int):
+    """Host (input_ids, positions, gather rows) for a batch: random tokens at each request's
+    new positions, and a random nonempty subset of rows to gather (in row order)."""
+    num_tokens = metadata.num_tokens
+    ids = torch.tensor([rng.randrange(vocab) for _ in range(num_tokens)], dtype=torch.int64)
+    positions = torch.cat(
+        [
+            torch.arange(seq_len - q_len, seq_len)
+            for q_len, seq_len in zip(metadata.query_lens_host, metadata.seq_lens_host)
+        ]
+    )
+    rows = sorted(rng.sample(range(num_tokens), rng.randint(1, num_tokens)))
+    return ids, positions, torch.tensor(rows, dtype=torch.int64)

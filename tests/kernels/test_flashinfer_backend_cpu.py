@@ -15,12 +15,16 @@ import pytest
 import torch
 
 from kernels.attention import KVCacheSpec
+from kernels.cuda_graphs import StepGraphRunner
 from kernels.flashinfer_backend import FlashInferBackend
-from kernels.flashinfer_metadata import pad_decode_metadata
+from kernels.flashinfer_metadata import kv_cache_rows, pad_uniform
+from kernels.graph_shapes import GraphShapes
 from tests.kernels.flashinfer_fakes import (
     FakeDecodeWrapper,
     FakePrefillWrapper,
+    attention_stack,
     fake_flashinfer_module,
+    graph_step_inputs,
     make_metadata,
     random_cases,
 )
@@ -128,23 +132,67 @@ def test_copy_slots_matches_reference_with_overlap() -> None:
         assert torch.equal(fast_cache[:NUM_BLOCKS], slow_cache)
 
 
-@pytest.mark.parametrize("seed", range(3))
-def test_padded_graph_decode_matches_reference(seed: int) -> None:
-    """The CUDA-graph decode path minus the capture: graph wrappers, static rows, padding."""
+@pytest.mark.parametrize("kinds", [("decode",), ("verify",), ("decode", "verify")])
+@pytest.mark.parametrize("seed", range(4))
+def test_padded_graph_step_matches_reference(kinds, seed: int) -> None:
+    """The CUDA-graph path minus the capture: a batch padded to (batch size, query rows) on its
+    graph wrapper; real rows equal the reference on the unpadded batch, and dummy rows write
+    only the pad block."""
     rng = random.Random(seed)
     fast, slow = make_backends()
     fast.set_attention_shape(NUM_HEADS)
-    fast.enable_decode_graphs((1, 2, 4, 8), max_pages=16)
+    shapes = [(b, q) for b in (1, 2, 4, 8) for q in range(1, 6)]
+    fast.enable_graphs(shapes, max_pages=24)
     metadata, _ = make_metadata(
-        rng, random_cases(rng, rng.randint(1, 7), ("decode",)), BLOCK_SIZE, NUM_BLOCKS
+        rng, random_cases(rng, rng.randint(1, 7), kinds), BLOCK_SIZE, NUM_BLOCKS
     )
-    n = metadata.num_requests
-    padded = pad_decode_metadata(metadata, 8 if n > 4 else 4, fast.pad_block_id, BLOCK_SIZE)
-    qkv = random_qkv(padded.num_tokens, seed)
-    fast_out = run_step(fast, padded, qkv)
-    assert fast._active.use_cuda_graph and fast._kv_rows.data_ptr() == fast._graph_rows.data_ptr()
-    slow_out = run_step(slow, metadata, qkv)  # the same q/k/v rows for the real requests
+    n, q_len = metadata.num_requests, max(metadata.query_lens_host)
+    padded = pad_uniform(metadata, 8 if n > 4 else 4, q_len, fast.pad_block_id, BLOCK_SIZE)
+    qkv = random_qkv(padded.num_rows, seed)
+    fast.plan_graph(padded.metadata, kv_cache_rows(padded.metadata.slot_mapping, BLOCK_SIZE))
+    assert fast._active is fast._graph_wrappers[(padded.metadata.num_requests, q_len)]
+    assert fast._active.use_cuda_graph and fast._active.num_plans == 1
+    rows = torch.from_numpy(padded.rows)
+    fast_out = [fast.forward(layer, q, k, v, SCALE) for layer, (q, k, v) in enumerate(qkv)]
+    slow_out = run_step(slow, metadata, [tuple(t[rows] for t in layer) for layer in qkv])
     for layer in range(NUM_LAYERS):
-        torch.testing.assert_close(fast_out[layer][:n], slow_out[layer][:n], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(fast_out[layer][rows], slow_out[layer], atol=1e-5, rtol=1e-5)
     for fast_cache, slow_cache in zip(fast.kv_caches, slow.kv_caches, strict=True):
         assert torch.equal(fast_cache[:NUM_BLOCKS], slow_cache)
+
+
+@pytest.mark.parametrize("kinds", [("decode",), ("verify",), ("decode", "verify", "chunk")])
+@pytest.mark.parametrize("seed", range(3))
+def test_step_graph_runner_matches_reference(kinds, seed: int) -> None:
+    """StepGraphRunner's host side on CPU (its "graphs" run the step eagerly here): padding,
+    the one staged buffer (ids, positions, K/V rows, gather rows), plan_graph and the gather
+    give the reference's rows; steps it cannot replay are refused."""
+    rng = random.Random(seed)
+    fast, slow = make_backends()
+    vocab = 53
+    tables = [
+        torch.randn(vocab, heads, HEAD_DIM) for heads in (NUM_HEADS, NUM_KV_HEADS, NUM_KV_HEADS)
+    ]
+    shapes = GraphShapes((1, 2, 4, 8), 5)
+    runner = StepGraphRunner(
+        fast, attention_stack(fast, tables, torch.float32, SCALE), shapes,
+        num_heads=NUM_HEADS, max_model_len=64,
+    )  # fmt: skip
+    runner.capture()
+    slow_step = attention_stack(slow, tables, torch.float32, SCALE)
+    for _ in range(4):
+        metadata, _ = make_metadata(
+            rng, random_cases(rng, rng.randint(1, 8), kinds), BLOCK_SIZE, NUM_BLOCKS
+        )
+        ids, positions, rows = graph_step_inputs(rng, metadata, vocab)
+        if not runner.can_run(metadata):  # a chunk longer than 5 rows
+            assert max(metadata.query_lens_host) > 5
+            with pytest.raises(ValueError, match="no captured graph"):
+                runner.run(ids, positions, metadata, rows)
+            continue
+        got = runner.run(ids, positions, metadata, rows)
+        slow.plan(metadata)
+        want = slow_step(ids, positions)[rows]
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        for fast_cache, slow_cache in zip(fast.kv_caches, slow.kv_caches, strict=True):
+            assert torch.equal(fast_cache[:NUM_BLOCKS], slow_cache)

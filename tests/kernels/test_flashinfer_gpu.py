@@ -14,14 +14,21 @@ import pytest
 import torch
 
 from kernels.attention import KVCacheSpec
-from tests.kernels.flashinfer_fakes import make_metadata, metadata_on, random_cases
+from kernels.graph_shapes import GraphShapes
+from tests.kernels.flashinfer_fakes import (
+    attention_stack,
+    graph_step_inputs,
+    make_metadata,
+    metadata_on,
+    random_cases,
+)
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 pytest.importorskip("flashinfer")
 
-from kernels.cuda_graphs import DecodeGraphRunner  # noqa: E402
+from kernels.cuda_graphs import StepGraphRunner  # noqa: E402
 from kernels.flashinfer_backend import FlashInferBackend  # noqa: E402
 from kernels.reference import ReferenceBackend  # noqa: E402
 
@@ -34,6 +41,7 @@ KINDS = {
     "prefill": ("prefill",),
     "chunked": ("chunk", "decode", "prefill"),
     "tree": ("tree", "decode", "chunk"),
+    "verify": ("verify", "decode"),
 }
 
 
@@ -83,32 +91,10 @@ def test_matches_reference(kind, num_heads, num_kv_heads, head_dim, dtype, block
         assert torch.equal(fast.kv_caches[layer][:NUM_BLOCKS].float(), slow.kv_caches[layer])
 
 
-def attention_stack(backend, tables: list[torch.Tensor], dtype: torch.dtype, scale: float):
-    """A model_step made only of attention: token ids pick q/k/v rows, one backend call per layer."""
-
-    def step(input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        q_table, k_table, v_table = tables
-        shift = (positions % 7)[:, None, None]  # positions matter, without a host sync
-        # q + shift is rounded to bfloat16 on both sides, so both backends see the same q.
-        q = (q_table[input_ids].float() + shift).to(torch.bfloat16).to(dtype)
-        return torch.stack(
-            [
-                backend.forward(
-                    layer,
-                    q,
-                    k_table[input_ids].to(dtype),
-                    v_table[input_ids].to(dtype),
-                    scale,
-                )
-                for layer in range(NUM_LAYERS)
-            ],
-            dim=1,  # [n, layers, heads, head_dim]: rows first, as DecodeGraphRunner slices them
-        )
-
-    return step
-
-
-def test_decode_graph_replay_matches_reference() -> None:
+@pytest.mark.parametrize("kinds", [("decode",), ("verify",), ("decode", "verify")])
+def test_graph_replay_matches_reference(kinds) -> None:
+    """Decode and chain-verification steps replayed from captured graphs (padded to the
+    captured batch size and query rows) give the reference's rows and cache."""
     num_heads, num_kv_heads, head_dim, dtype, block_size = 32, 8, 64, torch.bfloat16, 16
     scale = 1 / math.sqrt(head_dim)
     fast, slow = make_backends(num_kv_heads, head_dim, block_size, dtype)
@@ -117,27 +103,29 @@ def test_decode_graph_replay_matches_reference() -> None:
         torch.randn(vocab, heads, head_dim, device=CUDA).to(dtype)
         for heads in (num_heads, num_kv_heads, num_kv_heads)
     ]
-    runner = DecodeGraphRunner(
+    runner = StepGraphRunner(
         fast,
         attention_stack(fast, tables, dtype, scale),
+        GraphShapes((1, 2, 4, 8), 5),
         num_heads=num_heads,
         max_model_len=1024,
-        batch_sizes=(1, 2, 4, 8),
     )
     runner.capture()
     slow_step = attention_stack(slow, [t.float() for t in tables], torch.float32, scale)
-    rng = random.Random(0)
+    rng = random.Random(len(kinds))
     for _ in range(6):
-        metadata = random_batch(rng, ("decode",), block_size, max_requests=8)
-        n = metadata.num_requests
-        ids = torch.randint(0, vocab, (n,), device=CUDA)
-        positions = torch.tensor(metadata.seq_lens_host, device=CUDA) - 1
-        got = runner.run(ids, positions, metadata)
-        slow.plan(metadata)
-        want = slow_step(ids, positions)
+        cases = random_cases(rng, rng.randint(1, 8), kinds)
+        for case in cases:
+            case.history *= rng.choice([1, 5, 20])
+        metadata = make_metadata(rng, cases, block_size, NUM_BLOCKS)[0]  # host tensors
+        ids, positions, rows = graph_step_inputs(rng, metadata, vocab)
+        got = runner.run(ids, positions, metadata, rows)
+        slow.plan(metadata_on(metadata, CUDA))
+        want = slow_step(ids.to(CUDA), positions.to(CUDA))[rows.to(CUDA)]
         torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2)
         for fast_cache, slow_cache in zip(fast.kv_caches, slow.kv_caches, strict=True):
             assert torch.equal(fast_cache[:NUM_BLOCKS].float(), slow_cache)
+    assert runner.num_replays == 6
 
 
 def test_float32_cache_is_refused_on_cuda() -> None:

@@ -18,10 +18,10 @@ from kernels.flashinfer_metadata import (
     build_paged_kv_layout,
     kv_cache_rows,
     last_page_len,
-    pad_decode_metadata,
-    padded_batch_size,
+    pad_uniform,
     request_mask,
 )
+from kernels.graph_shapes import GraphShapes
 from tests.kernels.flashinfer_fakes import RequestCase, make_metadata, random_cases
 
 KINDS = ("prefill", "chunk", "decode", "tree")
@@ -136,34 +136,59 @@ def test_kv_cache_rows_address_k_and_v_of_each_slot(block_size: int) -> None:
     assert torch.equal(cache, expected)
 
 
-def test_pad_decode_metadata_adds_dummy_requests_on_the_pad_block() -> None:
-    block_size, pad_block = 4, 99
-    _, metadata = random_batch(3, block_size, kinds=("decode",))
-    n = metadata.num_requests
-    padded = pad_decode_metadata(metadata, 16, pad_block, block_size)
-    assert padded.num_requests == 16 and padded.is_pure_decode
-    layout = build_paged_kv_layout(padded, block_size)
-    original = build_paged_kv_layout(metadata, block_size)
-    real_pages = int(original.kv_indptr[-1])
-    assert torch.equal(layout.kv_indptr[: n + 1], original.kv_indptr)
-    assert torch.equal(layout.kv_indices[:real_pages], original.kv_indices)
-    assert layout.kv_indices[real_pages:].tolist() == [pad_block] * (16 - n)
-    assert layout.kv_last_page_len[n:].tolist() == [1] * (16 - n)
-    assert torch.equal(padded.slot_mapping[:n], metadata.slot_mapping)
-    assert padded.slot_mapping[n:].tolist() == [pad_block * block_size] * (16 - n)
-    assert padded.query_start_loc.tolist() == list(range(17))
+@pytest.mark.parametrize("block_size", [2, 4, 16])
+@pytest.mark.parametrize("seed", range(6))
+def test_pad_uniform_keeps_each_real_row_its_history_and_slot(seed: int, block_size: int) -> None:
+    """Request i's real row j lands at row i * Q + j with the same slot and the same visible
+    history (causal from the end of its declared length); dummy rows and dummy requests write
+    only the pad block, and pages past a request's own are the pad block."""
+    pad_block = 250
+    cases, metadata = random_batch(seed, block_size, kinds=("decode", "verify"))
+    n, q_len = metadata.num_requests, max(metadata.query_lens_host) + seed % 2
+    padded = pad_uniform(metadata, n + seed % 3, q_len, pad_block, block_size)
+    meta = padded.metadata
+    assert meta.query_lens_host == (q_len,) * meta.num_requests and not meta.tree_masks
+    assert meta.query_start_loc.tolist() == [q_len * i for i in range(meta.num_requests + 1)]
+    layout = build_paged_kv_layout(meta, block_size)
+    slots = meta.slot_mapping.tolist()
+    real = set(padded.rows.tolist())
+    for i, case in enumerate(cases):
+        history = reference_history_slots(metadata, i, block_size)
+        padded_history = csr_history_slots(layout, i, block_size)
+        for j in range(case.q_len):
+            row = i * q_len + j
+            assert padded.rows[sum(c.q_len for c in cases[:i]) + j] == row
+            assert slots[row] == metadata.slot_mapping[int(metadata.query_start_loc[i]) + j]
+            visible = meta.seq_lens_host[i] - q_len + j + 1  # causal, bottom-right aligned
+            assert padded_history[:visible] == history[: case.history + j + 1]
+        own_pages = -(-case.seq_len // block_size)
+        pages = layout.kv_indices[layout.kv_indptr[i] : layout.kv_indptr[i + 1]].tolist()
+        assert set(pages[own_pages:]) <= {pad_block}
+    for row, slot in enumerate(slots):
+        if row not in real:
+            assert slot // block_size == pad_block
+    assert all(s >= q_len for s in meta.seq_lens_host)  # FlashInfer: kv_len >= q_len
 
 
-def test_pad_decode_metadata_refuses_non_decode_batches() -> None:
-    _, metadata = random_batch(1, 4, kinds=("chunk",))
-    with pytest.raises(ValueError, match="pure-decode"):
-        pad_decode_metadata(metadata, 64, 0, 4)
+def test_pad_uniform_refuses_what_it_cannot_pad() -> None:
+    _, metadata = random_batch(1, 4, kinds=("verify",))
+    longest = max(metadata.query_lens_host)
+    with pytest.raises(ValueError, match="cannot pad"):
+        pad_uniform(metadata, 64, longest - 1, 0, 4)
+    with pytest.raises(ValueError, match="cannot pad"):
+        pad_uniform(metadata, metadata.num_requests - 1, longest, 0, 4)
+    _, trees = random_batch(2, 4, kinds=("tree",))
+    with pytest.raises(ValueError, match="tree masks"):
+        pad_uniform(trees, 64, 32, 0, 4)
 
 
-def test_padded_batch_size_is_the_next_captured_size() -> None:
-    sizes = (1, 2, 4, 8, 16, 32, 64)
-    assert [padded_batch_size(n, sizes) for n in (1, 2, 3, 5, 33, 64)] == [1, 2, 4, 8, 64, 64]
-    assert padded_batch_size(65, sizes) is None
+def test_graph_shapes_pad_to_the_next_captured_batch() -> None:
+    shapes = GraphShapes((1, 2, 4, 8, 16, 32, 64), 5)
+    assert [shapes.padded(n, 3)[0] for n in (1, 2, 3, 5, 33, 64)] == [1, 2, 4, 8, 64, 64]
+    assert shapes.replays([1, 5, 2]) and not shapes.replays([6])
+    assert not shapes.replays([1] * 65) and not shapes.replays([1], tree=True)
+    assert not GraphShapes().replays([1]) and GraphShapes((1,), 1).eager_on_drafts
+    assert len(shapes.all_shapes()) == 7 * 5
 
 
 def test_registry_picks_reference_on_cpu_without_native_kernels(monkeypatch, caplog) -> None:

@@ -11,9 +11,13 @@ import pytest
 
 from engine.speculation.cost_model import CostModelCache, OnlineLinearCostModel, cache_key
 from engine.speculation.step_features import StepFeatures, profile_grid
+from kernels.graph_shapes import NO_GRAPHS, GraphShapes
 
 # Seconds per unit of each feature (raw units); "jump" is a step of cost between 5 and 6
 # batched rows (this CPU's few-row matmul path ends there), "steep" a compute-bound slope.
+BATCH_SIZES = (1, 2, 4, 8)
+DECODE_GRAPHS = GraphShapes(BATCH_SIZES, 1)  # decode steps replayed, verification eager
+VERIFY_GRAPHS = GraphShapes(BATCH_SIZES, 5)  # chains of up to 4 drafts replayed too
 TRUE = {
     "intercept": 0.01,
     "batched_tokens": 2e-4,
@@ -53,6 +57,7 @@ def random_features(rng: random.Random) -> StepFeatures:
         else:
             shapes.append((rng.randint(8, 2048), 1, rng.randint(0, 6)))
     draft_model, graphs = rng.random() < 0.5, rng.random() < 0.5
+    graphs = DECODE_GRAPHS if graphs else NO_GRAPHS
     return StepFeatures.from_shapes(shapes, draft_model=draft_model, graphs=graphs)
 
 
@@ -69,11 +74,26 @@ def test_from_shapes_counts_every_feature():
     assert StepFeatures.from_shapes([(100, 1, 3)]).num_draft_steps == 0  # model-free proposer
     assert f.num_eager_steps == 0
     decode = [(100, 1, 0)] * 2
-    assert StepFeatures.from_shapes(decode, graphs=True).num_eager_steps == 0  # replayed
-    assert StepFeatures.from_shapes([(100, 1, 1)], graphs=True).num_eager_steps == 1
-    assert (
-        StepFeatures.from_shapes(decode, graphs=True).with_drafts(1, 1, graphs=True).num_eager_steps
-    )
+    assert StepFeatures.from_shapes(decode, graphs=DECODE_GRAPHS).num_eager_steps == 0  # replayed
+    assert StepFeatures.from_shapes([(100, 1, 1)], graphs=DECODE_GRAPHS).num_eager_steps == 1
+    base = StepFeatures.from_shapes(decode, graphs=DECODE_GRAPHS)
+    assert base.with_drafts(1, 1, graphs=DECODE_GRAPHS).num_eager_steps == 1
+
+
+def test_verify_graphs_keep_chains_up_to_their_rows_on_the_graph_path():
+    """With verification captured up to 1 + 4 rows, a step is eager only past that: a longer
+    query (prefill chunk), a batch past the largest graph, or a tree (decode-only view)."""
+    replayed = [[(100, 1, 4)], [(100, 1, 0), (7, 1, 2)], [(0, 5, 0)], [(10, 1, 1)] * 8]
+    for shapes in replayed:
+        assert StepFeatures.from_shapes(shapes, graphs=VERIFY_GRAPHS).num_eager_steps == 0
+    eager = [[(100, 1, 5)], [(0, 6, 0), (9, 1, 0)], [(10, 1, 0)] * 9]
+    for shapes in eager:
+        assert StepFeatures.from_shapes(shapes, graphs=VERIFY_GRAPHS).num_eager_steps == 1
+    trees = VERIFY_GRAPHS.decode_only()
+    assert StepFeatures.from_shapes([(100, 1, 2)], graphs=trees).num_eager_steps == 1
+    base = StepFeatures.from_shapes([(100, 1, 0)] * 2, graphs=VERIFY_GRAPHS)
+    assert base.with_drafts(4, 2, graphs=VERIFY_GRAPHS).num_eager_steps == 0
+    assert base.with_drafts(4, 2, graphs=trees).num_eager_steps == 1
 
 
 def test_with_drafts_adds_tokens_and_keeps_the_largest_draft_step_count():

@@ -17,6 +17,10 @@ from engine.speculation.goodput import GoodputPolicy
 from engine.speculation.policy import SpecCandidate, SpecResult
 from engine.speculation.search import SearchProblem, SearchSlot, best_lengths
 from engine.speculation.step_features import StepFeatures
+from kernels.graph_shapes import NO_GRAPHS, GraphShapes
+
+DECODE_GRAPHS = GraphShapes((1, 2, 4, 8), 1)  # decode steps replayed, verification eager
+VERIFY_GRAPHS = GraphShapes((1, 2, 4, 8), 5)  # chains of up to 4 drafts replayed too
 
 
 class LinearCost:
@@ -115,7 +119,7 @@ def test_k_respects_each_request_cap_and_the_token_budget():
     assert sum(budgeted.plan(candidates("a", "b", "c"), decode_base(3)).values()) == 5
 
 
-def brute_force(rates, cost, cap: int, draft_model: bool, graphs: bool) -> float:
+def brute_force(rates, cost, cap: int, draft_model: bool, graphs: GraphShapes) -> float:
     base = decode_base(len(rates))
     best = 0.0
     for ks in itertools.product(range(cap + 1), repeat=len(rates)):
@@ -126,7 +130,7 @@ def brute_force(rates, cost, cap: int, draft_model: bool, graphs: bool) -> float
     return best
 
 
-def search(rates, cost, cap: int, draft_model: bool, graphs: bool = False):
+def search(rates, cost, cap: int, draft_model: bool, graphs: GraphShapes = NO_GRAPHS):
     slots = [SearchSlot([a**j for j in range(1, cap + 1)], range(1, cap + 1), cap) for a in rates]
     problem = SearchProblem(slots, decode_base(len(rates)), cost, draft_model, graphs)
     return best_lengths(problem)
@@ -144,7 +148,7 @@ def test_search_reaches_the_brute_force_optimum_with_fixed_costs(draft_model):
             per_spec_request=rng.choice([0.0, rng.uniform(0, 0.02)]),
             per_eager_step=rng.choice([0.0, rng.uniform(0, 0.03)]),
         )
-        graphs = rng.random() < 0.5
+        graphs = DECODE_GRAPHS if rng.random() < 0.5 else NO_GRAPHS
         best = brute_force(rates, cost, 4, draft_model, graphs)
         assert search(rates, cost, 4, draft_model, graphs).goodput >= 0.99 * best
 
@@ -180,7 +184,7 @@ def test_the_no_speculation_shortcut_only_fires_at_the_optimum():
     for _ in range(80):
         rates = [rng.uniform(0.0, 0.6) for _ in range(rng.randint(1, 4))]
         cost = random_hinge_cost(rng)
-        best = brute_force(rates, cost, 4, False, False)
+        best = brute_force(rates, cost, 4, False, NO_GRAPHS)
         result = search(rates, cost, 4, False)
         assert result.goodput >= 0.99 * best
         if all(k == 0 for k in result.ks):  # "no drafts" is only ever the exact optimum
@@ -245,8 +249,10 @@ def test_plans_are_neither_always_max_nor_always_zero():
     assert search([0.95], LinearCost(0.01, 0.0, per_spec_request=0.02), 4, False).ks == (4,)
     # An eager step (no graph) is a fixed cost too: it must be worth it for the batch.
     eager = LinearCost(0.004, 1e-5, per_eager_step=0.008)
-    assert search([0.4], eager, 4, False, graphs=True).ks == (0,)
-    assert search([0.4], eager, 4, False, graphs=False).ks[0] > 0
+    assert search([0.4], eager, 4, False, graphs=DECODE_GRAPHS).ks == (0,)
+    assert search([0.4], eager, 4, False, graphs=NO_GRAPHS).ks[0] > 0
+    # Verification on the graph path pays no eager step: the same request speculates.
+    assert search([0.4], eager, 4, False, graphs=VERIFY_GRAPHS).ks[0] > 0
 
 
 def test_acceptance_estimate_converges_despite_truncated_chains():

@@ -158,23 +158,42 @@ def check_speculation(args, prompts) -> dict:
 
 
 def engine_throughput(args, prompts) -> dict:
+    """Per engine and batch size: tok/s over the whole generate call (prefill included) and
+    decode tok/s, from the moment every request has its first token to the last token (what
+    the decode harness of gpu_bench.py measures, without the engine's prefill)."""
     result = {}
     params = SamplingParams(temperature=0, max_tokens=args.new_tokens, ignore_eos=True)
-    for name in ("fi-eager", "fi-graphs"):
+    for name in args.throughput_engines.split(","):
         llm = make_llm(args.model, **ENGINES[name], max_num_seqs=64)
         llm.generate(prompts[:2], params, use_tqdm=False)  # warm-up
         result[name] = {}
         for size in (1, 8, 32, 64):
             batch = [prompts[i % len(prompts)] for i in range(size)]
+            marks: dict[str, list[tuple[float, int]]] = {}
+
+            def on_output(output, marks=marks) -> None:
+                marks.setdefault(output.request_id, []).append(
+                    (time.perf_counter(), len(output.output_token_ids))
+                )
+
             torch.cuda.synchronize()
             start = time.perf_counter()
-            outputs = llm.generate(batch, params, use_tqdm=False)
+            outputs = llm.generate(batch, params, use_tqdm=False, on_output=on_output)
             seconds = time.perf_counter() - start
             tokens = sum(len(o.output_token_ids) for o in outputs)
-            result[name][size] = tokens / seconds
-            print(f"engine {name} batch {size}: {tokens / seconds:.1f} tok/s", flush=True)
+            result[name][size] = dict(total_tok_s=tokens / seconds, decode_tok_s=decode_rate(marks))
+            print(f"engine {name} batch {size}: {result[name][size]}", flush=True)
         del llm
     return result
+
+
+def decode_rate(marks: dict[str, list[tuple[float, int]]]) -> float:
+    """Tokens emitted after every request had its first one, per second until the last."""
+    begin = max(series[0][0] for series in marks.values())
+    end = max(series[-1][0] for series in marks.values())
+    before = sum(max(n for t, n in series if t <= begin) for series in marks.values())
+    after = sum(series[-1][1] for series in marks.values())
+    return (after - before) / (end - begin) if end > begin else float("nan")
 
 
 def main() -> None:
@@ -187,6 +206,7 @@ def main() -> None:
     parser.add_argument("--parity-tokens", type=int, default=32)
     parser.add_argument("--spec-tokens", type=int, default=64)
     parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--throughput-engines", default="fi-eager,fi-graphs")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     probe = make_llm(args.model, **ENGINES["ref-fp32"], num_kv_blocks=16)

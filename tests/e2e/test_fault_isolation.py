@@ -80,7 +80,7 @@ def test_a_step_that_raises_fails_only_the_request_that_makes_it_raise(
 ):
     llm, clean = engines(proposer)
     runner = llm.engine.runner
-    forward = runner._forward
+    forward = runner._logits
     calls = []
 
     def planted(model_input):
@@ -90,7 +90,7 @@ def test_a_step_that_raises_fails_only_the_request_that_makes_it_raise(
             raise RuntimeError("injected fault")
         return forward(model_input)
 
-    monkeypatch.setattr(runner, "_forward", planted)
+    monkeypatch.setattr(runner, "_logits", planted)
     check_isolated(clean, run(llm, with_faulty=True), "injected fault")
     assert max(calls) > 1 and 1 in calls  # batched steps, and the bisection reached one
     if proposer != "none":  # the faulty steps verified drafts, so sub-steps carried them
@@ -100,7 +100,7 @@ def test_a_step_that_raises_fails_only_the_request_that_makes_it_raise(
 def test_non_finite_logits_in_one_row_fail_only_that_request(engines, monkeypatch):
     llm, clean = engines("none")
     runner = llm.engine.runner
-    forward = runner._forward
+    forward = runner._logits
 
     def planted(model_input):
         logits = forward(model_input)
@@ -108,7 +108,7 @@ def test_non_finite_logits_in_one_row_fail_only_that_request(engines, monkeypatc
             logits[list(rows.logit_rows)] = torch.nan
         return logits
 
-    monkeypatch.setattr(runner, "_forward", planted)
+    monkeypatch.setattr(runner, "_logits", planted)
     check_isolated(clean, run(llm, with_faulty=True), "not finite")
 
 

@@ -1,0 +1,166 @@
+"""Speculation policy sweep in process: mean request latency vs load, per policy, no HTTP.
+
+The same question as benchmarks/spec_sweep.py (SmartSpec, arXiv 2406.14066: fixed speculation
+helps at light load and hurts under load; goodput must never be slower than none), asked of
+the engine directly, for machines without the server's packages (the GPU machine). Each
+policy's engine (n-gram, up to --k drafts, prefix caching off) is built once. The load unit is
+1 / (mean latency of one request alone, policy off), measured first; each cell sends
+--num-prompts requests of a workload (chat-templated, greedy, EOS ignored) with Poisson
+arrivals at multiplier x that rate, and the policies take turns cell by cell. Latency = finish
+- arrival; the engine steps whenever something is in flight.
+
+    python benchmarks/engine_sweep.py --model M.gguf --device cuda --dtype bfloat16 \\
+        --policies off,goodput,fixed:3 --multipliers 1,4,16 --out /tmp/sweep.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from datetime import date
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from engine.config import EngineConfig  # noqa: E402
+from engine.llm import LLM  # noqa: E402
+from engine.sampling_params import SamplingParams  # noqa: E402
+
+WORKLOADS = {"copy": "workload_copy.jsonl", "chat": "workload_chat.jsonl"}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--policies", default="off,goodput,fixed:3")
+    parser.add_argument("--workloads", default="copy,chat")
+    parser.add_argument("--multipliers", default="1,4,16")
+    parser.add_argument("--num-prompts", type=int, default=16, help="requests per cell")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--k", type=int, default=4, help="most drafts per step")
+    parser.add_argument("--max-num-seqs", type=int, default=64)
+    parser.add_argument("--data", default=str(ROOT.parent / "shared" / "data"))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, required=True, help="JSON; a .md is written beside")
+    return parser.parse_args(argv)
+
+
+def make_engine(policy: str, args: argparse.Namespace) -> LLM:
+    flat = dict(model=args.model, device=args.device, dtype=args.dtype)
+    flat.update(enable_prefix_caching=False, max_num_seqs=args.max_num_seqs)
+    if policy != "off":
+        flat.update(speculative_proposer="ngram", spec_policy=policy)
+        flat.update(num_speculative_tokens=args.k)
+    return LLM(config=EngineConfig.from_flat(flat))
+
+
+def load_prompts(llm: LLM, workload: str, args: argparse.Namespace) -> list[list[int]]:
+    path = Path(args.data) / WORKLOADS[workload]
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    texts = [json.loads(line)["prompt"] for line in lines]
+    chat = llm.tokenizer.apply_chat_template
+    return [chat([{"role": "user", "content": texts[i % len(texts)]}]) for i in range(len(texts))]
+
+
+def run_cell(llm: LLM, prompts: list[list[int]], gaps: list[float], max_tokens: int) -> dict:
+    """Send prompts[i] gaps[:i+1] seconds after the start; step until all finish."""
+    engine = llm.engine
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    before = engine.stats()
+    start = time.monotonic()
+    arrivals = [start + sum(gaps[: i + 1]) for i in range(len(prompts))]
+    done: dict[str, float] = {}
+    sent = 0
+    while len(done) < len(prompts):
+        now = time.monotonic()
+        while sent < len(prompts) and arrivals[sent] <= now:
+            engine.add_request(f"r{sent}", prompts[sent], params, arrival_time=arrivals[sent])
+            sent += 1
+        if not engine.has_unfinished_requests():
+            time.sleep(max(0.0, min(arrivals[sent] - now, 0.01)))
+            continue
+        for output in engine.step():
+            if output.finished:
+                done[output.request_id] = time.monotonic()
+    after = engine.stats()
+    latencies = [done[f"r{i}"] - arrivals[i] for i in range(len(prompts))]
+    return dict(
+        mean_latency=sum(latencies) / len(latencies),
+        wall=max(done.values()) - start,
+        draft_tokens=after.spec_num_draft_tokens_total - before.spec_num_draft_tokens_total,
+        accepted=after.spec_num_accepted_tokens_total - before.spec_num_accepted_tokens_total,
+    )
+
+
+def sweep(args: argparse.Namespace) -> dict:
+    policies = args.policies.split(",")
+    engines = {policy: make_engine(policy, args) for policy in policies}
+    rng = random.Random(args.seed)
+    cells = []
+    for workload in args.workloads.split(","):
+        prompts = load_prompts(engines[policies[0]], workload, args)
+        alone = [run_cell(engines["off"], [p], [0.0], args.max_tokens) for p in prompts[:2]]
+        latency = sum(cell["mean_latency"] for cell in alone) / len(alone)
+        unit = 1.0 / max(latency, 1e-3)  # requests per second at x1
+        for multiplier in (float(m) for m in args.multipliers.split(",")):
+            count = args.num_prompts
+            gaps = [rng.expovariate(multiplier * unit) for _ in range(count)]
+            chosen = [prompts[rng.randrange(len(prompts))] for _ in range(count)]
+            for policy in policies:
+                result = run_cell(engines[policy], chosen, gaps, args.max_tokens)
+                result.update(workload=workload, multiplier=multiplier, policy=policy)
+                cells.append(result)
+                print(json.dumps(result), flush=True)
+    return dict(cells=cells, meta=meta(args))
+
+
+def meta(args: argparse.Namespace) -> dict:
+    device = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
+    return dict(date=date.today().isoformat(), device=device, args=vars(args) | {"out": ""})
+
+
+def markdown(result: dict) -> str:
+    """Mean latency per policy and cell, and each policy's ratio to off in the same cell."""
+    rows = {}
+    for cell in result["cells"]:
+        rows.setdefault((cell["workload"], cell["multiplier"]), {})[cell["policy"]] = cell
+    policies = list(dict.fromkeys(c["policy"] for c in result["cells"]))
+    head = "| workload | load | " + " | ".join(f"{p} s" for p in policies)
+    head += " | " + " | ".join(f"{p}/off" for p in policies if p != "off") + " |"
+    lines = [head, "|" + "---|" * (2 + 2 * len(policies) - 1)]
+    for (workload, multiplier), cell in rows.items():
+        means = [cell[p]["mean_latency"] for p in policies]
+        ratios = [
+            cell[p]["mean_latency"] / cell["off"]["mean_latency"] for p in policies if p != "off"
+        ]
+        lines.append(
+            f"| {workload} | x{multiplier:g} | "
+            + " | ".join(f"{m:.3f}" for m in means)
+            + " | "
+            + " | ".join(f"{r:.2f}" for r in ratios)
+            + " |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    args = parse_args()
+    if "off" not in args.policies.split(","):
+        sys.exit("--policies must include off (the load unit and every ratio's baseline)")
+    result = sweep(args)
+    args.out.write_text(json.dumps(result, indent=1))
+    text = markdown(result)
+    args.out.with_suffix(".md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

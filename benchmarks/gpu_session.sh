@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# The GPU checks of one device session, in two calls on the same warm machine (the device tool
+# carries 64 MiB per call; SmolLM2's GGUF alone is 98 MB, so it travels in two halves):
+#
+#   bash benchmarks/gpu_session.sh a   # carry .gpu/site.tgz .gpu/m.part1 .gpu/data
+#       the gpu-marked tests; the decode harness on a Llama-1B-shaped random model
+#   bash benchmarks/gpu_session.sh b   # carry .gpu/m.part2 (m.part1 stays from call a)
+#       SmolLM2 in bfloat16: batch-1 speculation (goodput and fixed), the decode harness,
+#       engine throughput, the in-process policy sweep
+#
+# Prepare on the CPU machine with `bash benchmarks/gpu_prepare.sh` (the slim site: FlashInfer
+# without its JIT sources, its attention kernels compiled ahead for sm_90a, tvm-ffi, gguf).
+# Results: $OUT/log_<mode>.txt and $OUT/results_<mode>.tgz (json + md per part; rewritten after
+# every part, so a call cut short still brings back what finished).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+MODE="${1:?mode a or b}"
+OUT="${OUT:-/tmp/gpu_out}"
+R="/tmp/results_$MODE"
+mkdir -p "$R" "$OUT"
+exec > >(tee -a "$OUT/log_$MODE.txt") 2>&1
+
+SITE=/tmp/site
+if [ ! -d "$SITE/flashinfer" ]; then
+    mkdir -p "$SITE" && tar xzf .gpu/site.tgz -C "$SITE" || echo "no site: call a did not run here"
+fi
+export PYTHONPATH="$SITE:$PWD" FLASHINFER_DISABLE_JIT=1 PYTHONUNBUFFERED=1
+MODEL=/tmp/smollm2.gguf
+
+part() {  # part NAME SECONDS COMMAND...: run with a time limit, log its time and status
+    local name=$1 limit=$2 start=$SECONDS
+    shift 2
+    case " ${SKIP:-} " in *" $name "*) echo "=== $name: skipped"; return ;; esac
+    echo "=== $name (limit ${limit}s) $(date -u +%T)"
+    timeout "$limit" "$@"
+    echo "=== $name: exit $? in $((SECONDS - start)) s"
+    tar czf "$OUT/results_$MODE.tgz" -C /tmp "results_$MODE"
+}
+
+if [ "$MODE" = a ]; then
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+    python3 -c 'import torch, flashinfer; print("torch", torch.__version__, "flashinfer", flashinfer.__version__)'
+    part tests 240 python3 -m pytest -q -p no:cacheprovider \
+        tests/kernels/test_flashinfer_gpu.py tests/e2e/test_gpu_engine.py \
+        --junitxml="$R/gpu_tests.xml"
+    part bench-1b 120 python3 benchmarks/gpu_bench.py --out "$R" --name llama1b \
+        --backends flashinfer,flashinfer+graphs --batch-sizes 1,8,64
+else
+    if [ -f .gpu/m.part2 ]; then  # m.part1 may have come with an earlier call (kept in /tmp)
+        PART1=.gpu/m.part1; [ -f "$PART1" ] || PART1=/tmp/m.part1
+        cat "$PART1" .gpu/m.part2 >"$MODEL"
+    fi
+    sha256sum "$MODEL"
+    DATA=(--data .gpu/data)
+    SPEC=(--model "$MODEL" --device cuda --dtype bfloat16 "${DATA[@]}" --num-prompts 4
+        --max-tokens 128 --configs off,ngram-chain --workloads copy,chat)
+    part spec-goodput 120 python3 benchmarks/spec_bench.py "${SPEC[@]}" --policy goodput \
+        --out "$R/spec_goodput.json" --markdown "$R/spec_goodput.md"
+    part bench-smollm2 100 python3 benchmarks/gpu_bench.py --out "$R" --name smollm2 \
+        --model "$MODEL" --backends flashinfer,flashinfer+graphs --batch-sizes 1,8,32,64
+    part engine 90 python3 benchmarks/gpu_checks.py --model "$MODEL" "${DATA[@]}" --out "$R" \
+        --parts throughput --throughput-engines fi-graphs
+    part sweep 150 python3 benchmarks/engine_sweep.py --model "$MODEL" --device cuda \
+        --dtype bfloat16 "${DATA[@]}" --policies off,goodput,fixed:3 --multipliers 1,4,16 \
+        --num-prompts 16 --max-tokens 64 --out "$R/sweep.json"
+    part spec-fixed 90 python3 benchmarks/spec_bench.py "${SPEC[@]}" --policy fixed \
+        --out "$R/spec_fixed.json" --markdown "$R/spec_fixed.md"
+fi
+echo "done $(date -u +%T)"

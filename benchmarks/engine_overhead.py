@@ -13,6 +13,7 @@ timed by wrapping the engine's parts (output = what step() does besides them).
 
     .venv/bin/python benchmarks/engine_overhead.py --batch 1 8 32 64 --rounds 3
     .venv/bin/python benchmarks/engine_overhead.py --batch 64 --profile
+    .venv/bin/python benchmarks/engine_overhead.py --batch 64 --pack   # + the runner's packing
     .venv/bin/python benchmarks/engine_overhead.py --speculative-proposer ngram --spec-policy goodput
 
 Runs against whichever `engine` package is imported (PYTHONPATH picks a checkout), so two
@@ -31,6 +32,7 @@ import time
 from collections.abc import Callable
 
 from engine.config import EngineConfig
+from engine.input_batch import build_model_input
 from engine.llm import LLM
 from engine.outputs import ModelOutput, RequestStepOutput
 from engine.sampling_params import SamplingParams
@@ -46,14 +48,24 @@ PHASES = ("plan", "schedule", "propose", "execute", "update", "observe")
 
 
 class StandInModel:
-    """Returns each sampling request's next token from a fixed cycle, without a model."""
+    """Returns each sampling request's next token from a fixed cycle, without a model.
 
-    def __init__(self, token_ids: list[int]) -> None:
+    With `block_size`, it also packs the step's inputs as the model runner would
+    (engine/input_batch.py: host tensors), timed apart in `pack_seconds`: the runner's own
+    per-step host work, which `execute` includes on a real device.
+    """
+
+    def __init__(self, token_ids: list[int], block_size: int | None = None) -> None:
         self.token_ids = token_ids
+        self.block_size = block_size
         self.seconds = 0.0  # its own time, subtracted from the step
+        self.pack_seconds = 0.0
 
     def execute(self, sched, drafts) -> ModelOutput:
         start = time.perf_counter()
+        if self.block_size is not None:
+            build_model_input(sched, drafts, self.block_size)
+            self.pack_seconds += time.perf_counter() - start
         ids, size = self.token_ids, len(self.token_ids)
         outputs = {}
         for index, scheduled in enumerate(sched.scheduled):
@@ -110,6 +122,7 @@ def build_llm(args) -> tuple[LLM, StandInModel]:
     flat = dict(
         model=args.model,
         num_kv_blocks=blocks,
+        block_size=args.block_size,
         max_num_seqs=max(args.batch),
         max_num_batched_tokens=max(512, max(args.batch) * PROMPT_TOKENS),
         threads=1,
@@ -120,7 +133,7 @@ def build_llm(args) -> tuple[LLM, StandInModel]:
     llm = LLM(config=EngineConfig.from_flat(flat))
     eos = set(llm.engine.eos_token_ids)
     token_ids = [t for t in llm.tokenizer.encode(TEXT) if t not in eos]
-    stand_in = StandInModel(token_ids)
+    stand_in = StandInModel(token_ids, args.block_size if args.pack else None)
     llm.engine.runner.execute = stand_in.execute
     return llm, stand_in
 
@@ -156,7 +169,7 @@ def run_stream(llm: LLM, stand_in: StandInModel, timer: PhaseTimer, batch: int, 
     for _ in range(args.warmup):
         step()
     timer.reset()
-    stand_in.seconds = 0.0
+    stand_in.seconds = stand_in.pack_seconds = 0.0
     step_seconds, worker_seconds = 0.0, 0.0
     for _ in range(args.steps):
         engine_s, worker_s = step()
@@ -182,7 +195,7 @@ def run_generate(llm: LLM, stand_in: StandInModel, timer: PhaseTimer, batch: int
     engine.step = counted
     prompts = [prompt(stand_in.token_ids, i) for i in range(batch)]
     timer.reset()
-    stand_in.seconds = 0.0
+    stand_in.seconds = stand_in.pack_seconds = 0.0
     start = time.perf_counter()
     llm.generate(prompts, params(args.steps), use_tqdm=False)
     elapsed = time.perf_counter() - start
@@ -197,6 +210,7 @@ def summary(timer: PhaseTimer, stand_in, seconds: float, steps: int, worker: flo
     per_step["output"] = step_ms - sum(per_step[p] for p in PHASES)
     per_step["worker"] = 1e3 * worker / steps
     per_step["host"] = step_ms + per_step["worker"]
+    per_step["pack"] = 1e3 * stand_in.pack_seconds / steps
     return per_step
 
 
@@ -222,6 +236,10 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--speculative-proposer", default=None)
     parser.add_argument("--spec-policy", default=None)
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument(
+        "--pack", action="store_true", help="also time the runner's input packing (apart)"
+    )
     parser.add_argument("--profile", action="store_true", help="cProfile the largest batch")
     parser.add_argument("--top", type=int, default=30)
     args = parser.parse_args()

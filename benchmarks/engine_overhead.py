@@ -197,8 +197,10 @@ def run_generate(llm: LLM, stand_in: StandInModel, timer: PhaseTimer, batch: int
     timer.reset()
     stand_in.seconds = stand_in.pack_seconds = 0.0
     start = time.perf_counter()
-    llm.generate(prompts, params(args.steps), use_tqdm=False)
+    outputs = llm.generate(prompts, params(args.steps), use_tqdm=False)
     elapsed = time.perf_counter() - start
+    if not all(len(o.output_token_ids) == args.steps and o.text for o in outputs):
+        raise RuntimeError("the stand-in did not generate --steps tokens of text per request")
     del engine.step
     return summary(timer, stand_in, elapsed, counter["steps"], 0.0)
 

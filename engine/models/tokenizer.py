@@ -102,12 +102,11 @@ def _backend_decode(hf: Any) -> Any | None:
     from transformers import PreTrainedTokenizerFast
 
     backend = getattr(hf, "_tokenizer", None)
-    stock = PreTrainedTokenizerFast
     if (
         backend is None
         or getattr(hf, "clean_up_tokenization_spaces", True)
-        or type(hf).decode is not stock.decode
-        or type(hf)._decode is not stock._decode
+        or type(hf).decode is not PreTrainedTokenizerFast.decode
+        or type(hf)._decode is not PreTrainedTokenizerFast._decode
     ):
         return None
     return backend.decode

@@ -110,34 +110,39 @@ class BlockManager:
         """
         if shared_block_ids and request.block_ids:
             raise ValueError(f"request {request.request_id} already holds blocks")
-        block_ids = list(shared_block_ids) or request.block_ids
-        end = num_computed_tokens + num_new_tokens
-        num_new_blocks = max(0, self.num_blocks_for(end) - len(block_ids))
-        first_written = num_computed_tokens // self.block_size if num_new_tokens > 0 else end
-        written = range(first_written, min(len(block_ids), self.num_blocks_for(end)))
-        if num_new_blocks + self._num_copies(block_ids, shared_block_ids, written) > (
-            self.num_free_blocks - sum(1 for b in shared_block_ids if self._ref_counts[b] == 0)
-        ):  # revived cached blocks leave the free lists too
+        block_ids = list(shared_block_ids) if shared_block_ids else request.block_ids
+        num_blocks = self.num_blocks_for(num_computed_tokens + num_new_tokens)
+        num_new_blocks = max(0, num_blocks - len(block_ids))
+        first_written = num_computed_tokens // self.block_size if num_new_tokens > 0 else num_blocks
+        written = range(first_written, min(len(block_ids), num_blocks))
+        to_copy = self._shared_indices(block_ids, shared_block_ids, written)
+        num_free = self.num_free_blocks - self._num_revived(shared_block_ids)
+        if num_new_blocks + len(to_copy) > num_free:
             return None
         for block_id in shared_block_ids:
             self._acquire(block_id)
         if shared_block_ids:
             request.block_ids = list(shared_block_ids)
-        copies = [
-            self._copy_on_write(request, i)
-            for i in written
-            if self._ref_counts[request.block_ids[i]] > 1
-        ]
-        request.block_ids.extend(self._allocate() for _ in range(num_new_blocks))
+        copies = [self._copy_on_write(request, i) for i in to_copy]
+        request.block_ids.extend([self._allocate() for _ in range(num_new_blocks)])
         return copies
 
-    def _num_copies(
+    def _shared_indices(
         self, block_ids: Sequence[int], shared_block_ids: Sequence[int], written: range
-    ) -> int:
-        """How many written blocks will be shared (ref count > 1) once shared ones are adopted."""
+    ) -> list[int]:
+        """The written blocks that will be shared (ref count > 1) once shared ones are adopted:
+        those must be copied before they are written."""
+        ref_counts = self._ref_counts
+        if not shared_block_ids:  # every step of a running request: nothing is adopted
+            return [i for i in written if ref_counts[block_ids[i]] > 1]
         adopted = set(shared_block_ids)
-        return sum(
-            1 for i in written if self._ref_counts[block_ids[i]] + (block_ids[i] in adopted) > 1
+        return [i for i in written if ref_counts[block_ids[i]] + (block_ids[i] in adopted) > 1]
+
+    def _num_revived(self, shared_block_ids: Sequence[int]) -> int:
+        """Shared blocks that are free (cached, ref count 0): adopting them takes them out of
+        the free lists too."""
+        return (
+            sum(1 for b in shared_block_ids if self._ref_counts[b] == 0) if shared_block_ids else 0
         )
 
     def trim(self, request: Request, num_tokens: int) -> None:

@@ -48,6 +48,8 @@ class OutputProcessor:
 
     def record_step(self, step_output: RequestStepOutput) -> None:
         """Keep logprobs produced this step until the tokens they belong to are reported."""
+        if not step_output.logprobs and not step_output.prompt_logprobs:
+            return
         state = self.states.get(step_output.request_id)
         if state is None:
             return
@@ -61,21 +63,16 @@ class OutputProcessor:
         state = self.states.get(request.request_id)
         if state is None:
             return None, None
-        new_ids = request.output_token_ids[state.num_reported_tokens :]
+        new_ids = request.output_token_ids[state.num_reported_tokens :]  # a fresh list
         state.num_reported_tokens = request.num_output_tokens
-        new_text, stop_string = "", None
-        if state.detokenizer is not None:
-            new_text = state.detokenizer.add_tokens(list(new_ids))
-            stop_string = state.detokenizer.stop_string
-            if request.is_finished or stop_string is not None:
-                new_text += state.detokenizer.flush()
+        new_text, stop_string = _detokenize(state.detokenizer, new_ids, request.is_finished)
         finished = request.is_finished or stop_string is not None
         if not new_ids and not finished:
             return None, None
         output = RequestOutput(
             request_id=request.request_id,
             prompt_token_ids=request.prompt_token_ids,
-            new_token_ids=list(new_ids),
+            new_token_ids=new_ids,
             output_token_ids=list(request.output_token_ids),
             new_text=new_text,
             text=state.detokenizer.text if state.detokenizer is not None else "",
@@ -159,6 +156,19 @@ class OutputProcessor:
 
     def drop(self, request_id: str) -> None:
         self.states.pop(request_id, None)
+
+
+def _detokenize(
+    detokenizer: IncrementalDetokenizer | None, new_ids: list[int], finished: bool
+) -> tuple[str, str | None]:
+    """(the text released with these tokens, the stop string they completed, if any)."""
+    if detokenizer is None:
+        return "", None
+    new_text = detokenizer.add_tokens(new_ids)
+    stop_string = detokenizer.stop_string
+    if finished or stop_string is not None:
+        new_text += detokenizer.flush()
+    return new_text, stop_string
 
 
 def _timings(request: Request, finished: bool) -> dict[str, float]:

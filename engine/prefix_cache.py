@@ -38,14 +38,11 @@ class PrefixCache:
     def request_hashes(self, request: Request, num_blocks: int) -> list[BlockHash]:
         """Hashes of the request's first `num_blocks` full token blocks."""
         hashes = self._request_hashes.setdefault(request.request_id, [])
-        if len(hashes) < num_blocks:
-            token_ids = request.all_token_ids
-            size = self.block_size
-            for index in range(len(hashes), num_blocks):
-                parent = hashes[-1] if hashes else _ROOT_HASH
-                hashes.append(
-                    hash_block_tokens(parent, token_ids[index * size : (index + 1) * size])
-                )
+        size = self.block_size
+        for index in range(len(hashes), num_blocks):
+            parent = hashes[-1] if hashes else _ROOT_HASH
+            block_token_ids = request.token_ids_between(index * size, (index + 1) * size)
+            hashes.append(hash_block_tokens(parent, block_token_ids))
         return hashes[:num_blocks]
 
     def lookup(self, hashes: Sequence[BlockHash]) -> list[int]:

@@ -12,6 +12,7 @@ A request with n > 1 is split by the engine into n Requests; children carry pare
 from __future__ import annotations
 
 import enum
+import functools
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -32,18 +33,22 @@ class RequestStatus(enum.Enum):
     FINISHED_ABORTED = "finished_aborted"
     FINISHED_ERROR = "finished_error"
 
-    @property
+    # Cached on each member: both are read for every request on every step.
+    @functools.cached_property
     def finished(self) -> bool:
         return self.value.startswith("finished")
 
-    @property
+    @functools.cached_property
     def finish_reason(self) -> str | None:
-        return {
-            RequestStatus.FINISHED_STOPPED: "stop",
-            RequestStatus.FINISHED_LENGTH: "length",
-            RequestStatus.FINISHED_ABORTED: "abort",
-            RequestStatus.FINISHED_ERROR: "error",
-        }.get(self)
+        return _FINISH_REASONS.get(self)
+
+
+_FINISH_REASONS = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+    RequestStatus.FINISHED_ERROR: "error",
+}
 
 
 @dataclass
@@ -106,6 +111,16 @@ class Request:
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
 
+    def token_ids_between(self, start: int, end: int) -> list[int]:
+        """all_token_ids[start:end] (0 <= start <= end) without building all_token_ids: a cost
+        in the slice's length, not the request's, for work done every step."""
+        num_prompt = len(self.prompt_token_ids)
+        if start >= num_prompt:
+            return self.output_token_ids[start - num_prompt : end - num_prompt]
+        if end <= num_prompt:
+            return self.prompt_token_ids[start:end]
+        return self.prompt_token_ids[start:] + self.output_token_ids[: end - num_prompt]
+
     @property
     def is_finished(self) -> bool:
         return self.status.finished
@@ -126,20 +141,21 @@ class Request:
         """Append verified tokens in order until a stop condition, whose status is returned;
         the tokens after it are dropped (truncation)."""
         params = self.sampling_params
+        output_token_ids, max_output_tokens = self.output_token_ids, self.max_output_tokens
         for token_id in token_ids:
-            if self.num_output_tokens >= self.max_output_tokens:
+            if len(output_token_ids) >= max_output_tokens:
                 return RequestStatus.FINISHED_LENGTH
-            self.output_token_ids.append(token_id)
+            output_token_ids.append(token_id)
             if self.grammar is not None and not self.grammar.accept(token_id):
                 # The sampler's mask makes this unreachable; never emit past a broken grammar.
                 self.error = f"token {token_id} does not match the request's grammar"
                 return RequestStatus.FINISHED_ERROR
-            if self.num_output_tokens >= params.min_tokens and (
+            if len(output_token_ids) >= params.min_tokens and (
                 (token_id in self.eos_token_ids and not params.ignore_eos)
                 or token_id in params.stop_token_ids
             ):
                 return RequestStatus.FINISHED_STOPPED
-        if self.num_output_tokens >= self.max_output_tokens:
+        if len(output_token_ids) >= max_output_tokens:
             return RequestStatus.FINISHED_LENGTH
         return None
 

@@ -212,6 +212,9 @@ class EngineMetrics:
         self._set_gauges(stats)
         if stepped:
             self._observe_step(stats)
+        num_generated = sum(len(output.new_token_ids) for output in outputs)
+        if num_generated:  # one increment per step: each takes the counter's lock
+            self._counters["generation_tokens"].inc(num_generated)
         for output in outputs:
             self._observe_output(output, now)
         self._previous = stats
@@ -272,7 +275,6 @@ class EngineMetrics:
     def _observe_output(self, output: RequestOutput, now: float) -> None:
         num_new = len(output.new_token_ids)
         if num_new:
-            self._counters["generation_tokens"].inc(num_new)
             previous_time = self._last_token_time.get(output.request_id)
             if previous_time is not None:
                 # Spread the gap evenly over the tokens a speculative step emitted at once.

@@ -25,7 +25,7 @@ $PY -m pip install -q --no-deps --target "$WORK/local" "$WORK"/whl312/flashinfer
 $PY -m pip install -q --target "$WORK/local_deps" nvidia-ml-py einops tabulate cuda-python
 
 # 2. The attention modules (batch prefill, fa2; the tensor-core decode uses them too), per
-#    (dtype, head_dim) that the engine and the GPU tests run.
+#    (dtype, head_dim) that the engine and the GPU tests run, and the bit-packing module.
 mkdir -p "$WORK/stub"
 echo "" >"$WORK/stub/s.c" && gcc -shared -Wl,-soname,libcuda.so.1 -o "$WORK/stub/libcuda.so" "$WORK/stub/s.c"
 export PYTHONPATH="$WORK/local:$WORK/local_deps" FLASHINFER_CUDA_ARCH_LIST=9.0 \
@@ -43,6 +43,12 @@ for dtype, head_dim in ((torch.bfloat16, 64), (torch.bfloat16, 128), (torch.floa
     if not spec.is_compiled:
         spec.build()
     print("built", spec.get_library_path())
+from flashinfer.jit.quantization import gen_quantization_module
+
+spec = gen_quantization_module()  # segment_packbits: the prefill plan packs tree masks with it
+if not spec.is_compiled:
+    spec.build()
+print("built", spec.get_library_path())
 EOF
 unset PYTHONPATH
 
@@ -52,7 +58,7 @@ rm -rf "$SITE" && mkdir -p "$SITE"
 for wheel in "$WORK"/whl312/*.whl; do (cd "$SITE" && unzip -q -o "$wheel"); done
 rm -rf "$SITE"/flashinfer/data/{cutlass,cccl,include,spdlog}  # csrc stays: specs read its templates
 AOT="$SITE/flashinfer/data/aot"
-for lib in "${FLASHINFER_WORKSPACE_BASE:-$WORK/ws}"/.cache/flashinfer/*/90a/cached_ops/*/*.so; do
+for lib in "$FLASHINFER_WORKSPACE_BASE"/.cache/flashinfer/*/90a/cached_ops/*/*.so; do
     name=$(basename "$lib" .so)
     mkdir -p "$AOT/$name" && cp "$lib" "$AOT/$name/"
 done

@@ -4,9 +4,12 @@
 #
 #   bash benchmarks/gpu_session.sh a   # carry .gpu/site.tgz .gpu/m.part1 .gpu/data
 #       the gpu-marked tests; the decode harness on a Llama-1B-shaped random model
-#   bash benchmarks/gpu_session.sh b   # carry .gpu/m.part2 (m.part1 stays from call a)
+#   bash benchmarks/gpu_session.sh b   # carry .gpu/m.part2 (call a left m.part1 in /tmp)
 #       SmolLM2 in bfloat16: batch-1 speculation (goodput and fixed), the decode harness,
-#       engine throughput, the in-process policy sweep
+#       engine throughput, the in-process policy sweep, the goodput probe
+# ONLY="name ..." runs only those parts, SKIP="name ..." all but those. A call's carried paths
+# are removed before the next call, so call a copies what call b needs into /tmp, which
+# lasts as long as the machine stays warm (30 s between calls).
 #
 # Prepare on the CPU machine with `bash benchmarks/gpu_prepare.sh` (the slim site: FlashInfer
 # without its JIT sources, its attention kernels compiled ahead for sm_90a, tvm-ffi, gguf).
@@ -31,6 +34,9 @@ part() {  # part NAME SECONDS COMMAND...: run with a time limit, log its time an
     local name=$1 limit=$2 start=$SECONDS
     shift 2
     case " ${SKIP:-} " in *" $name "*) echo "=== $name: skipped"; return ;; esac
+    if [ -n "${ONLY:-}" ]; then
+        case " $ONLY " in *" $name "*) ;; *) echo "=== $name: not in ONLY"; return ;; esac
+    fi
     echo "=== $name (limit ${limit}s) $(date -u +%T)"
     timeout "$limit" "$@"
     echo "=== $name: exit $? in $((SECONDS - start)) s"
@@ -38,6 +44,8 @@ part() {  # part NAME SECONDS COMMAND...: run with a time limit, log its time an
 }
 
 if [ "$MODE" = a ]; then
+    # Carried paths are gone at the next call; what call b needs waits in /tmp.
+    cp .gpu/m.part1 /tmp/m.part1 && rm -rf /tmp/gpu_data && cp -r .gpu/data /tmp/gpu_data
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
     python3 -c 'import torch, flashinfer; print("torch", torch.__version__, "flashinfer", flashinfer.__version__)'
     part tests 240 python3 -m pytest -q -p no:cacheprovider \
@@ -46,12 +54,9 @@ if [ "$MODE" = a ]; then
     part bench-1b 120 python3 benchmarks/gpu_bench.py --out "$R" --name llama1b \
         --backends flashinfer,flashinfer+graphs --batch-sizes 1,8,64
 else
-    if [ -f .gpu/m.part2 ]; then  # m.part1 may have come with an earlier call (kept in /tmp)
-        PART1=.gpu/m.part1; [ -f "$PART1" ] || PART1=/tmp/m.part1
-        cat "$PART1" .gpu/m.part2 >"$MODEL"
-    fi
+    [ -f .gpu/m.part2 ] && cat /tmp/m.part1 .gpu/m.part2 >"$MODEL"
     sha256sum "$MODEL"
-    DATA=(--data .gpu/data)
+    DATA=(--data /tmp/gpu_data)
     SPEC=(--model "$MODEL" --device cuda --dtype bfloat16 "${DATA[@]}" --num-prompts 4
         --max-tokens 128 --configs off,ngram-chain --workloads copy,chat)
     part spec-goodput 120 python3 benchmarks/spec_bench.py "${SPEC[@]}" --policy goodput \
@@ -65,5 +70,9 @@ else
         --num-prompts 16 --max-tokens 64 --out "$R/sweep.json"
     part spec-fixed 90 python3 benchmarks/spec_bench.py "${SPEC[@]}" --policy fixed \
         --out "$R/spec_fixed.json" --markdown "$R/spec_fixed.md"
+    part phases 60 python3 benchmarks/graph_step_phases.py --model "$MODEL" \
+        --out "$R/graph_step_phases.json"
+    part probe 90 python3 benchmarks/goodput_probe.py --model "$MODEL" --device cuda \
+        --dtype bfloat16 "${DATA[@]}" --out "$R/goodput_probe.json"
 fi
 echo "done $(date -u +%T)"

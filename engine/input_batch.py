@@ -114,7 +114,7 @@ def build_model_input(
                 f"request {request.request_id}: tree of {tree.num_nodes} nodes exceeds {scheduled.num_draft_tokens} slots"
             )
         row0 = len(input_ids)
-        input_ids.extend(request.all_token_ids[start : start + num_real])
+        input_ids.extend(request.token_ids_between(start, start + num_real))
         input_ids.extend(draft_ids)
         positions.extend(range(start, start + num_real))
         if tree is not None:

@@ -14,6 +14,13 @@ w_t = forgetting^age x a Huber-style weight from a few reweighting passes, so a 
 something else (a busy core, GC) cannot drag the fit. theta >= 0: work never makes a step
 faster, which keeps the policy's marginal costs sane. Directions the window does not excite
 (draft steps while nobody speculates) rest at the prior: the start-up profile's fit.
+
+The profile's own samples stay in every refit as anchors, at ANCHOR_WEIGHT each (the window's
+~100 effective samples outweigh them ~4:1 where both speak): live traffic fills the window from
+a narrow region (a batch with a few speculating requests, noisy prefills), and a window alone
+then extrapolates the shapes it never sees, such as every request speculating, by collinear
+accidents (on an H200 the refit priced 16 speculating requests at 1.7x their measured time, so
+goodput stopped speculating on chat under load; docs/benchmarks.md §4e).
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ import numpy as np
 from engine.speculation.step_features import FEATURE_NAMES, ROW_KNOTS, StepFeatures, profile_grid
 
 # Fixed feature scales keep the normal equations well conditioned; coefficients() undoes them.
-_SCALES = (1.0, 256.0, *(1.0,) * (len(ROW_KNOTS) - 1), 16.0, 16384.0, 64.0, 4.0, 16.0, 1.0)
+_SCALES = (1.0, 256.0, *(1.0,) * (len(ROW_KNOTS) - 1), 16.0, 16384.0, 64.0, 4.0, 16.0, 1.0, 256.0)
 _NUM_RAMPS = len(ROW_KNOTS) - 1
 
 
@@ -43,7 +50,16 @@ def row_ramps(rows: int) -> list[float]:
     return [min(1.0, max(0.0, (rows - lo) / (hi - lo))) for lo, hi in zip(ROW_KNOTS, ROW_KNOTS[1:])]
 
 
+def _split_rows(f: StepFeatures) -> tuple[int, int]:
+    """(rows of an eager step, rows of any other step): a step that leaves the CUDA-graph path
+    pays per row on its own term, so that prefill chunks (eager, hundreds of rows) do not set
+    the row ramps that price replayed verification (tens of rows, nearly free)."""
+    rows = f.num_batched_tokens
+    return (rows, 0) if f.num_eager_steps else (0, rows)
+
+
 OUTLIER_FACTOR = 3.0  # log errors beyond this many times the median one are down-weighted
+ANCHOR_WEIGHT = 0.2  # weight of each profile sample in a refit (a window sample's is <= 1)
 
 
 class StepCostModel(Protocol):
@@ -89,6 +105,9 @@ class OnlineLinearCostModel:
         self._count = 0  # observations ever written to the ring
         self._errors: deque[float] = deque(maxlen=64)  # relative, for accuracy()
         self._prior = np.zeros(len(FEATURE_NAMES))
+        self._anchors: list[tuple[StepFeatures, float]] = []  # the profile's samples
+        self._anchor_x = np.zeros((0, len(FEATURE_NAMES)))
+        self._anchor_y = np.zeros(0)
         self._set_theta(self._prior)
         self._ever_solved = False  # the prior is not a fit
         self._seeded = False  # profiled or loaded: trust it before num_observations is large
@@ -96,9 +115,10 @@ class OnlineLinearCostModel:
         self._pending = 0  # observations since the last refit
 
     def _vector(self, f: StepFeatures) -> tuple[float, ...]:
-        tokens = f.num_batched_tokens
-        raw = (1, tokens, *row_ramps(tokens), f.num_requests, f.num_kv_tokens)
+        eager_rows, rows = _split_rows(f)
+        raw = (1, rows, *row_ramps(rows), f.num_requests, f.num_kv_tokens)
         raw += (f.num_draft_tokens, f.num_draft_steps, f.num_spec_requests, f.num_eager_steps)
+        raw += (eager_rows,)
         return tuple(value / scale for value, scale in zip(raw, _SCALES, strict=True))
 
     def predict(self, features: StepFeatures) -> float:
@@ -106,11 +126,13 @@ class OnlineLinearCostModel:
             self._solve()
         # Written out (not _vector): the policy calls this hundreds of times per step.
         c, f = self._coefficients, features
-        seconds = self._row_seconds(f.num_batched_tokens)
+        eager_rows, rows = _split_rows(f)
+        seconds = self._row_seconds(rows)
         tail = c[2 + _NUM_RAMPS :]
         seconds += tail[0] * f.num_requests + tail[1] * f.num_kv_tokens
         seconds += tail[2] * f.num_draft_tokens + tail[3] * f.num_draft_steps
         seconds += tail[4] * f.num_spec_requests + tail[5] * f.num_eager_steps
+        seconds += tail[6] * eager_rows
         return max(self.min_seconds, seconds)
 
     def _row_seconds(self, rows: int) -> float:
@@ -153,18 +175,20 @@ class OnlineLinearCostModel:
         n = min(self._count, len(self._y))
         if n == 0:
             return self._set_theta(self._prior)
-        x, y = self._x[:n], self._y[:n]
+        x = np.concatenate([self._x[:n], self._anchor_x])
+        y = np.concatenate([self._y[:n], self._anchor_y])
         ages = (self._count - 1 - np.arange(n)) % len(self._y)
-        age_weights = self.forgetting**ages
+        base = np.concatenate([self.forgetting**ages, np.full(len(self._anchor_y), ANCHOR_WEIGHT)])
+        robust = np.ones(len(y))
         theta = np.asarray(self._theta)
         for i in range(passes):
             if self.fitted and not (fresh and i == 0):
                 log_errors = np.log(y / np.maximum(x @ theta, self.min_seconds))
                 deviations = np.abs(log_errors - np.median(log_errors))
                 bound = OUTLIER_FACTOR * max(float(np.median(deviations)), 0.01)
-                self._robust[:n] = np.minimum(1.0, bound / np.maximum(deviations, 1e-12))
-            weights = age_weights * self._robust[:n]
-            theta = _nonnegative_ridge(x, y, weights, self.ridge, self._prior)
+                robust = np.minimum(1.0, bound / np.maximum(deviations, 1e-12))
+                self._robust[:n] = robust[:n]
+            theta = _nonnegative_ridge(x, y, base * robust, self.ridge, self._prior)
         self._set_theta(theta)
 
     def _set_samples(self, samples: Iterable[tuple[StepFeatures, float]]) -> None:
@@ -229,7 +253,15 @@ class OnlineLinearCostModel:
         self._set_samples(samples)
         self._solve(passes=4, fresh=True)
         self._prior = np.asarray(self._theta)
+        self._set_anchors(samples)
         self._seeded = True
+
+    def _set_anchors(self, samples: Sequence[tuple[StepFeatures, float]]) -> None:
+        self._anchors = list(samples)
+        self._anchor_x = np.array([self._vector(f) for f, _ in samples]).reshape(
+            len(samples), len(FEATURE_NAMES)
+        )
+        self._anchor_y = np.array([seconds for _, seconds in samples], dtype=float)
 
     def to_params(self) -> dict[str, Any]:
         if self._dirty:
@@ -239,6 +271,7 @@ class OnlineLinearCostModel:
             "theta": list(self._theta),
             "prior": self._prior.tolist(),
             "samples": [[*dataclasses.astuple(f), s] for f, s in self._samples],
+            "anchors": [[*dataclasses.astuple(f), s] for f, s in self._anchors],
             "num_observations": self.num_observations,
         }
 
@@ -248,6 +281,8 @@ class OnlineLinearCostModel:
             raise ValueError(f"cost model params are for features {params.get('features')}")
         self._prior = np.asarray(params["prior"], dtype=float)
         self._set_samples((StepFeatures(*map(int, row[:-1])), row[-1]) for row in params["samples"])
+        rows = params.get("anchors", [])  # absent in caches written before anchors existed
+        self._set_anchors([(StepFeatures(*map(int, row[:-1])), row[-1]) for row in rows])
         self.num_observations = int(params["num_observations"])
         self._set_theta(np.asarray(params["theta"], dtype=float))
         self._seeded = True

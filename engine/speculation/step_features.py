@@ -23,6 +23,7 @@ FEATURE_NAMES = (
     "draft_steps",
     "spec_requests",
     "eager_steps",
+    "eager_rows",  # an eager step's rows: they cost it what the row terms cost a replayed one
 )
 
 

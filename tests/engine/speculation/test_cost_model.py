@@ -18,6 +18,7 @@ from kernels.graph_shapes import NO_GRAPHS, GraphShapes
 BATCH_SIZES = (1, 2, 4, 8)
 DECODE_GRAPHS = GraphShapes(BATCH_SIZES, 1)  # decode steps replayed, verification eager
 VERIFY_GRAPHS = GraphShapes(BATCH_SIZES, 5)  # chains of up to 4 drafts replayed too
+VERIFY_16 = GraphShapes((*BATCH_SIZES, 16), 5)
 TRUE = {
     "intercept": 0.01,
     "batched_tokens": 2e-4,
@@ -29,11 +30,14 @@ TRUE = {
     "draft_steps": 2e-3,
     "spec_requests": 3e-4,
     "eager_steps": 4e-3,
+    "eager_rows": 3e-4,
 }
 
 
 def true_seconds(f: StepFeatures, coefficients: dict = TRUE) -> float:
-    rows = f.num_batched_tokens
+    """An eager step pays per row on its own slope, as the model assumes (cost_model._split_rows)."""
+    eager_rows = f.num_batched_tokens if f.num_eager_steps else 0
+    rows = f.num_batched_tokens - eager_rows
     values = {
         "intercept": 1,
         "batched_tokens": rows,
@@ -45,6 +49,7 @@ def true_seconds(f: StepFeatures, coefficients: dict = TRUE) -> float:
         "draft_steps": f.num_draft_steps,
         "spec_requests": f.num_spec_requests,
         "eager_steps": f.num_eager_steps,
+        "eager_rows": eager_rows,
     }
     return sum(coefficients[name] * value for name, value in values.items())
 
@@ -236,3 +241,56 @@ def test_cache_tolerates_a_corrupt_file_and_rejects_foreign_params(tmp_path):
     params = OnlineLinearCostModel().to_params() | {"features": ["intercept"]}
     with pytest.raises(ValueError, match="features"):
         OnlineLinearCostModel().load_params(json.loads(json.dumps(params)))
+
+
+def gpu_like_seconds(f: StepFeatures) -> float:
+    """A replayed step is nearly flat in its rows; an eager one (a prefill chunk) costs ~10 ms
+    more and much more per row (the shape measured on an H200, docs/benchmarks.md §4e)."""
+    seconds = 2.7e-3 + 1e-6 * f.num_batched_tokens + 1.5e-5 * f.num_spec_requests
+    seconds += 2e-8 * f.num_kv_tokens
+    if f.num_eager_steps:
+        seconds += 10e-3 + 4e-5 * f.num_batched_tokens
+    return seconds
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_live_traffic_does_not_distort_shapes_only_the_profile_saw(seed):
+    """After a profile, hundreds of live steps from a narrow region (10-16 requests, a few
+    speculating, one noisy prefill in ten) fill the window. Every request speculating is a
+    shape only the profile measured; its price must stay near the truth. Without the profile's
+    anchors, and with prefill rows on the shared row ramps, it rose 1.2-2.7x (so goodput would
+    refuse speculation that costs ~nothing)."""
+    rng = random.Random(seed)
+    model = OnlineLinearCostModel(refit_every=8)
+    grid = profile_grid(256, 16, 4, 512, graphs=VERIFY_16)
+    model.fit([(f, gpu_like_seconds(f) * rng.gauss(1, 0.02)) for f in grid * 3])
+    for _ in range(400):
+        shapes = [(rng.randint(100, 700), 1, 0) for _ in range(rng.randint(10, 16))]
+        for i in rng.sample(range(len(shapes)), rng.randint(0, 3)):
+            shapes[i] = (shapes[i][0], 1, rng.randint(1, 4))
+        if rng.random() < 0.1:
+            shapes.append((0, rng.randint(100, 300), 0))
+        f = StepFeatures.from_shapes(shapes, graphs=VERIFY_16)
+        noise = rng.gauss(1, 0.3) if f.num_eager_steps else rng.gauss(1, 0.03)
+        model.observe(f, gpu_like_seconds(f) * noise)
+    for k in (0, 4):
+        f = StepFeatures.from_shapes([(600, 1, k)] * 16, graphs=VERIFY_16)
+        assert model.predict(f) == pytest.approx(gpu_like_seconds(f), rel=0.12), k
+
+
+def test_anchors_survive_the_cache_and_follow_drift():
+    """The profile's samples travel with the cached params; live steps still move the fit
+    (a 30% slowdown shows as most of it)."""
+    rng = random.Random(1)
+    model = OnlineLinearCostModel(refit_every=8)
+    grid = profile_grid(256, 16, 4, 512, graphs=VERIFY_16)
+    model.fit([(f, gpu_like_seconds(f)) for f in grid])
+    restored = OnlineLinearCostModel(refit_every=8)
+    restored.load_params(json.loads(json.dumps(model.to_params())))
+    assert len(restored.to_params()["anchors"]) == len(grid)
+    probe = StepFeatures.from_shapes([(400, 1, 2)] * 8, graphs=VERIFY_16)
+    for _ in range(300):
+        shapes = [(rng.randint(100, 700), 1, rng.choice([0, 0, 2, 4])) for _ in range(8)]
+        f = StepFeatures.from_shapes(shapes, graphs=VERIFY_16)
+        restored.observe(f, 1.3 * gpu_like_seconds(f))
+    assert 1.15 < restored.predict(probe) / gpu_like_seconds(probe) < 1.31

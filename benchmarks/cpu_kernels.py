@@ -59,12 +59,14 @@ def model_layers(path: Path) -> list[QuantLinear]:
     head = "output.weight" if "output.weight" in tensors else "token_embd.weight"  # tied
     layers.append(QuantLinear([weight(head)]))
     for layer in layers:
-        layer.packed_runs()  # pack before timing
+        for run in layer.runs:  # pack and concatenate before timing
+            run.tiles()
+            run.blocks()
     return layers
 
 
 def step_bytes(layers: list[QuantLinear]) -> int:
-    return sum(weight.data.numel() for layer in layers for weight, _ in layer.runs)
+    return sum(run.blocks().data.numel() for layer in layers for run in layer.runs)
 
 
 def step_fn(layers: list[QuantLinear], rows: int, mode: str) -> Callable[[], None]:
@@ -75,10 +77,10 @@ def step_fn(layers: list[QuantLinear], rows: int, mode: str) -> Callable[[], Non
     outs = [torch.empty(rows, layer.out_features) for layer in layers]
     calls = []
     for layer, out in zip(layers, outs):
-        for (weight, columns), packed in zip(layer.runs, layer.packed_runs()):
-            target = out[:, columns]
-            tiles = packed if (act != "float32" or isa != ISA["avx2"]) else None
-            calls.append((inputs[layer.in_features], weight, target, tiles))
+        for run in layer.runs:
+            target = out[:, run.columns]
+            tiles = run.tiles() if (act != "float32" or isa != ISA["avx2"]) else None
+            calls.append((inputs[layer.in_features], run.blocks(), target, tiles))
     code = {"float32": 0, "int8": 1, "int16": 2}[act]
 
     def run() -> None:

@@ -9,6 +9,7 @@ tensor count, kv count, kv pairs, tensor infos, padding to `general.alignment`, 
 
 from __future__ import annotations
 
+import mmap
 import struct
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -47,6 +48,15 @@ class GGUFFile:
     metadata: dict[str, Any]
     tensors: list[GGUFTensor]
     buffer: np.ndarray = field(repr=False, compare=False)  # the whole file, memory-mapped
+
+    def release_pages(self) -> None:
+        """Hand the map's resident pages back to the OS (madvise DONTNEED): once the kernels
+        have packed the weights, most of the file is never read again; a later read (an
+        embedding row) faults its page back in from the page cache. Nothing writes the map,
+        so no copy-on-write page is lost."""
+        mapping = getattr(self.buffer, "_mmap", None)
+        if mapping is not None and hasattr(mmap, "MADV_DONTNEED"):
+            mapping.madvise(mmap.MADV_DONTNEED)
 
     def find_strings(self, key: str, wanted: Collection[str]) -> dict[str, int]:
         """{string: its index} for those of `wanted` in the skipped string array `key`

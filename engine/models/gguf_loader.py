@@ -190,9 +190,9 @@ def _dequantised(tensor: GGUFTensor) -> torch.Tensor:
 
 
 def _blocks(tensor: GGUFTensor) -> QuantizedWeight:
-    """The tensor's rows of blocks, copied out of the memory map."""
-    data = torch.from_numpy(np.array(tensor.data, dtype=np.uint8, copy=True))
-    return QuantizedWeight(tensor.ggml_type, data, tensor.shape[1])
+    """The tensor's rows of blocks: a view of the memory map, not a copy (the kernels pack what
+    they read; GGUFFile.release_pages hands the file's pages back after)."""
+    return QuantizedWeight(tensor.ggml_type, torch.from_numpy(tensor.data), tensor.shape[1])
 
 
 def _unpermuted(

@@ -18,14 +18,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.models.weight_runs import WeightRun, runs_of
 from kernels.cpu import (
     ACTIVATIONS,
     QuantizedWeight,
-    concat_rows,
     dequantize,
     float_tiles_run,
     load_native,
-    pack_tiles,
     qlinear,
 )
 
@@ -65,29 +64,20 @@ class QuantLinear(nn.Module):
     """A linear layer whose weight stays as GGUF blocks (kernels.cpu), float32 on the CPU.
 
     `parts` cover the output rows in order; a fused projection (q|k|v, gate|up) may store its
-    parts in different formats, so each run of one format is its own kernel call writing its
-    column slice of the output. Every output row depends on its own input row only (the
-    kernels' batch invariance). `activations` is the kernels' arithmetic: float32, int16 or
-    int8 (each row quantized per group of 32; set_activations).
+    parts in different formats, so each run of one format (weight_runs.WeightRun) is its own
+    kernel call writing its column slice of the output. Every output row depends on its own
+    input row only (the kernels' batch invariance). `activations` is the kernels' arithmetic:
+    float32, int16 or int8 (each row quantized per group of 32; set_activations).
     """
 
     activations = DEFAULT_ACTIVATIONS
 
     def __init__(self, parts: list[QuantizedWeight], bias: nn.Parameter | None = None) -> None:
         super().__init__()
-        runs = _merge_same_format(parts)
-        self.in_features = runs[0].in_features
-        self.out_features = sum(run.out_features for run in runs)
+        self.runs = runs_of(parts)
+        self.in_features = self.runs[0].in_features
+        self.out_features = sum(run.out_features for run in self.runs)
         self.bias = bias
-        self._runs: list[tuple[QuantizedWeight, slice]] = []
-        self._packed: list[torch.Tensor | None] | None = None
-        self._packed_for = ""
-        start = 0
-        for index, run in enumerate(runs):
-            # Buffers, so that module.buffers() accounts for the bytes.
-            self.register_buffer(f"blocks{index}", run.data, persistent=False)
-            self._runs.append((run, slice(start, start + run.out_features)))
-            start += run.out_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.stride(-1) != 1:
@@ -95,35 +85,32 @@ class QuantLinear(nn.Module):
         out = torch.empty(x.shape[0], self.out_features, dtype=torch.float32, device=x.device)
         ops = load_native()  # cached; None only if the build failed (the loader then avoids us)
         act = ACTIVATIONS[self.activations]
-        for (weight, columns), packed in zip(self._runs, self.packed_runs(), strict=True):
-            bias = None if self.bias is None else self.bias[columns]
-            target = out if len(self._runs) == 1 else out[:, columns]
+        for run in self.runs:
+            bias = None if self.bias is None else self.bias[run.columns]
+            target = out if len(self.runs) == 1 else out[:, run.columns]
             if ops is None:
-                qlinear(x, weight, bias, out=target, act=self.activations)
-            else:
-                ops.qlinear_out(x, weight.data, weight.qtype, bias, target, 0, act, packed)
+                qlinear(x, run.blocks(), bias, out=target, act=self.activations)
+                continue
+            tiles = self.tiles_of(run)
+            blocks = None if tiles is not None else run.blocks().data
+            ops.qlinear_out(x, blocks, run.qtype, bias, target, 0, act, tiles)
         return out
 
-    def packed_runs(self) -> list[torch.Tensor | None]:
-        """Per run, its weights packed into tiles of 16 rows (kernels/cpu pack_tiles) where the
-        activation mode runs them (integer modes: always; float32: the AVX-512 formats), else
-        None; made on first use and again after the mode changes."""
-        if self._packed is None or self._packed_for != self.activations:
-            integer = self.activations != "float32"
-            self._packed = [
-                pack_tiles(weight) if integer or float_tiles_run(weight) else None
-                for weight, _ in self._runs
-            ]
-            self._packed_for = self.activations
-        return self._packed
+    def tiles_of(self, run: WeightRun) -> torch.Tensor | None:
+        """The run's packed tiles where this activation mode runs them (integer modes: always;
+        float32: the AVX-512 formats), else None (the blocks as stored run)."""
+        if self.activations != "float32" or float_tiles_run(run.parts[0], run.out_features):
+            return run.tiles()
+        return None
 
-    @property
-    def runs(self) -> list[tuple[QuantizedWeight, slice]]:
-        """(weight, its output columns) per run of one format, in column order."""
-        return self._runs
+    def prepare(self) -> None:
+        """Make what the kernels will read in this mode now (packing), not at the first step."""
+        for run in self.runs:
+            if self.tiles_of(run) is None:
+                run.blocks()
 
     def extra_repr(self) -> str:
-        formats = "+".join(weight.type_name for weight, _ in self._runs)
+        formats = "+".join(run.type_name for run in self.runs)
         act = "" if self.activations == "float32" else f", {self.activations} activations"
         return f"in_features={self.in_features}, out_features={self.out_features}, {formats}{act}"
 
@@ -147,18 +134,6 @@ class QuantEmbedding(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.blocks.shape[0]}, {self.embedding_dim}, {self.type_name}"
-
-
-def _merge_same_format(parts: list[QuantizedWeight]) -> list[QuantizedWeight]:
-    runs: list[list[QuantizedWeight]] = []
-    for part in parts:
-        if runs and (runs[-1][0].qtype, runs[-1][0].in_features) == (part.qtype, part.in_features):
-            runs[-1].append(part)
-        else:
-            runs.append([part])
-    if len({run[0].in_features for run in runs}) != 1:
-        raise ValueError("the parts of one linear layer must have the same input width")
-    return [run[0] if len(run) == 1 else concat_rows(run) for run in runs]
 
 
 def install_quantized(
@@ -194,6 +169,14 @@ def set_activations(model: nn.Module, activations: str) -> None:
     for module in model.modules():
         if isinstance(module, QuantLinear):
             module.activations = activations
+
+
+def prepare_kernels(model: nn.Module) -> None:
+    """Pack every QuantLinear's weights for its mode now (load time), in parallel over the
+    kernels' threads, rather than at the first step."""
+    for module in model.modules():
+        if isinstance(module, QuantLinear):
+            module.prepare()
 
 
 def weight_format(model: nn.Module) -> str:

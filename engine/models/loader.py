@@ -26,7 +26,7 @@ from tqdm import tqdm
 from engine.models.arch_config import ModelArchConfig
 from engine.models.gguf_loader import gguf_config, iter_gguf_weights, open_gguf
 from engine.models.hf_loader import count_hf_weights, hf_config, iter_hf_weights
-from engine.models.linear import DEFAULT_ACTIVATIONS, set_activations
+from engine.models.linear import DEFAULT_ACTIVATIONS, prepare_kernels, set_activations
 from engine.models.llama import LlamaForCausalLM
 from engine.models.q8_0_load import quantized_to_q8_0
 from kernels.attention import AttentionBackend
@@ -120,22 +120,20 @@ def _weight_log(weight_format: str) -> str:
 
 
 def _checkpoint(path: Path, weight_format: str):
-    """(architecture, iterator of (HF name, tensor or QuantizedWeight), number of items)."""
+    """(architecture, iterator of (HF name, tensor or QuantizedWeight), number of items, the
+    GGUF file or None)."""
     if is_gguf(path):
         reader = open_gguf(path)
         config = gguf_config(reader)
         quantized = weight_format != "float32"
         weights_iter = iter_gguf_weights(reader, config, quantized=quantized)
-        return (
-            config,
-            weights_iter,
-            len(reader.tensors) + int(quantized and config.tie_word_embeddings),
-        )
+        count = len(reader.tensors) + int(quantized and config.tie_word_embeddings)
+        return config, weights_iter, count, reader
     config = hf_config(path)
     weights_iter, num_weights = iter_hf_weights(path), count_hf_weights(path)
     if weight_format == "q8_0":
         weights_iter = quantized_to_q8_0(weights_iter, config.tie_word_embeddings)
-    return config, weights_iter, num_weights
+    return config, weights_iter, num_weights, None
 
 
 def load_model(
@@ -149,7 +147,7 @@ def load_model(
     `weights`: one of WEIGHT_FORMATS (module docstring)."""
     path = resolve_model_path(path)
     weight_format = resolve_weight_format(weights, path, dtype, device)
-    config, weights_iter, num_weights = _checkpoint(path, weight_format)
+    config, weights_iter, num_weights, reader = _checkpoint(path, weight_format)
     with torch.device("meta"):
         model = LlamaForCausalLM(config, backend).to(dtype)
     model.to_empty(device=device)
@@ -166,5 +164,8 @@ def load_model(
     model.load_weights(progress)
     if weight_format in _ACTIVATIONS:
         set_activations(model, _ACTIVATIONS[weight_format])
+        prepare_kernels(model)
+    if reader is not None:
+        reader.release_pages()
     logger.info("weights: %s", _weight_log(weight_format))
     return model.eval().requires_grad_(False), config

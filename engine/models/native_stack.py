@@ -26,11 +26,14 @@ logger = logging.getLogger(__name__)
 
 
 def _runs(layer: QuantLinear) -> list[tuple]:
-    """(blocks, format, first column, columns, AVX-512 tiles or None) per run of one format."""
-    return [
-        (weight.data, weight.qtype, columns.start, columns.stop - columns.start, packed)
-        for (weight, columns), packed in zip(layer.runs, layer.packed_runs(), strict=True)
-    ]
+    """(blocks or None, format, first column, columns, tiles or None) per run of one format:
+    the tiles where the layer's mode runs them, else the blocks as stored."""
+    entries = []
+    for run in layer.runs:
+        tiles = layer.tiles_of(run)
+        blocks = None if tiles is not None else run.blocks().data
+        entries.append((blocks, run.qtype, run.columns.start, run.out_features, tiles))
+    return entries
 
 
 def _fits(model) -> bool:
@@ -103,8 +106,9 @@ class NativeStack:
         if ops is None or not _fits(model):
             return None
         stack = cls(model, ops)
-        runs = [p for layer in model.layers for p in layer.mlp.down_proj.packed_runs()]
-        kernels = "AVX-512 tiles" if any(p is not None for p in runs) else "AVX2/scalar kernels"
+        down = [layer.mlp.down_proj for layer in model.layers]
+        tiled = any(linear.tiles_of(run) is not None for linear in down for run in linear.runs)
+        kernels = "packed tiles" if tiled else "the blocks as stored (AVX2/scalar kernels)"
         logger.info(
             "decoder: %d layers in one native call; linear layers on %s, %s activations",
             len(model.layers),

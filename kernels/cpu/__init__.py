@@ -106,14 +106,16 @@ def pack_tiles(weight: QuantizedWeight) -> torch.Tensor | None:
     return ops.pack_tiles(weight.data, weight.qtype, weight.in_features)
 
 
-def float_tiles_run(weight: QuantizedWeight) -> bool:
-    """Whether float32 activations run this weight's tiles (else its blocks as stored)."""
+def float_tiles_run(weight: QuantizedWeight, out_features: int | None = None) -> bool:
+    """Whether float32 activations run this weight's tiles (else its blocks as stored);
+    `out_features`: of the whole run the weight starts, when it is one part of it."""
     ops = load_native()
+    rows = weight.out_features if out_features is None else out_features
     return (
         ops is not None
-        and ops.cpu_has_avx512()
+        and ops.linear_isa() == ISA["avx512"]  # after any set_linear_isa_cap
         and weight.qtype in FLOAT_TILE_TYPES
-        and weight.out_features % TILE_ROWS == 0
+        and rows % TILE_ROWS == 0
     )
 
 

@@ -44,7 +44,7 @@ def plain(kquant_gguf):
 def test_speculation_on_k_quants_matches_plain_decoding(kquant_gguf, plain, name):
     llm = make_llm(kquant_gguf, **CONFIGS[name])
     layer = llm.engine.runner.model.layers[0]
-    assert {w.type_name for w, _ in layer.mlp.down_proj.runs} == {"Q6_K"}
+    assert {run.type_name for run in layer.mlp.down_proj.runs} == {"Q6_K"}
     assert layer.mlp.gate_up_proj.activations == "int16"
     batched = [o.output_token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
     alone = [llm.generate([p], GREEDY, use_tqdm=False)[0].output_token_ids for p in PROMPTS]

@@ -50,43 +50,50 @@ void check_weight(const at::Tensor& blocks, int64_t format, int64_t K) {
 
 void check_packed(const at::Tensor& packed, int64_t format, int64_t N, int64_t K);
 
-// act: 0 = float32, 1 = int8, 2 = int16 activations; `packed`: pack_tiles's tiles of these
-// weights (needed by act 1 and 2; float32 runs them on AVX-512 for Q4_0, Q4_1, Q8_0), or None.
-void qlinear_out(const at::Tensor& x, const at::Tensor& blocks, int64_t format,
+// act: 0 = float32, 1 = int8, 2 = int16 activations. `blocks` (the GGUF rows) and/or `packed`
+// (pack_tiles's tiles of the same weights): the integer modes read the tiles, float32 reads
+// the tiles on AVX-512 for Q4_0 / Q4_1 / Q8_0 (whole tiles) and the blocks otherwise.
+void qlinear_out(const at::Tensor& x, const std::optional<at::Tensor>& blocks, int64_t format,
                  const std::optional<at::Tensor>& bias, at::Tensor& out, int64_t isa,
                  int64_t act, const std::optional<at::Tensor>& packed) {
   TORCH_CHECK(act >= 0 && act <= 2, "act must be 0 (float32), 1 (int8) or 2 (int16), got ", act);
-  TORCH_CHECK(x.is_cpu() && blocks.is_cpu() && out.is_cpu() && (!bias || bias->is_cpu()),
+  TORCH_CHECK(x.is_cpu() && out.is_cpu() && (!blocks || blocks->is_cpu()) &&
+                  (!bias || bias->is_cpu()) && (!packed || packed->is_cpu()),
               "qlinear_out runs on CPU tensors only");
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.stride(1) == 1,
               "x must be float32 [M, K] with contiguous rows");
-  const int64_t M = x.size(0), K = x.size(1), N = blocks.size(0);
-  check_weight(blocks, format, K);
-  TORCH_CHECK(out.scalar_type() == at::kFloat && out.dim() == 2 && out.size(0) == M &&
-                  out.size(1) == N && out.stride(1) == 1,
-              "out must be float32 [M, N] = [", M, ", ", N, "] with contiguous rows");
+  TORCH_CHECK(out.scalar_type() == at::kFloat && out.dim() == 2 && out.size(0) == x.size(0) &&
+                  out.stride(1) == 1,
+              "out must be float32 [M, N] with M = x's rows and contiguous rows");
+  const int64_t M = x.size(0), K = x.size(1), N = out.size(1);
+  const BlockShape shape = block_shape(format);
+  TORCH_CHECK(shape.elems > 0 && K % shape.elems == 0, "unsupported GGUF type ", format,
+              " or K = ", K, " not a multiple of its block");
+  if (blocks) {
+    check_weight(*blocks, format, K);
+    TORCH_CHECK(blocks->size(0) == N, "blocks have ", blocks->size(0), " rows, out has ", N);
+  }
   TORCH_CHECK(!bias || (bias->scalar_type() == at::kFloat && bias->is_contiguous() &&
                         bias->numel() == N),
               "bias must be a contiguous float32 [N] tensor");
-  TORCH_CHECK(act == 0 || packed, "integer activations (act 1, 2) run packed tiles: pass packed");
   if (act != 0) TORCH_CHECK(K % 32 == 0, "integer activations need K % 32 == 0, got ", K);
+  TORCH_CHECK(act == 0 || packed, "integer activations (act 1, 2) run packed tiles: pass packed");
+  if (packed) check_packed(*packed, format, N, K);
+  const Isa chosen = checked_isa(isa);
+  TORCH_CHECK(act != 0 || blocks || float_uses_tiles(chosen, format, N),
+              "float32 activations on this ISA, format or width read the blocks: pass blocks");
   const Problem p{x.data_ptr<float>(),
                   x.stride(0),
                   M,
                   K,
                   N,
-                  blocks.data_ptr<uint8_t>(),
-                  blocks.size(1),
+                  blocks ? blocks->data_ptr<uint8_t>() : nullptr,
+                  blocks ? blocks->size(1) : 0,
                   format,
                   bias ? bias->data_ptr<float>() : nullptr,
                   out.data_ptr<float>(),
                   out.stride(0)};
-  const uint8_t* tiles = nullptr;
-  if (packed) {
-    check_packed(*packed, format, N, K);
-    tiles = packed->data_ptr<uint8_t>();
-  }
-  run_qlinear(p, checked_isa(isa), (ActMode)act, tiles);
+  run_qlinear(p, chosen, (ActMode)act, packed ? packed->data_ptr<uint8_t>() : nullptr);
 }
 
 // blocks [N, row_bytes] -> [ceil(N / 16), tile bytes] (tile_pack.h; a last partial tile is
@@ -181,6 +188,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quantize_rows", &goodspeed::quantize_rows_op, "(hi, lo, d, sum16) of x for act 1 or 2",
         pybind11::arg("x"), pybind11::arg("act"), pybind11::arg("isa") = 0);
   m.def("cpu_has_avx2", []() { return goodspeed::cpu_has_avx2(); }, "AVX2, FMA and F16C are usable");
+  m.def("linear_isa", []() { return (int64_t)goodspeed::best_isa(); },
+        "the ISA the linear kernels run (1 scalar, 2 AVX2, 3 AVX-512), after any cap");
   m.def(
       "set_linear_isa_cap",
       [](int64_t isa) {

@@ -21,11 +21,13 @@ inline void run_qint_problem(const Problem& p, const Acts& acts, const uint8_t* 
   run_qint(QintJob{p.format, packed, acts, p.out, p.out_stride, p.bias, p.N}, isa);
 }
 
+// Whether float32 activations run tiles here (else the blocks as stored).
+inline bool float_uses_tiles(Isa isa, int64_t format, int64_t N) {
+  return isa == Isa::kAvx512 && f32_tile_format(format) && N % kTileCols == 0;
+}
+
 inline void run_float(const Problem& p, Isa isa, const uint8_t* packed) {
-  if (packed != nullptr && isa == Isa::kAvx512 && f32_tile_format(p.format) &&
-      p.N % kTileCols == 0) {
-    return run_f32_packed(p, packed);
-  }
+  if (packed != nullptr && float_uses_tiles(isa, p.format, p.N)) return run_f32_packed(p, packed);
   const bool avx2 = isa != Isa::kScalar;
   const int64_t num_panels = (p.N + kPanel - 1) / kPanel;
   at::parallel_for(0, num_panels, 1, [&](int64_t begin, int64_t end) {

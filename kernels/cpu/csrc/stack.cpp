@@ -47,7 +47,8 @@ class Clock {
 // One run of output columns stored in one GGUF format: (blocks [cols, row_bytes], format,
 // first column, number of columns, the blocks packed into tiles (tile_pack.h) or None; the
 // integer activation modes need the tiles).
-using Run = std::tuple<at::Tensor, int64_t, int64_t, int64_t, std::optional<at::Tensor>>;
+using Run = std::tuple<std::optional<at::Tensor>, int64_t, int64_t, int64_t,
+                       std::optional<at::Tensor>>;
 
 struct QuantizedLinear {
   std::vector<Run> runs;
@@ -66,9 +67,10 @@ QuantizedLinear make_linear(std::vector<Run> runs, std::optional<at::Tensor> bia
     const auto& [blocks, format, col0, cols, packed] = run;
     const BlockShape shape = block_shape(format);
     TORCH_CHECK(shape.elems > 0 && K % shape.elems == 0, "unsupported format or width");
-    TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.is_contiguous() &&
-                    blocks.dim() == 2 && blocks.size(0) == cols &&
-                    blocks.size(1) == K / shape.elems * shape.bytes,
+    TORCH_CHECK(blocks || packed, "a run needs its blocks or its tiles");
+    TORCH_CHECK(!blocks || (blocks->scalar_type() == at::kByte && blocks->is_contiguous() &&
+                            blocks->dim() == 2 && blocks->size(0) == cols &&
+                            blocks->size(1) == K / shape.elems * shape.bytes),
                 "a run's blocks must be contiguous uint8 [cols, row_bytes]");
     TORCH_CHECK(col0 == linear.N, "runs must cover the output columns in order");
     TORCH_CHECK(!packed || (packed->is_contiguous() &&
@@ -182,7 +184,10 @@ class DecoderStack {
     if (act_ != ActMode::kFloat32) acts.emplace(x.data, x.stride, T, w.K, act_);
     for (const Run& run : w.runs) {
       const auto& [blocks, format, col0, cols, packed] = run;
-      const Problem p{x.data, x.stride, T, w.K, cols, blocks.data_ptr<uint8_t>(), blocks.size(1),
+      TORCH_CHECK(act_ != ActMode::kFloat32 || blocks || float_uses_tiles(isa, format, cols),
+                  "float32 activations on this ISA need the blocks of every run");
+      const Problem p{x.data, x.stride, T, w.K, cols,
+                      blocks ? blocks->data_ptr<uint8_t>() : nullptr, blocks ? blocks->size(1) : 0,
                       format, w.bias ? w.bias->data_ptr<float>() + col0 : nullptr,
                       out.data + col0, out.stride};
       run_qlinear(p, isa, act_, packed ? packed->data_ptr<uint8_t>() : nullptr,

@@ -93,8 +93,8 @@ def kquant_model(tmp_path, models_helpers):
 @pytest.mark.parametrize("weights", ["gguf", "gguf-f32"])
 def test_native_stack_runs_k_quants_bitwise_the_per_op_forward(tmp_path, models_helpers, weights):
     per_op, native = load_pair(kquant_model(tmp_path, models_helpers), weights)
-    formats = {w.type_name for w, _ in native.layers[0].mlp.down_proj.runs}
-    formats |= {w.type_name for w, _ in native.layers[0].self_attn.qkv_proj.runs}
+    formats = {run.type_name for run in native.layers[0].mlp.down_proj.runs}
+    formats |= {run.type_name for run in native.layers[0].self_attn.qkv_proj.runs}
     assert formats == {"Q4_K", "Q6_K"}
     assert_bitwise_same(per_op, native, models_helpers)
 
@@ -157,12 +157,12 @@ def test_native_stack_on_the_avx2_kernels(tmp_path, models_helpers, monkeypatch)
     blocks on the AVX2 kernels, still bitwise the per-op forward."""
     import engine.models.linear as linear_module
 
-    monkeypatch.setattr(linear_module, "float_tiles_run", lambda weight: False)
+    monkeypatch.setattr(linear_module, "float_tiles_run", lambda weight, rows=None: False)
     hf_dir, _ = models_helpers.build_hf_model(tmp_path / "hf", tie_word_embeddings=True)
     path = write_gguf(tmp_path / "m.gguf", hf_dir, qtype=Q.Q4_1)
     per_op, native = load_pair(path, "gguf-f32")
     layer = native.layers[0].mlp.down_proj
-    assert layer.packed_runs() == [None]
+    assert [layer.tiles_of(run) for run in layer.runs] == [None]
     assert_bitwise_same(per_op, native, models_helpers)
 
 

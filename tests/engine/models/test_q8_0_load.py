@@ -34,7 +34,7 @@ def test_q8_0_at_load_equals_the_q8_0_gguf(tmp_path, models_helpers, tied):
         at_load.embed_tokens, QuantEmbedding
     )
     assert len(layers) == 1 + 4 * models_helpers.TINY["num_hidden_layers"]  # qkv, o, gate_up, down
-    assert all(w.type_name == "Q8_0" for m in layers for w, _ in m._runs)
+    assert all(run.type_name == "Q8_0" for m in layers for run in m.runs)
     sequences = models_helpers.schedule_sequences(models_helpers.TINY["vocab_size"])
     got = models_helpers.paged_logits(at_load, sequences)
     want = models_helpers.paged_logits(from_file, sequences)

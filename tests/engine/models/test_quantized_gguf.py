@@ -215,7 +215,7 @@ def test_k_quant_model_matches_the_float_path(tmp_path, models_helpers, tied):
     path = write_gguf(tmp_path / "k.gguf", hf_dir, qtype=kquants.q4_k_m)
     model = load(path, "gguf")
     formats = {
-        w.type_name for m in model.modules() if isinstance(m, QuantLinear) for w, _ in m.runs
+        run.type_name for m in model.modules() if isinstance(m, QuantLinear) for run in m.runs
     }
     assert formats == {"Q4_K", "Q6_K"} and isinstance(model.embed_tokens, QuantEmbedding)
     assert_paths_agree(path, models_helpers, models_helpers.TINY["vocab_size"])

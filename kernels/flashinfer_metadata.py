@@ -42,21 +42,24 @@ def last_page_len(seq_len: int, page_size: int) -> int:
     return (seq_len - 1) % page_size + 1
 
 
-def _check_batch(metadata: AttentionMetadata, page_size: int) -> list[int]:
+def _check_batch(metadata: AttentionMetadata, page_size: int) -> np.ndarray:
     """Validate lengths against the block tables; return the page count per request."""
     width = metadata.block_tables.shape[1] if metadata.block_tables.dim() == 2 else 0
-    pages = []
-    for i, (q_len, seq_len) in enumerate(
-        zip(metadata.query_lens_host, metadata.seq_lens_host, strict=True)
-    ):
+    q_lens = np.asarray(metadata.query_lens_host, dtype=np.int64)
+    seq_lens = np.asarray(metadata.seq_lens_host, dtype=np.int64)
+    if len(q_lens) != len(seq_lens):
+        raise ValueError(f"{len(q_lens)} query lengths for {len(seq_lens)} sequence lengths")
+    pages = -(-seq_lens // page_size)
+    bad = np.flatnonzero((q_lens < 1) | (q_lens > seq_lens) | (pages > width))
+    if len(bad):
+        i = int(bad[0])
+        q_len, seq_len = int(q_lens[i]), int(seq_lens[i])
         if not 1 <= q_len <= seq_len:
             raise ValueError(f"request {i}: need 1 <= query_len ({q_len}) <= seq_len ({seq_len})")
-        pages.append(num_pages(seq_len, page_size))
-        if pages[-1] > width:
-            raise ValueError(
-                f"request {i}: seq_len {seq_len} needs {pages[-1]} blocks of {page_size}, "
-                f"block table has {width}"
-            )
+        raise ValueError(
+            f"request {i}: seq_len {seq_len} needs {int(pages[i])} blocks of {page_size}, "
+            f"block table has {width}"
+        )
     return pages
 
 
@@ -67,7 +70,7 @@ def build_paged_kv_layout(metadata: AttentionMetadata, page_size: int) -> PagedK
     on their device with an index built on the host. Either way entry j of request i is
     block_tables[i, j] for j < num_pages_i (the 0-padding is never read).
     """
-    pages = np.asarray(_check_batch(metadata, page_size), dtype=np.int64)
+    pages = _check_batch(metadata, page_size)
     kv_indptr = np.zeros(len(pages) + 1, dtype=np.int32)
     np.cumsum(pages, out=kv_indptr[1:])
     tables = metadata.block_tables
@@ -173,8 +176,13 @@ def pad_uniform(
     block_size: int,
 ) -> UniformBatch:
     """Pad a host batch (no tree masks, <= batch_size requests, <= query_len rows each) to
-    batch_size requests of query_len rows (UniformBatch)."""
-    query_lens = np.asarray(metadata.query_lens_host, dtype=np.int64)
+    batch_size requests of query_len rows (UniformBatch). A batch already of that shape (every
+    batch-1 step, a full batch of equal chains) is returned as it is."""
+    lens = metadata.query_lens_host
+    uniform = len(lens) == batch_size and all(q == query_len for q in lens)
+    if uniform and not any(m is not None for m in metadata.tree_masks):
+        return UniformBatch(metadata, np.arange(batch_size * query_len), query_len)
+    query_lens = np.asarray(lens, dtype=np.int64)
     n = len(query_lens)
     if metadata.tree_masks and any(m is not None for m in metadata.tree_masks):
         raise ValueError("a batch with tree masks has no uniform padding")

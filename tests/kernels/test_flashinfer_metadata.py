@@ -170,6 +170,15 @@ def test_pad_uniform_keeps_each_real_row_its_history_and_slot(seed: int, block_s
     assert all(s >= q_len for s in meta.seq_lens_host)  # FlashInfer: kv_len >= q_len
 
 
+def test_pad_uniform_returns_an_already_uniform_batch_as_it_is() -> None:
+    rng = random.Random(4)
+    metadata, _ = make_metadata(rng, [RequestCase(9, 3), RequestCase(30, 3)], 4, 64)
+    padded = pad_uniform(metadata, 2, 3, 63, 4)
+    assert padded.metadata is metadata and padded.rows.tolist() == list(range(6))
+    again = pad_uniform(metadata, 4, 3, 63, 4)  # a larger batch still pads
+    assert again.metadata.num_requests == 4 and again.rows.tolist() == list(range(6))
+
+
 def test_pad_uniform_refuses_what_it_cannot_pad() -> None:
     _, metadata = random_batch(1, 4, kinds=("verify",))
     longest = max(metadata.query_lens_host)

@@ -29,6 +29,7 @@ VARIANTS = {
     "passive": {"OMP_WAIT_POLICY": "passive"},
     "spin20k": {"GOMP_SPINCOUNT": "20000"},
     "spin100k": {"GOMP_SPINCOUNT": "100000"},
+    "threads1": {"THREADS": "1"},  # one compute thread: what the adaptive policy falls back to
 }
 PROBE = """
 import sys, time
@@ -72,8 +73,10 @@ def hogs(count: int, seconds: float = 600.0):
 
 
 def decode_tok_s(variant: str, args: argparse.Namespace) -> float:
-    env = {**os.environ, **VARIANTS[variant], "PYTHONPATH": str(ROOT)}
-    command = [sys.executable, "-c", PROBE, args.model, str(args.threads), str(args.tokens)]
+    settings = dict(VARIANTS[variant])
+    threads = settings.pop("THREADS", str(args.threads))
+    env = {**os.environ, **settings, "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-c", PROBE, args.model, threads, str(args.tokens)]
     out = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
     if out.returncode != 0:
         raise RuntimeError(f"{variant}: probe failed\n{out.stderr[-2000:]}")

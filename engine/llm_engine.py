@@ -27,7 +27,7 @@ from engine.outputs import (
 from engine.request import Request, RequestStatus, check_prompt, check_token_ids
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
-from engine.speculation.driver import build_spec_driver
+from engine.speculation.build import build_spec_driver
 from engine.step_isolation import describe, execute_isolating
 from engine.structured.grammar import GrammarCompiler
 

@@ -4,9 +4,8 @@ policy (DESIGN §1 steps 1, 3 and 6). With no proposer configured every call is 
 and the plan is empty, so the scheduler never reserves draft slots.
 
 The driver holds no engine objects: plan() gets the running requests, propose() and observe()
-the step's contracts. build_spec_driver() is where the runner and scheduler are needed once,
-to build the proposer (a draft model mirrors the target's KV layout) and to seed the goodput
-cost model with a start-up profile of the real model.
+the step's contracts. engine/speculation/build.py builds it (the proposer for the target, the
+policy, the cost model seeded by a start-up profile).
 """
 
 from __future__ import annotations
@@ -14,52 +13,28 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from engine.config import SpecConfig
 from engine.outputs import Drafts, ModelOutput, ScheduledRequest, SchedulerOutput, SpecPlan
 from engine.request import Request, RequestStatus
 from engine.speculation.cost_model import OnlineLinearCostModel
-from engine.speculation.goodput import GoodputPolicy
-from engine.speculation.policy import SpecCandidate, SpecResult, make_policy
-from engine.speculation.profiler import SeedReport, seed_cost_model
-from engine.speculation.proposer import (
-    DRAFT_PROPOSER,
-    Proposer,
-    ProposeRequest,
-    make_proposer,
-)
+from engine.speculation.policy import SpecCandidate, SpecPolicy, SpecResult
+from engine.speculation.profiler import SeedReport
+from engine.speculation.proposer import DRAFT_PROPOSER, Proposer, ProposeRequest
 from engine.speculation.spec_totals import SpecTotals
 from engine.speculation.step_features import StepFeatures
 from engine.speculation.tree_shape import TreeShapeEstimator, accepted_path
 from kernels.graph_shapes import NO_GRAPHS, GraphShapes
 
-if TYPE_CHECKING:
-    from engine.model_runner import ModelRunner
-    from engine.scheduler import Scheduler
+
+def max_draft_tokens(config: SpecConfig) -> int:
+    """The engine's cap: tree nodes for trees, tokens for chains."""
+    return config.spec_tree_nodes if config.spec_tree_nodes > 0 else config.num_speculative_tokens
 
 
-def build_spec_driver(config: SpecConfig, runner: ModelRunner, scheduler: Scheduler) -> SpecDriver:
-    """The proposer built for the target, the cost model seeded (goodput only)."""
-    proposer = make_proposer(config, vocab_size=runner.arch.vocab_size, runner=runner)
-    graphs = getattr(runner, "graph_shapes", NO_GRAPHS)
-    limits = scheduler.config
-    driver = SpecDriver(
-        config, proposer, limits.max_num_batched_tokens, limits.max_num_seqs, graphs
-    )
-    if driver.enabled and isinstance(driver.policy, GoodputPolicy):
-        # Before any request exists, as the profiler's safety invariant requires.
-        driver.seed_report = seed_cost_model(
-            driver.cost_model,
-            runner,
-            scheduler.block_manager,
-            config,
-            scheduler.config,
-            driver.max_draft_tokens,
-            draft_runner=getattr(proposer, "runner", None),
-            graphs=driver.graphs,
-        )
-    return driver
+def speculates(config: SpecConfig, proposer: Proposer | None) -> bool:
+    """Whether any request may speculate (a request may still turn it off)."""
+    return proposer is not None and config.policy != "off" and max_draft_tokens(config) > 0
 
 
 class SpecDriver:
@@ -67,39 +42,27 @@ class SpecDriver:
         self,
         config: SpecConfig,
         proposer: Proposer | None,
+        policy: SpecPolicy,
+        cost_model: OnlineLinearCostModel,
+        tree_shape: TreeShapeEstimator | None,
         token_budget: int,
         max_num_seqs: int = 1 << 30,
         graphs: GraphShapes = NO_GRAPHS,
     ) -> None:
-        """graphs: the step shapes the runner replays as CUDA graphs (trees never replay)."""
+        """Built by engine/speculation/build.py; graphs: the step shapes the runner replays
+        as CUDA graphs, as this driver's plans may use them (trees: decode steps only)."""
         self.config = config
         self.token_budget, self.max_num_seqs = token_budget, max_num_seqs
         self.tree = config.spec_tree_nodes > 0
-        self.graphs = graphs.decode_only() if self.tree else graphs
+        self.graphs = graphs
         self.draft_model = DRAFT_PROPOSER in config.proposers
         self.choice = len(config.proposers) > 1  # proposer is a ProposerSet
-        self.max_draft_tokens = (
-            config.spec_tree_nodes if self.tree else config.num_speculative_tokens
-        )
-        self.enabled = proposer is not None and config.policy != "off" and self.max_draft_tokens > 0
-        self.cost_model = OnlineLinearCostModel(refit_every=8)
+        self.max_draft_tokens = max_draft_tokens(config)
+        self.enabled = speculates(config, proposer)
+        self.cost_model = cost_model
         self.proposer = proposer
-        # Trees: the shape learned from verified trees, for the proposers and the policy.
-        self.tree_shape = TreeShapeEstimator() if self.tree else None
-        self.policy = make_policy(
-            config.policy if self.enabled else "off",
-            cost_model=self.cost_model,
-            max_draft_tokens=self.max_draft_tokens,
-            # goodput only: node budgets and draft passes change E(k) and T(batch)
-            tree=self.tree,
-            draft_model=self.draft_model,
-            token_budget=token_budget,
-            graphs=self.graphs,
-            tree_shape=self.tree_shape,
-            proposers=config.proposers if self.choice else (),
-            # the model-free proposers' CPU seconds per request, as the ProposerSet measures them
-            propose_seconds=proposer.seconds_per_request if self.choice else None,
-        )
+        self.tree_shape = tree_shape
+        self.policy = policy
         self.seed_report: SeedReport | None = None
         self._plan: SpecPlan = {}
         self._chosen: dict[str, str] = {}  # request_id -> proposer (choice), for this step

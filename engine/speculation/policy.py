@@ -5,8 +5,8 @@ The engine calls `plan` before scheduling, with the running requests that have c
 how long the step took. A request missing from the plan (or planned 0) does not speculate;
 an empty plan means the engine runs no proposer at all this step.
 
-Policies: `off`, `fixed:K` (here) and `goodput` (engine/speculation/goodput.py); `make_policy` parses
-the `--spec-policy` string.
+Policies: `off`, `fixed:K` (here) and `goodput` (engine/speculation/goodput.py);
+engine/speculation/build.py parses the `--spec-policy` string.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from engine.outputs import SpecPlan
-from engine.speculation.cost_model import StepCostModel
 from engine.speculation.step_features import StepFeatures
 
 
@@ -100,35 +99,3 @@ class FixedPolicy:
 
     def chosen_proposers(self) -> dict[str, str]:
         return {}
-
-
-_SPEC_HELP = "use 'off', 'fixed:K' with an integer K >= 0, or 'goodput'"
-
-
-def make_policy(
-    spec: str,
-    cost_model: StepCostModel | None = None,
-    max_draft_tokens: int = 4,
-    **goodput_options: object,
-) -> SpecPolicy:
-    """Parse a policy spec: 'off' | 'fixed:K' | 'goodput'.
-
-    `max_draft_tokens` caps the goodput policy (tokens per chain, or nodes per tree with tree=True);
-    `goodput_options` go to GoodputPolicy. Without a cost model, goodput gets a fresh
-    OnlineLinearCostModel that it warms up online.
-    """
-    text = spec.strip().lower() if isinstance(spec, str) else spec
-    if text == "off":
-        return OffPolicy()
-    if isinstance(text, str) and text.startswith("fixed:"):
-        value = text.removeprefix("fixed:").strip()
-        if not value.isdigit():
-            raise ValueError(f"spec policy {spec!r}: K must be an integer >= 0; {_SPEC_HELP}")
-        return FixedPolicy(int(value))
-    if text == "goodput":
-        from engine.speculation.cost_model import OnlineLinearCostModel
-        from engine.speculation.goodput import GoodputPolicy
-
-        model = cost_model if cost_model is not None else OnlineLinearCostModel()
-        return GoodputPolicy(model, max_draft_tokens, **goodput_options)  # type: ignore[arg-type]
-    raise ValueError(f"unknown spec policy {spec!r}; {_SPEC_HELP}")

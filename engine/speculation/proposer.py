@@ -3,20 +3,17 @@
 Per step the engine calls `propose` once for the batch (drafts follow each request's last
 verified token, the root), `observe` after verification with the newly verified tokens, and
 `release` when a request finishes. Proposers keep per-request state keyed by request_id and
-must drop it in `release`. Proposer modules are imported lazily, so choosing `ngram` never
-imports the draft model's torch stack.
+must drop it in `release`. engine/speculation/build.py builds them by name.
 """
 
 from __future__ import annotations
 
-import importlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from engine.config import SpecConfig
     from engine.outputs import Drafts
     from engine.sampling_params import SamplingParams
     from engine.speculation.tree import DraftTree
@@ -108,43 +105,4 @@ def collect_drafts(
     return Drafts(chains=chains, trees=trees, proposer_time=time.perf_counter() - start)
 
 
-# Proposer name -> "module:Class"; the class provides from_config(spec, **runtime).
-_REGISTRY: dict[str, str] = {
-    "ngram": "engine.speculation.ngram:NgramProposer",
-    "recycle": "engine.speculation.recycle:RecycleProposer",
-    "draft": "engine.speculation.draft_model:DraftModelProposer",
-}
-
-
 DRAFT_PROPOSER = "draft"  # the proposer that runs draft-model passes
-
-
-def proposer_names() -> tuple[str, ...]:
-    return ("none", *_REGISTRY)
-
-
-def make_proposer(config: SpecConfig, **runtime: Any) -> Proposer | None:
-    """Build the proposer named by config.proposer, None for 'none', or a ProposerSet of
-    config.proposers when it names several (proposer choice).
-
-    `runtime` carries facts known only once the model is loaded (e.g. vocab_size for
-    Token Recycling, the target model for a draft proposer); each proposer takes what it needs.
-    """
-    names = config.proposers
-    if not names:
-        return None
-    built = {name: _build(name, config, runtime) for name in names}
-    if len(built) == 1:
-        return built[names[0]]
-    from engine.speculation.proposer_set import ProposerSet
-
-    return ProposerSet(built)
-
-
-def _build(name: str, config: SpecConfig, runtime: dict[str, Any]) -> Proposer:
-    target = _REGISTRY.get(name)
-    if target is None:
-        raise ValueError(f"unknown speculative proposer {name!r}; known: {proposer_names()}")
-    module_name, class_name = target.split(":")
-    proposer_class = getattr(importlib.import_module(module_name), class_name)
-    return proposer_class.from_config(config, **runtime)

@@ -4,15 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from engine.speculation.build import make_policy
 from engine.speculation.cost_model import OnlineLinearCostModel
 from engine.speculation.goodput import GoodputPolicy
-from engine.speculation.policy import (
-    FixedPolicy,
-    OffPolicy,
-    SpecCandidate,
-    SpecResult,
-    make_policy,
-)
+from engine.speculation.policy import FixedPolicy, OffPolicy, SpecCandidate, SpecResult
 from engine.speculation.step_features import StepFeatures
 
 BASE = StepFeatures.from_shapes([(100, 1, 0)] * 3)

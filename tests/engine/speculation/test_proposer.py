@@ -7,8 +7,9 @@ import dataclasses
 import pytest
 
 from engine.config import SpecConfig
+from engine.speculation.build import make_proposer, proposer_names
 from engine.speculation.ngram import NgramProposer
-from engine.speculation.proposer import Proposer, ProposeRequest, make_proposer, proposer_names
+from engine.speculation.proposer import Proposer, ProposeRequest
 from engine.speculation.recycle import RecycleProposer
 
 VOCAB = 50

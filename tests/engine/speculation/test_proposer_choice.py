@@ -269,13 +269,13 @@ class RandomChoice:
 
 
 def test_switching_proposers_every_step_leaks_no_blocks_and_no_state():
-    from engine.speculation.driver import SpecDriver
+    from engine.speculation.build import make_spec_driver
     from tests.engine.factories import FakeModel, check_block_invariants, make_scheduler
 
     scheduler = make_scheduler(num_blocks=12, block_size=8, max_num_batched_tokens=40)
     members = {n: FakeProposer(n, 5 + i) for i, n in enumerate(NAMES)}
     config = SpecConfig(proposer=",".join(NAMES), draft_model="self:1")
-    driver = SpecDriver(config, ProposerSet(members), token_budget=40)
+    driver = make_spec_driver(config, ProposerSet(members), token_budget=40)
     driver.policy = RandomChoice(seed=3)
     model, rng, finished = FakeModel(seed=4), random.Random(5), []
     requests = [_request(f"r{i}", rng) for i in range(12)]

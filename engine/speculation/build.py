@@ -1,0 +1,148 @@
+"""Where speculation is put together: the one place that names every proposer and policy.
+
+`build_spec_driver` is the engine's entry (the runner and the scheduler are needed once: the
+proposer is built for the target, the cost model seeded by a start-up profile);
+`make_spec_driver`, `make_policy` and `make_proposer` are its parts, for tests and tools.
+Proposer modules are imported by name, so choosing `ngram` never imports the draft model's
+torch stack.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from engine.config import SpecConfig
+from engine.speculation.cost_model import OnlineLinearCostModel, StepCostModel
+from engine.speculation.driver import SpecDriver, max_draft_tokens, speculates
+from engine.speculation.goodput import GoodputPolicy
+from engine.speculation.policy import FixedPolicy, OffPolicy, SpecPolicy
+from engine.speculation.profiler import seed_cost_model
+from engine.speculation.proposer import DRAFT_PROPOSER, Proposer
+from engine.speculation.proposer_set import ProposerSet
+from engine.speculation.tree_shape import TreeShapeEstimator
+from kernels.graph_shapes import NO_GRAPHS, GraphShapes
+
+if TYPE_CHECKING:
+    from engine.model_runner import ModelRunner
+    from engine.scheduler import Scheduler
+
+# Proposer name -> "module:Class"; the class provides from_config(spec, **runtime).
+_PROPOSERS: dict[str, str] = {
+    "ngram": "engine.speculation.ngram:NgramProposer",
+    "recycle": "engine.speculation.recycle:RecycleProposer",
+    "draft": "engine.speculation.draft_model:DraftModelProposer",
+}
+_SPEC_HELP = "use 'off', 'fixed:K' with an integer K >= 0, or 'goodput'"
+
+
+def build_spec_driver(config: SpecConfig, runner: ModelRunner, scheduler: Scheduler) -> SpecDriver:
+    """The proposer built for the target, the cost model seeded (goodput only)."""
+    proposer = make_proposer(config, vocab_size=runner.arch.vocab_size, runner=runner)
+    graphs = getattr(runner, "graph_shapes", NO_GRAPHS)
+    limits = scheduler.config
+    driver = make_spec_driver(
+        config, proposer, limits.max_num_batched_tokens, limits.max_num_seqs, graphs
+    )
+    if driver.enabled and isinstance(driver.policy, GoodputPolicy):
+        # Before any request exists, as the profiler's safety invariant requires.
+        driver.seed_report = seed_cost_model(
+            driver.cost_model,
+            runner,
+            scheduler.block_manager,
+            config,
+            scheduler.config,
+            driver.max_draft_tokens,
+            draft_runner=getattr(proposer, "runner", None),
+            graphs=driver.graphs,
+        )
+    return driver
+
+
+def make_spec_driver(
+    config: SpecConfig,
+    proposer: Proposer | None,
+    token_budget: int,
+    max_num_seqs: int = 1 << 30,
+    graphs: GraphShapes = NO_GRAPHS,
+) -> SpecDriver:
+    """A driver around `proposer` with the policy `config` names. graphs: the step shapes
+    the runner replays as CUDA graphs (trees never replay)."""
+    tree = config.spec_tree_nodes > 0
+    graphs = graphs.decode_only() if tree else graphs
+    cost_model = OnlineLinearCostModel(refit_every=8)
+    # Trees: the shape learned from verified trees, for the proposers and the policy.
+    tree_shape = TreeShapeEstimator() if tree else None
+    choice = len(config.proposers) > 1  # proposer is a ProposerSet
+    policy = make_policy(
+        config.policy if speculates(config, proposer) else "off",
+        cost_model=cost_model,
+        max_draft_tokens=max_draft_tokens(config),
+        # goodput only: node budgets and draft passes change E(k) and T(batch)
+        tree=tree,
+        draft_model=DRAFT_PROPOSER in config.proposers,
+        token_budget=token_budget,
+        graphs=graphs,
+        tree_shape=tree_shape,
+        proposers=config.proposers if choice else (),
+        # the model-free proposers' CPU seconds per request, as the ProposerSet measures them
+        propose_seconds=proposer.seconds_per_request if choice else None,
+    )
+    return SpecDriver(
+        config, proposer, policy, cost_model, tree_shape, token_budget, max_num_seqs, graphs
+    )
+
+
+def make_policy(
+    spec: str,
+    cost_model: StepCostModel | None = None,
+    max_draft_tokens: int = 4,
+    **goodput_options: Any,
+) -> SpecPolicy:
+    """Parse a policy spec: 'off' | 'fixed:K' | 'goodput'.
+
+    `max_draft_tokens` caps the goodput policy (tokens per chain, or nodes per tree with tree=True);
+    `goodput_options` go to GoodputPolicy. Without a cost model, goodput gets a fresh
+    OnlineLinearCostModel that it warms up online.
+    """
+    text = spec.strip().lower() if isinstance(spec, str) else spec
+    if text == "off":
+        return OffPolicy()
+    if isinstance(text, str) and text.startswith("fixed:"):
+        value = text.removeprefix("fixed:").strip()
+        if not value.isdigit():
+            raise ValueError(f"spec policy {spec!r}: K must be an integer >= 0; {_SPEC_HELP}")
+        return FixedPolicy(int(value))
+    if text == "goodput":
+        model = cost_model if cost_model is not None else OnlineLinearCostModel()
+        return GoodputPolicy(model, max_draft_tokens, **goodput_options)
+    raise ValueError(f"unknown spec policy {spec!r}; {_SPEC_HELP}")
+
+
+def proposer_names() -> tuple[str, ...]:
+    return ("none", *_PROPOSERS)
+
+
+def make_proposer(config: SpecConfig, **runtime: Any) -> Proposer | None:
+    """Build the proposer named by config.proposer, None for 'none', or a ProposerSet of
+    config.proposers when it names several (proposer choice).
+
+    `runtime` carries facts known only once the model is loaded (e.g. vocab_size for
+    Token Recycling, the target model for a draft proposer); each proposer takes what it needs.
+    """
+    names = config.proposers
+    if not names:
+        return None
+    built = {name: _build(name, config, runtime) for name in names}
+    if len(built) == 1:
+        return built[names[0]]
+    return ProposerSet(built)
+
+
+def _build(name: str, config: SpecConfig, runtime: dict[str, Any]) -> Proposer:
+    target = _PROPOSERS.get(name)
+    if target is None:
+        raise ValueError(f"unknown speculative proposer {name!r}; known: {proposer_names()}")
+    module_name, class_name = target.split(":")
+    proposer_class = getattr(importlib.import_module(module_name), class_name)
+    return proposer_class.from_config(config, **runtime)

@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 from engine.config import EngineConfig  # noqa: E402
 from engine.llm_engine import LLMEngine  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
-from engine.speculation.cost_model import OnlineLinearCostModel, StepFeatures  # noqa: E402
+from engine.speculation.control.cost_model import OnlineLinearCostModel, StepFeatures  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from spec_sweep import load_average, machine_description, write_section  # noqa: E402
@@ -86,7 +86,7 @@ def run_workload(engine: LLMEngine, prompts: list[list[int]], args: argparse.Nam
 def repeatability(engine: LLMEngine, repeats: int = 8) -> dict[str, float]:
     """The noise floor: the same synthetic step timed `repeats` times (three decode shapes,
     on the idle pool before the workload); |t - median| / median of its shape, pooled."""
-    from engine.speculation.profiler import DummyBatchRunner
+    from engine.speculation.control.profiler import DummyBatchRunner
 
     run_step = DummyBatchRunner(engine.runner, engine.scheduler.block_manager)
     deviations = []

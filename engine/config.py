@@ -119,7 +119,7 @@ class SpecConfig:
     spec_policy: str | None = None  # off | fixed:K | goodput; None: goodput if a proposer is set
     ngram_max: int = 4
     ngram_min: int = 1
-    # Added for the goodput policy's start-up profile (engine/speculation/profiler.py): seconds of
+    # Added for the goodput policy's start-up profile (engine/speculation/control/profiler.py): seconds of
     # synthetic steps that seed the step-time cost model (0 = no profile and no cache: learn
     # online), and the JSON file caching fits by (model, device, dtype, threads).
     spec_profile_seconds: float = 3.0

@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 
 from engine.config import EngineConfig
-from engine.model_runner import ModelRunner
+from engine.core.scheduler import Scheduler
 from engine.models.tokenizer import Tokenizer
-from engine.output_processor import OutputProcessor
+from engine.output.output_processor import OutputProcessor
 from engine.outputs import (
     Drafts,
     EngineStats,
@@ -25,10 +25,10 @@ from engine.outputs import (
     SchedulerOutput,
 )
 from engine.request import Request, RequestStatus, check_prompt, check_token_ids
+from engine.runner.model_runner import ModelRunner
+from engine.runner.step_isolation import describe, execute_isolating
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
 from engine.speculation.build import build_spec_driver
-from engine.step_isolation import describe, execute_isolating
 from engine.structured.grammar import GrammarCompiler
 
 logger = logging.getLogger(__name__)
@@ -124,7 +124,7 @@ class LLMEngine:
         return self._collect(changed, out)
 
     def _execute(self, sched: SchedulerOutput, drafts: Drafts) -> ModelOutput:
-        """Run the model; a failing request fails alone (engine/step_isolation.py)."""
+        """Run the model; a failing request fails alone (engine/runner/step_isolation.py)."""
         if sched.is_empty:
             return ModelOutput(outputs={})
         self._num_steps += 1

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from engine.request import Request
-    from engine.speculation.tree import DraftTree
+    from engine.sample.tree import DraftTree
 
 # request_id -> number of draft tokens (chains) or tree node budget (trees) for this step.
 SpecPlan = dict[str, int]

@@ -19,7 +19,7 @@ from fastapi import Request
 from jinja2 import TemplateError
 from pydantic import BaseModel, ValidationError
 
-from engine.async_engine import AsyncEngine, EngineDeadError, QueueFullError, RequestStream
+from engine.front.async_engine import AsyncEngine, EngineDeadError, QueueFullError, RequestStream
 from engine.request import check_prompt, check_token_ids
 from engine.sampling_params import SamplingParams
 from server.errors import APIError, bad_request, from_validation_errors, from_value_error

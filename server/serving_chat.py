@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from fastapi import Request
 from fastapi.responses import Response
 
-from engine.async_engine import RequestStream
+from engine.front.async_engine import RequestStream
 from engine.outputs import RequestOutput, SpecStats, TokenLogprobs
 from server.logprobs import chat_logprobs
 from server.protocol import ChatCompletionRequest

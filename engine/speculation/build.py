@@ -13,25 +13,25 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from engine.config import SpecConfig
-from engine.speculation.cost_model import OnlineLinearCostModel, StepCostModel
+from engine.speculation.control.cost_model import OnlineLinearCostModel, StepCostModel
+from engine.speculation.control.goodput import GoodputPolicy
+from engine.speculation.control.policy import FixedPolicy, OffPolicy, SpecPolicy
+from engine.speculation.control.profiler import seed_cost_model
+from engine.speculation.control.tree_shape import TreeShapeEstimator
 from engine.speculation.driver import SpecDriver, max_draft_tokens, speculates
-from engine.speculation.goodput import GoodputPolicy
-from engine.speculation.policy import FixedPolicy, OffPolicy, SpecPolicy
-from engine.speculation.profiler import seed_cost_model
-from engine.speculation.proposer import DRAFT_PROPOSER, Proposer
-from engine.speculation.proposer_set import ProposerSet
-from engine.speculation.tree_shape import TreeShapeEstimator
+from engine.speculation.proposers.proposer import DRAFT_PROPOSER, Proposer
+from engine.speculation.proposers.proposer_set import ProposerSet
 from kernels.graph_shapes import NO_GRAPHS, GraphShapes
 
 if TYPE_CHECKING:
-    from engine.model_runner import ModelRunner
-    from engine.scheduler import Scheduler
+    from engine.core.scheduler import Scheduler
+    from engine.runner.model_runner import ModelRunner
 
 # Proposer name -> "module:Class"; the class provides from_config(spec, **runtime).
 _PROPOSERS: dict[str, str] = {
-    "ngram": "engine.speculation.ngram:NgramProposer",
-    "recycle": "engine.speculation.recycle:RecycleProposer",
-    "draft": "engine.speculation.draft_model:DraftModelProposer",
+    "ngram": "engine.speculation.proposers.ngram:NgramProposer",
+    "recycle": "engine.speculation.proposers.recycle:RecycleProposer",
+    "draft": "engine.speculation.proposers.draft_model:DraftModelProposer",
 }
 _SPEC_HELP = "use 'off', 'fixed:K' with an integer K >= 0, or 'goodput'"
 

@@ -17,13 +17,13 @@ from collections.abc import Sequence
 from engine.config import SpecConfig
 from engine.outputs import Drafts, ModelOutput, ScheduledRequest, SchedulerOutput, SpecPlan
 from engine.request import Request, RequestStatus
-from engine.speculation.cost_model import OnlineLinearCostModel
-from engine.speculation.policy import SpecCandidate, SpecPolicy, SpecResult
-from engine.speculation.profiler import SeedReport
-from engine.speculation.proposer import DRAFT_PROPOSER, Proposer, ProposeRequest
+from engine.speculation.control.cost_model import OnlineLinearCostModel
+from engine.speculation.control.policy import SpecCandidate, SpecPolicy, SpecResult
+from engine.speculation.control.profiler import SeedReport
+from engine.speculation.control.step_features import StepFeatures
+from engine.speculation.control.tree_shape import TreeShapeEstimator, accepted_path
+from engine.speculation.proposers.proposer import DRAFT_PROPOSER, Proposer, ProposeRequest
 from engine.speculation.spec_totals import SpecTotals
-from engine.speculation.step_features import StepFeatures
-from engine.speculation.tree_shape import TreeShapeEstimator, accepted_path
 from kernels.graph_shapes import NO_GRAPHS, GraphShapes
 
 

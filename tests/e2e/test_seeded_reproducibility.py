@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from engine.config import EngineConfig
-from engine.llm import LLM
+from engine.front.llm import LLM
 from engine.sampling_params import SamplingParams
 from tests.e2e.test_spec_tiny import build_markov_leaning_llama
 

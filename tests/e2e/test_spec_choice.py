@@ -20,12 +20,16 @@ import pytest
 import torch
 
 from engine.config import EngineConfig
-from engine.llm import LLM
+from engine.front.llm import LLM
 from engine.sampling_params import SamplingParams
-from engine.speculation.goodput import GoodputPolicy
-from engine.speculation.proposer_set import ProposerSet
+from engine.speculation.control.goodput import GoodputPolicy
+from engine.speculation.proposers.proposer_set import ProposerSet
 from tests.e2e.test_spec_lossless import reference_run  # noqa: F401 (a fixture, slow test)
-from tests.engine.speculation.test_draft_model import ReferenceDraft, check_drafts, noisy_copy
+from tests.engine.speculation.proposers.test_draft_model import (
+    ReferenceDraft,
+    check_drafts,
+    noisy_copy,
+)
 
 NAMES = ("ngram", "recycle", "draft")
 _rng = random.Random(3)

@@ -8,7 +8,7 @@ import pytest
 from openai import OpenAI
 
 from engine.config import EngineConfig
-from engine.llm import LLM
+from engine.front.llm import LLM
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from tests.engine.speculation.test_driver import record_plans

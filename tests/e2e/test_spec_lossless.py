@@ -25,11 +25,11 @@ from pathlib import Path
 import pytest
 
 from engine.config import EngineConfig
-from engine.llm import LLM
+from engine.front.llm import LLM
 from engine.outputs import SpecPlan
 from engine.sampling_params import SamplingParams
-from engine.speculation.policy import SpecCandidate, SpecResult
-from engine.speculation.step_features import StepFeatures
+from engine.speculation.control.policy import SpecCandidate, SpecResult
+from engine.speculation.control.step_features import StepFeatures
 
 pytestmark = pytest.mark.slow
 

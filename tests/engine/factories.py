@@ -13,12 +13,12 @@ import zlib
 from collections import Counter
 from collections.abc import Callable, Sequence
 
-from engine.block_manager import BlockManager
 from engine.config import CacheConfig, SchedulerConfig
+from engine.core.block_manager import BlockManager
+from engine.core.scheduler import Scheduler, _Step
 from engine.outputs import ModelOutput, RequestStepOutput, SchedulerOutput, SpecPlan
 from engine.request import Request
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler, _Step
 
 
 def make_requests(

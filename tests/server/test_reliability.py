@@ -11,7 +11,7 @@ import threading
 import httpx
 import pytest
 
-from engine.async_engine import AsyncEngine
+from engine.front.async_engine import AsyncEngine
 from server.app import build_app
 from server.serving import ServerSettings
 from tests.server.fake_engine import FakeEngine

@@ -11,10 +11,10 @@ import dataclasses
 import pytest
 
 from engine.config import EngineConfig
-from engine.llm import LLM
+from engine.front.llm import LLM
 from engine.outputs import EngineStats
 from engine.sampling_params import SamplingParams
-from engine.speculation.goodput import GoodputPolicy
+from engine.speculation.control.goodput import GoodputPolicy
 
 GREEDY = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
 # Repeated motifs give the n-gram proposer something to match, so some drafts are accepted

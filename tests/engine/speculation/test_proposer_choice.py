@@ -11,13 +11,13 @@ import pytest
 
 from engine.config import SpecConfig
 from engine.outputs import Drafts
-from engine.speculation.acceptance import expected_emitted
-from engine.speculation.goodput import GoodputPolicy
-from engine.speculation.policy import SpecCandidate, SpecResult
-from engine.speculation.proposer import ProposeRequest
-from engine.speculation.proposer_set import ProposerSet
-from engine.speculation.search import SearchProblem, SearchSlot, best_lengths
-from tests.engine.speculation.test_goodput import LinearCost, decode_base
+from engine.speculation.control.acceptance import expected_emitted
+from engine.speculation.control.goodput import GoodputPolicy
+from engine.speculation.control.policy import SpecCandidate, SpecResult
+from engine.speculation.control.search import SearchProblem, SearchSlot, best_lengths
+from engine.speculation.proposers.proposer import ProposeRequest
+from engine.speculation.proposers.proposer_set import ProposerSet
+from tests.engine.speculation.control.test_goodput import LinearCost, decode_base
 
 NAMES = ("ngram", "recycle", "draft")
 

@@ -1,0 +1,101 @@
+"""Speculation-length policies: how many draft tokens (or tree nodes) each request gets this step.
+
+The engine calls `plan` before scheduling, with the running requests that have caught up
+(decoding) and could speculate, and `observe` after verification with what was accepted and
+how long the step took. A request missing from the plan (or planned 0) does not speculate;
+an empty plan means the engine runs no proposer at all this step.
+
+Policies: `off`, `fixed:K` (here) and `goodput` (engine/speculation/control/goodput.py);
+engine/speculation/build.py parses the `--spec-policy` string.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from engine.outputs import SpecPlan
+from engine.speculation.control.step_features import StepFeatures
+
+
+@dataclass(frozen=True)
+class SpecCandidate:
+    """One running, caught-up request that could speculate this step."""
+
+    request_id: str
+    context_len: int  # tokens already in the KV cache
+    max_draft_tokens: int  # cap from the remaining output tokens, the context length and the config
+
+
+@dataclass(frozen=True)
+class SpecResult:
+    """One request's verification outcome."""
+
+    request_id: str
+    num_draft_tokens: int  # drafts verified (tree: nodes)
+    num_accepted_tokens: int  # drafts accepted (tree: length of the accepted path)
+    proposer: str = ""  # the proposer that drafted them (proposer choice; "" = the only one)
+
+
+class SpecPolicy(Protocol):
+    # For metrics: the cost model's step time for the last plan (None without a model).
+    last_predicted_step_time: float | None
+
+    def plan(self, candidates: Sequence[SpecCandidate], base: StepFeatures) -> SpecPlan: ...
+
+    def observe(
+        self, results: Sequence[SpecResult], features: StepFeatures, step_seconds: float
+    ) -> None: ...
+
+    def release(self, request_id: str) -> None: ...
+
+    def chosen_proposers(self) -> dict[str, str]:
+        """request_id -> proposer for the last plan; {} when there is one proposer."""
+        ...
+
+
+class OffPolicy:
+    """Never speculate."""
+
+    last_predicted_step_time: float | None = None
+
+    def plan(self, candidates: Sequence[SpecCandidate], base: StepFeatures) -> SpecPlan:
+        return {}
+
+    def observe(
+        self, results: Sequence[SpecResult], features: StepFeatures, step_seconds: float
+    ) -> None:
+        return None
+
+    def release(self, request_id: str) -> None:
+        return None
+
+    def chosen_proposers(self) -> dict[str, str]:
+        return {}
+
+
+class FixedPolicy:
+    """The same k for every candidate (capped by the candidate's max_draft_tokens): classic speculation."""
+
+    last_predicted_step_time: float | None = None
+
+    def __init__(self, k: int) -> None:
+        if k < 0:
+            raise ValueError(f"fixed speculation length must be >= 0, got {k}")
+        self.k = k
+
+    def plan(self, candidates: Sequence[SpecCandidate], base: StepFeatures) -> SpecPlan:
+        ks = (min(self.k, c.max_draft_tokens) for c in candidates)
+        return {c.request_id: k for c, k in zip(candidates, ks) if k > 0}
+
+    def observe(
+        self, results: Sequence[SpecResult], features: StepFeatures, step_seconds: float
+    ) -> None:
+        return None
+
+    def release(self, request_id: str) -> None:
+        return None
+
+    def chosen_proposers(self) -> dict[str, str]:
+        return {}

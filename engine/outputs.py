@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from engine.request import Request
-    from engine.sample.tree import DraftTree
 
 # request_id -> number of draft tokens (chains) or tree node budget (trees) for this step.
 SpecPlan = dict[str, int]
@@ -68,6 +67,34 @@ class SchedulerOutput:
     @property
     def is_empty(self) -> bool:
         return not self.scheduled
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    """Drafts as a tree over the request's last verified token (the root): nodes in
+    topological order (parent_ids[i] < i; None: a child of the root), rows ordered [root,
+    node 0, node 1, ...]. Its geometry is engine/sample/tree.py."""
+
+    token_ids: tuple[int, ...]
+    parent_ids: tuple[int | None, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.token_ids) != len(self.parent_ids):
+            raise ValueError("token_ids and parent_ids must have the same length")
+        for i, parent in enumerate(self.parent_ids):
+            if parent is not None and not 0 <= parent < i:
+                raise ValueError(f"node {i}: parent {parent} must precede it")
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.token_ids)
+
+    def depths(self) -> list[int]:
+        """Depth of each node; children of the root have depth 1."""
+        depths: list[int] = []
+        for parent in self.parent_ids:
+            depths.append(1 if parent is None else depths[parent] + 1)
+        return depths
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from engine.outputs import Drafts, ScheduledRequest, SchedulerOutput
-from engine.sample.tree import DraftTree, tree_positions, visible_rows
+from engine.outputs import Drafts, DraftTree, ScheduledRequest, SchedulerOutput
+from engine.request import Request
+from engine.sample.tree import tree_positions, visible_rows
 from kernels.attention import AttentionMetadata
 
 
@@ -34,6 +35,10 @@ class RequestRows:
     num_real: int
     logit_rows: tuple[int, ...]  # indices into the logits tensor: [root, drafts...] when sampling
     prompt_logit_rows: tuple[int, ...]  # indices into the logits tensor for prompt logprobs
+
+    @property
+    def request(self) -> Request:
+        return self.scheduled.request
 
 
 @dataclass(frozen=True)

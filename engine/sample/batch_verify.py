@@ -2,7 +2,8 @@
 
 Every request whose chunk reaches its last known token owns consecutive sample rows in the
 step's logits: [root] when it decodes plainly (a chain of zero drafts), [root, drafts...] for
-a chain, [root, nodes...] for a tree (engine/runner/input_batch.py lays them out). In one pass:
+a chain, [root, nodes...] for a tree (the runner lays them out: RequestRows in
+engine/runner/input_batch.py is one SampleRows). In one pass:
   1. each row's distribution p: Sampler.process over all rows at once, every row with its own
      penalty history (the drafts before it on its path, so p is exactly what the request would
      sample from at that position);
@@ -18,18 +19,35 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
 
+from engine.outputs import DraftTree
 from engine.request import Request
-from engine.runner.input_batch import RequestRows
 from engine.sample.rng import uniforms
 from engine.sample.sampler import Sampler, SamplingRow
 from engine.sample.tree import path_to
 from engine.sample.verify import VerifyResult, verify_chain, verify_tree
 
 logger = logging.getLogger(__name__)
+
+
+class SampleRows(Protocol):
+    """One request's sample rows in the step's logits."""
+
+    @property
+    def request(self) -> Request: ...
+
+    @property
+    def draft_token_ids(self) -> tuple[int, ...]: ...  # chain tokens or tree nodes, row order
+
+    @property
+    def tree(self) -> DraftTree | None: ...
+
+    @property
+    def logit_rows(self) -> tuple[int, ...]: ...  # [root, drafts...]; empty: no sampling
 
 
 @dataclass(frozen=True)
@@ -62,7 +80,7 @@ def sampling_row(request: Request, extra_output: Sequence[int] = ()) -> Sampling
     )
 
 
-def _histories(rows: RequestRows) -> list[list[int]]:
+def _histories(rows: SampleRows) -> list[list[int]]:
     """The draft tokens before each of the request's rows, on that row's path."""
     if rows.tree is None:
         drafts = list(rows.draft_token_ids)
@@ -73,7 +91,7 @@ def _histories(rows: RequestRows) -> list[list[int]]:
     ]
 
 
-def _depths(rows: RequestRows) -> list[int]:
+def _depths(rows: SampleRows) -> list[int]:
     """How far past the root's successor each row predicts: 0 for the root row."""
     if rows.tree is None:
         return list(range(len(rows.draft_token_ids) + 1))
@@ -86,7 +104,7 @@ class BatchVerifier:
 
     @torch.inference_mode()
     def verify(
-        self, requests: Sequence[RequestRows], logits: torch.Tensor, target_topk: int = 0
+        self, requests: Sequence[SampleRows], logits: torch.Tensor, target_topk: int = 0
     ) -> dict[str, Verified]:
         """logits [num_logit_rows, vocab] f32 of the step; requests without sample rows
         are skipped. target_topk > 0: also report the target's top ids per emitted token."""
@@ -116,17 +134,17 @@ class BatchVerifier:
         for rows in sampling:
             span = slice(first, first + len(rows.logit_rows))
             row_error = _row_error(host[span], valid[span], step_logits.shape[-1])
-            results[rows.scheduled.request_id] = self._accept_or_fail(
+            results[rows.request.request_id] = self._accept_or_fail(
                 rows, host[span], topk[span], row_error
             )
             first = span.stop
         return results
 
     def _accept_or_fail(
-        self, rows: RequestRows, targets: list[int], topk, row_error: str | None = None
+        self, rows: SampleRows, targets: list[int], topk, row_error: str | None = None
     ) -> Verified:
         """One request's outcome; its own bad rows or host-side failure fail only it."""
-        request_id = rows.scheduled.request_id
+        request_id = rows.request.request_id
         # Failures are logged once, by whoever reports the request (the server, per request).
         if row_error is not None:
             logger.debug("request %s failed in sampling: %s", request_id, row_error)
@@ -138,28 +156,26 @@ class BatchVerifier:
             return Verified((), 0, 0, (), (), error=f"{type(exc).__name__}: {exc}")
 
     @staticmethod
-    def _sampling_rows(sampling: Sequence[RequestRows]) -> list[SamplingRow]:
+    def _sampling_rows(sampling: Sequence[SampleRows]) -> list[SamplingRow]:
         return [
-            sampling_row(rows.scheduled.request, history)
-            for rows in sampling
-            for history in _histories(rows)
+            sampling_row(rows.request, history) for rows in sampling for history in _histories(rows)
         ]
 
     @staticmethod
-    def _uniforms(sampling: Sequence[RequestRows], device: torch.device) -> torch.Tensor | None:
+    def _uniforms(sampling: Sequence[SampleRows], device: torch.device) -> torch.Tensor | None:
         """u(seed, predicted position) per row of sampled requests; None when all are greedy."""
-        if all(rows.scheduled.request.sampling_params.greedy for rows in sampling):
+        if all(rows.request.sampling_params.greedy for rows in sampling):
             return None
         seeds, positions = [], []
         for rows in sampling:
-            request = rows.scheduled.request
+            request = rows.request
             for depth in _depths(rows):
                 seeds.append(request.seed or 0)
                 positions.append(request.num_tokens + depth)
         return torch.from_numpy(uniforms(seeds, positions)).to(device)
 
     @staticmethod
-    def _accept(rows: RequestRows, targets: list[int], topk: list[list[int]]) -> Verified:
+    def _accept(rows: SampleRows, targets: list[int], topk: list[list[int]]) -> Verified:
         drafts = rows.draft_token_ids
         result: VerifyResult = (
             verify_tree(rows.tree, targets) if rows.tree else verify_chain(targets, drafts)
@@ -179,11 +195,11 @@ class BatchVerifier:
         )
 
 
-def _grammar_masks(sampling: Sequence[RequestRows], device: torch.device) -> torch.Tensor | None:
+def _grammar_masks(sampling: Sequence[SampleRows], device: torch.device) -> torch.Tensor | None:
     """int32 [num_rows, words]: each grammar request's rows masked by its grammar after the
     drafts before them (engine/structured/matcher.py); other rows allow everything. None when
     no request has a grammar."""
-    grammars = [rows.scheduled.request.grammar for rows in sampling]
+    grammars = [rows.request.grammar for rows in sampling]
     if all(g is None for g in grammars):
         return None
     num_words = next(g.num_words for g in grammars if g is not None)

@@ -1,4 +1,5 @@
-"""DraftTree: a speculation tree over the request's last verified token (the root).
+"""Geometry of a DraftTree (engine/outputs.py): ancestors, paths, children, positions, the rows
+each row sees. A tree hangs off the request's last verified token (the root).
 
 Nodes are in topological order: parent_ids[i] < i, and parent_ids[i] is None for children of
 the root. With prefix_len verified tokens the root sits at position prefix_len - 1 and node i
@@ -7,37 +8,12 @@ at prefix_len - 1 + depth(i) (children of the root have depth 1).
 Rows over a tree (target logits, attention mask, positions) are ordered [root, node 0, node 1,
 ...]: row 0 is the root, row i + 1 is node i. Siblings keep their order: the sampled tree
 verifier tries a node's children in index order. This module stays pure Python (proposers
-import it); the torch attention mask is built in engine.runner.input_batch from visible_rows.
+use it too); the torch attention mask is built in engine/runner/input_batch.py from visible_rows.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-
-
-@dataclass(frozen=True)
-class DraftTree:
-    token_ids: tuple[int, ...]
-    parent_ids: tuple[int | None, ...]
-
-    def __post_init__(self) -> None:
-        if len(self.token_ids) != len(self.parent_ids):
-            raise ValueError("token_ids and parent_ids must have the same length")
-        for i, parent in enumerate(self.parent_ids):
-            if parent is not None and not 0 <= parent < i:
-                raise ValueError(f"node {i}: parent {parent} must precede it")
-
-    @property
-    def num_nodes(self) -> int:
-        return len(self.token_ids)
-
-    def depths(self) -> list[int]:
-        """Depth of each node; children of the root have depth 1."""
-        depths: list[int] = []
-        for parent in self.parent_ids:
-            depths.append(1 if parent is None else depths[parent] + 1)
-        return depths
+from engine.outputs import DraftTree
 
 
 def ancestors(tree: DraftTree, node: int) -> list[int]:
@@ -81,36 +57,3 @@ def visible_rows(tree: DraftTree) -> list[list[int]]:
     for node, parent in enumerate(tree.parent_ids):
         rows.append(rows[0 if parent is None else parent + 1] + [node + 1])
     return rows
-
-
-def trie_of(continuations: Sequence[Sequence[int]], num_nodes: int) -> DraftTree:
-    """A trie of the continuations (shared prefixes stored once) with at most num_nodes nodes.
-
-    Budget split, best candidate first: in a first pass candidate i may add up to
-    max(1, num_nodes >> (i + 1)) new nodes (half the budget for the best, a quarter for the
-    next, ...); a second pass spends what is left extending candidates in the same order.
-    Nodes are created parent-first, so creation order is topological.
-    """
-    token_ids: list[int] = []
-    parent_ids: list[int | None] = []
-    children: dict[tuple[int | None, int], int] = {}  # (parent node, token) -> node
-
-    def insert(continuation: Sequence[int], max_new_nodes: int) -> None:
-        parent: int | None = None
-        for token_id in continuation:
-            node = children.get((parent, token_id))
-            if node is None:
-                if max_new_nodes == 0 or len(token_ids) >= num_nodes:
-                    return
-                node = len(token_ids)
-                children[(parent, token_id)] = node
-                token_ids.append(token_id)
-                parent_ids.append(parent)
-                max_new_nodes -= 1
-            parent = node
-
-    for i, continuation in enumerate(continuations):
-        insert(continuation, max(1, num_nodes >> (i + 1)))
-    for continuation in continuations:
-        insert(continuation, num_nodes)
-    return DraftTree(token_ids=tuple(token_ids), parent_ids=tuple(parent_ids))

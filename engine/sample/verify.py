@@ -29,7 +29,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from engine.sample.tree import DraftTree, path_to
+from engine.outputs import DraftTree
+from engine.sample.tree import path_to
 
 
 @dataclass(frozen=True)

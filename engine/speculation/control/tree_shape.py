@@ -17,47 +17,15 @@ from a prior (the static prior of the Token Recycling paper's imbalanced tree).
 
 from __future__ import annotations
 
-import heapq
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
-from engine.sample.tree import DraftTree, children
+from engine.outputs import DraftTree
+from engine.sample.tree import children
+from engine.speculation.proposers.tree_builders import MAX_RANK, TemplateNode, best_first_template
 
 MAX_DEPTH = 16
-MAX_RANK = 8
 PRIOR = (0.5, 0.16, 0.08, 0.05, 0.035, 0.025, 0.02, 0.015)  # p(., r) before any evidence
 PRIOR_WEIGHT = 4.0  # pseudo-trials per (depth, rank)
-
-TemplateNode = tuple[int | None, int]  # (parent template slot, or None for the root; rank)
-
-
-def best_first_template(
-    probability: Callable[[int, int], float], num_nodes: int
-) -> tuple[list[TemplateNode], list[float]]:
-    """The num_nodes best nodes by path probability, best first, and their probabilities.
-
-    Best-first enumeration: popping a node offers each rank of its children. A child never
-    scores above its parent (probability <= 1), so the order is topological.
-    """
-    heap: list[tuple[float, int, int | None, int, int]] = []
-    pushed = 0  # tie-breaker: earlier pushes win, keeping the enumeration deterministic
-
-    def offer(parent: int | None, depth: int, parent_score: float) -> None:
-        nonlocal pushed
-        for rank in range(MAX_RANK):
-            score = parent_score * probability(depth, rank)
-            if score > 0.0:
-                heapq.heappush(heap, (-score, pushed, parent, rank, depth))
-                pushed += 1
-
-    template: list[TemplateNode] = []
-    scores: list[float] = []
-    offer(None, 1, 1.0)
-    while heap and len(template) < num_nodes:
-        negative, _, parent, rank, depth = heapq.heappop(heap)
-        template.append((parent, rank))
-        scores.append(-negative)
-        offer(len(template) - 1, depth + 1, -negative)
-    return template, scores
 
 
 class TreeShapeEstimator:
@@ -99,33 +67,6 @@ class TreeShapeEstimator:
         d = depth - 1
         self._trials[d][rank] = self.decay * self._trials[d][rank] + 1.0
         self._successes[d][rank] = self.decay * self._successes[d][rank] + float(success)
-
-
-def fill_template(
-    candidates: DraftTree, template: Sequence[TemplateNode], num_nodes: int
-) -> DraftTree:
-    """The template's nodes that `candidates` (a trie of every candidate, siblings in rank
-    order) holds, at most num_nodes, parents first: template slot (parent, r) takes the
-    r-th child of the node that filled the parent slot; a slot with no such child (or whose
-    parent was not filled) stays empty."""
-    _, node_children = children(candidates)
-    root_children = children(candidates)[0]
-    filled: dict[int, int] = {}  # template slot -> node of `candidates`
-    for slot, (parent_slot, rank) in enumerate(template):
-        if len(filled) >= num_nodes:
-            break
-        if parent_slot is not None and parent_slot not in filled:
-            continue
-        offered = root_children if parent_slot is None else node_children[filled[parent_slot]]
-        if rank < len(offered):
-            filled[slot] = offered[rank]
-    kept = sorted(filled.values())  # candidate order is topological: parents first
-    index = {node: i for i, node in enumerate(kept)}
-    parents = [candidates.parent_ids[node] for node in kept]
-    return DraftTree(
-        tuple(candidates.token_ids[node] for node in kept),
-        tuple(None if parent is None else index[parent] for parent in parents),
-    )
 
 
 def accepted_path(tree: DraftTree, token_ids: Sequence[int]) -> list[int]:

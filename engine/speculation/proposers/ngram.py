@@ -17,10 +17,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from engine.config import SpecConfig
-from engine.outputs import Drafts
-from engine.sample.tree import DraftTree, trie_of
-from engine.speculation.control.tree_shape import TemplateNode, fill_template
+from engine.outputs import Drafts, DraftTree
 from engine.speculation.proposers.proposer import ProposeRequest, collect_drafts
+from engine.speculation.proposers.tree_builders import TemplateNode, fill_template, trie_of
 
 MAX_TREE_CANDIDATES = 8  # distinct match positions merged into one tree
 

@@ -14,8 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from engine.outputs import Drafts
-    from engine.sample.tree import DraftTree
+    from engine.outputs import Drafts, DraftTree
     from engine.sampling_params import SamplingParams
 
 

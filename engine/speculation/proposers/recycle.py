@@ -22,10 +22,9 @@ from typing import Any
 import numpy as np
 
 from engine.config import SpecConfig
-from engine.outputs import Drafts
-from engine.sample.tree import DraftTree
-from engine.speculation.control.tree_shape import TemplateNode, best_first_template
+from engine.outputs import Drafts, DraftTree
 from engine.speculation.proposers.proposer import ProposeRequest, collect_drafts
+from engine.speculation.proposers.tree_builders import TemplateNode, best_first_template
 
 NUM_CANDIDATES = 8
 # Static guess of P(rank-r candidate is accepted | parent accepted); only the order matters much.

@@ -1,4 +1,9 @@
-"""TreeBuilder: best-first growth of one request's draft tree under a node budget. Pure Python.
+"""How proposers build DraftTrees (engine/outputs.py). Pure Python.
+
+trie_of: a trie of candidate continuations (n-gram) under a node budget. Templates: (parent
+slot, rank) nodes best first by path probability (best_first_template), filled from a proposer's
+ranked candidates (fill_template; engine/speculation/control/tree_shape.py learns the
+probabilities). TreeBuilder: best-first growth of one request's tree by draft probability:
 
 A node's score is its cumulative draft probability, the product of the draft's probabilities
 along the path from the root. Each `pop` adds the best-scoring frontier candidate (a child of
@@ -15,9 +20,14 @@ last node added is never expanded.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from engine.sample.tree import DraftTree
+from engine.outputs import DraftTree
+from engine.sample.tree import children
+
+MAX_RANK = 8  # candidates offered per node of a template
+
+TemplateNode = tuple[int | None, int]  # (parent template slot, or None for the root; rank)
 
 
 class TreeBuilder:
@@ -69,3 +79,93 @@ class TreeBuilder:
 
     def tree(self) -> DraftTree:
         return DraftTree(tuple(self.token_ids), tuple(self.parent_ids))
+
+
+def trie_of(continuations: Sequence[Sequence[int]], num_nodes: int) -> DraftTree:
+    """A trie of the continuations (shared prefixes stored once) with at most num_nodes nodes.
+
+    Budget split, best candidate first: in a first pass candidate i may add up to
+    max(1, num_nodes >> (i + 1)) new nodes (half the budget for the best, a quarter for the
+    next, ...); a second pass spends what is left extending candidates in the same order.
+    Nodes are created parent-first, so creation order is topological.
+    """
+    token_ids: list[int] = []
+    parent_ids: list[int | None] = []
+    children: dict[tuple[int | None, int], int] = {}  # (parent node, token) -> node
+
+    def insert(continuation: Sequence[int], max_new_nodes: int) -> None:
+        parent: int | None = None
+        for token_id in continuation:
+            node = children.get((parent, token_id))
+            if node is None:
+                if max_new_nodes == 0 or len(token_ids) >= num_nodes:
+                    return
+                node = len(token_ids)
+                children[(parent, token_id)] = node
+                token_ids.append(token_id)
+                parent_ids.append(parent)
+                max_new_nodes -= 1
+            parent = node
+
+    for i, continuation in enumerate(continuations):
+        insert(continuation, max(1, num_nodes >> (i + 1)))
+    for continuation in continuations:
+        insert(continuation, num_nodes)
+    return DraftTree(token_ids=tuple(token_ids), parent_ids=tuple(parent_ids))
+
+
+def best_first_template(
+    probability: Callable[[int, int], float], num_nodes: int
+) -> tuple[list[TemplateNode], list[float]]:
+    """The num_nodes best nodes by path probability, best first, and their probabilities.
+
+    Best-first enumeration: popping a node offers each rank of its children. A child never
+    scores above its parent (probability <= 1), so the order is topological.
+    """
+    heap: list[tuple[float, int, int | None, int, int]] = []
+    pushed = 0  # tie-breaker: earlier pushes win, keeping the enumeration deterministic
+
+    def offer(parent: int | None, depth: int, parent_score: float) -> None:
+        nonlocal pushed
+        for rank in range(MAX_RANK):
+            score = parent_score * probability(depth, rank)
+            if score > 0.0:
+                heapq.heappush(heap, (-score, pushed, parent, rank, depth))
+                pushed += 1
+
+    template: list[TemplateNode] = []
+    scores: list[float] = []
+    offer(None, 1, 1.0)
+    while heap and len(template) < num_nodes:
+        negative, _, parent, rank, depth = heapq.heappop(heap)
+        template.append((parent, rank))
+        scores.append(-negative)
+        offer(len(template) - 1, depth + 1, -negative)
+    return template, scores
+
+
+def fill_template(
+    candidates: DraftTree, template: Sequence[TemplateNode], num_nodes: int
+) -> DraftTree:
+    """The template's nodes that `candidates` (a trie of every candidate, siblings in rank
+    order) holds, at most num_nodes, parents first: template slot (parent, r) takes the
+    r-th child of the node that filled the parent slot; a slot with no such child (or whose
+    parent was not filled) stays empty."""
+    _, node_children = children(candidates)
+    root_children = children(candidates)[0]
+    filled: dict[int, int] = {}  # template slot -> node of `candidates`
+    for slot, (parent_slot, rank) in enumerate(template):
+        if len(filled) >= num_nodes:
+            break
+        if parent_slot is not None and parent_slot not in filled:
+            continue
+        offered = root_children if parent_slot is None else node_children[filled[parent_slot]]
+        if rank < len(offered):
+            filled[slot] = offered[rank]
+    kept = sorted(filled.values())  # candidate order is topological: parents first
+    index = {node: i for i, node in enumerate(kept)}
+    parents = [candidates.parent_ids[node] for node in kept]
+    return DraftTree(
+        tuple(candidates.token_ids[node] for node in kept),
+        tuple(None if parent is None else index[parent] for parent in parents),
+    )

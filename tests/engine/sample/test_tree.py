@@ -5,16 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from engine.outputs import DraftTree
 from engine.runner.input_batch import tree_attention_mask as input_tree_mask
-from engine.sample.tree import (
-    DraftTree,
-    ancestors,
-    children,
-    path_to,
-    tree_positions,
-    trie_of,
-    visible_rows,
-)
+from engine.sample.tree import ancestors, children, path_to, tree_positions, visible_rows
+from engine.speculation.proposers.tree_builders import trie_of
 
 
 def tree_attention_mask(tree: DraftTree) -> torch.Tensor:

@@ -6,13 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.outputs import ScheduledRequest
+from engine.outputs import DraftTree, ScheduledRequest
 from engine.request import Request
 from engine.runner.input_batch import RequestRows
 from engine.sample.batch_verify import BatchVerifier
 from engine.sample.rng import uniforms
 from engine.sample.sampler import Sampler
-from engine.sample.tree import DraftTree
 from engine.sample.verify import VerifyResult, verify_chain, verify_tree
 from engine.sampling_params import SamplingParams
 from kernels.sampling import inverse_cdf

@@ -20,12 +20,11 @@ import pytest
 import torch
 
 import engine.sample.batch_verify as batch_verify
-from engine.outputs import ScheduledRequest
+from engine.outputs import DraftTree, ScheduledRequest
 from engine.request import Request
 from engine.runner.input_batch import RequestRows
 from engine.sample.rng import uniforms
 from engine.sample.sampler import Sampler
-from engine.sample.tree import DraftTree
 from engine.sample.verify import VerifyResult, verify_chain
 from engine.sampling_params import SamplingParams
 from kernels.sampling import inverse_cdf, sample_from_probs

@@ -4,14 +4,9 @@ a verified tree's emitted tokens walked."""
 
 from __future__ import annotations
 
-from engine.sample.tree import DraftTree, trie_of
-from engine.speculation.control.tree_shape import (
-    PRIOR,
-    TreeShapeEstimator,
-    accepted_path,
-    best_first_template,
-    fill_template,
-)
+from engine.outputs import DraftTree
+from engine.speculation.control.tree_shape import PRIOR, TreeShapeEstimator, accepted_path
+from engine.speculation.proposers.tree_builders import best_first_template, fill_template, trie_of
 
 
 def test_template_is_best_first_topological_and_wider_near_the_root():

@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from engine.sample.tree import trie_of
 from engine.speculation.proposers.ngram import NgramIndex, NgramProposer
 from engine.speculation.proposers.proposer import ProposeRequest
+from engine.speculation.proposers.tree_builders import trie_of
 
 
 def chain(proposer: NgramProposer, token_ids: list[int], k: int, request_id: str = "r") -> list:

@@ -27,6 +27,7 @@ from engine.outputs import (
 from engine.request import Request, RequestStatus, check_prompt, check_token_ids
 from engine.runner.model_runner import ModelRunner
 from engine.runner.step_isolation import describe, execute_isolating
+from engine.runner.step_timer import StepTimer
 from engine.sampling_params import SamplingParams
 from engine.speculation.build import build_spec_driver
 from engine.structured.grammar import GrammarCompiler
@@ -48,7 +49,8 @@ class LLMEngine:
         )
         self.eos_token_ids = _eos_ids(runner.arch, tokenizer)
         self.scheduler = Scheduler(config.scheduler, config.cache, runner.num_blocks)
-        self.spec = build_spec_driver(config.spec, runner, self.scheduler)
+        timer = StepTimer(runner, self.scheduler.block_manager, seed=config.model.seed)
+        self.spec = build_spec_driver(config.spec, runner, config.scheduler, timer)
         self.outputs = OutputProcessor(tokenizer, self.spec.proposer_name)
         self.grammars = GrammarCompiler(tokenizer, self.vocab_size, self.eos_token_ids)
         self._groups: dict[str, list[str]] = {}

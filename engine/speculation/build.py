@@ -1,7 +1,7 @@
 """Where speculation is put together: the one place that names every proposer and policy.
 
-`build_spec_driver` is the engine's entry (the runner and the scheduler are needed once: the
-proposer is built for the target, the cost model seeded by a start-up profile);
+`build_spec_driver` is the engine's entry (the target's runner is needed once, to build the
+proposer for it; its step timer seeds the cost model with a start-up profile);
 `make_spec_driver`, `make_policy` and `make_proposer` are its parts, for tests and tools.
 Proposer modules are imported by name, so choosing `ngram` never imports the draft model's
 torch stack.
@@ -10,22 +10,18 @@ torch stack.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from engine.config import SpecConfig
+from engine.config import SchedulerConfig, SpecConfig
 from engine.speculation.control.cost_model import OnlineLinearCostModel, StepCostModel
 from engine.speculation.control.goodput import GoodputPolicy
 from engine.speculation.control.policy import FixedPolicy, OffPolicy, SpecPolicy
-from engine.speculation.control.profiler import seed_cost_model
+from engine.speculation.control.profiler import DraftPasses, StepTimer, seed_cost_model
 from engine.speculation.control.tree_shape import TreeShapeEstimator
 from engine.speculation.driver import SpecDriver, max_draft_tokens, speculates
 from engine.speculation.proposers.proposer import DRAFT_PROPOSER, Proposer
 from engine.speculation.proposers.proposer_set import ProposerSet
 from kernels.graph_shapes import NO_GRAPHS, GraphShapes
-
-if TYPE_CHECKING:
-    from engine.core.scheduler import Scheduler
-    from engine.runner.model_runner import ModelRunner
 
 # Proposer name -> "module:Class"; the class provides from_config(spec, **runtime).
 _PROPOSERS: dict[str, str] = {
@@ -36,27 +32,34 @@ _PROPOSERS: dict[str, str] = {
 _SPEC_HELP = "use 'off', 'fixed:K' with an integer K >= 0, or 'goodput'"
 
 
-def build_spec_driver(config: SpecConfig, runner: ModelRunner, scheduler: Scheduler) -> SpecDriver:
-    """The proposer built for the target, the cost model seeded (goodput only)."""
-    proposer = make_proposer(config, vocab_size=runner.arch.vocab_size, runner=runner)
-    graphs = getattr(runner, "graph_shapes", NO_GRAPHS)
-    limits = scheduler.config
+def build_spec_driver(
+    config: SpecConfig, target: Any, limits: SchedulerConfig, timer: StepTimer
+) -> SpecDriver:
+    """The proposer built for `target` (the engine's ModelRunner: a draft model mirrors its KV
+    layout), the cost model seeded by `timer`'s synthetic steps (goodput only)."""
+    proposer = make_proposer(config, vocab_size=target.arch.vocab_size, runner=target)
+    graphs = getattr(target, "graph_shapes", NO_GRAPHS)
     driver = make_spec_driver(
         config, proposer, limits.max_num_batched_tokens, limits.max_num_seqs, graphs
     )
     if driver.enabled and isinstance(driver.policy, GoodputPolicy):
-        # Before any request exists, as the profiler's safety invariant requires.
+        # Before any request exists, as the timer's safety invariant requires.
         driver.seed_report = seed_cost_model(
             driver.cost_model,
-            runner,
-            scheduler.block_manager,
+            timer,
             config,
-            scheduler.config,
+            limits,
             driver.max_draft_tokens,
-            draft_runner=getattr(proposer, "runner", None),
+            draft_passes=_draft_passes(proposer),
             graphs=driver.graphs,
         )
     return driver
+
+
+def _draft_passes(proposer: Proposer | None) -> DraftPasses | None:
+    """The draft model's pass timer, when a draft model is among the proposers."""
+    members = proposer.proposers.values() if isinstance(proposer, ProposerSet) else (proposer,)
+    return next((p.time_passes for p in members if p and p.name == DRAFT_PROPOSER), None)
 
 
 def make_spec_driver(

@@ -37,14 +37,14 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from engine.config import SpecConfig
-from engine.outputs import Drafts
+from engine.outputs import Drafts, ScheduledRequest
 from engine.sample.batch_verify import sampling_row
 from engine.sample.rng import uniforms
 from engine.sample.sampler import Sampler, SamplingRow
@@ -117,6 +117,37 @@ class DraftModelProposer:
 
     def release(self, request_id: str) -> None:
         self._states.pop(request_id, None)
+
+    # ---- the start-up profile --------------------------------------------------------------
+    def time_passes(
+        self,
+        scheduled: Sequence[ScheduledRequest],
+        num_passes: int,
+        random_tokens: Callable[[int], list[int]],
+    ) -> float:
+        """Seconds of `num_passes` batched single-token passes over the scheduled requests'
+        draft slots, as chains are drafted, synced as propose() is: the draft model's share
+        of a synthetic step (engine/runner/step_timer.py; it writes only those slots)."""
+        # (first draft slot's position, drafts, block ids) of each drafting request
+        drafting = [
+            (
+                s.start + s.num_new_tokens - s.num_draft_tokens,
+                s.num_draft_tokens,
+                s.request.block_ids,
+            )
+            for s in scheduled
+            if s.num_draft_tokens > 0
+        ]
+        start = time.perf_counter()
+        for j in range(num_passes):
+            queries = [
+                DraftQuery(random_tokens(1), first + j, block_ids)
+                for first, num_drafts, block_ids in drafting
+                if j < num_drafts
+            ]
+            if queries:
+                self.runner.logits(queries).sum().item()
+        return time.perf_counter() - start
 
     # ---- chains --------------------------------------------------------------------------
     def _propose_chains(self, asks: list[ProposeRequest], drafts: Drafts) -> None:

@@ -32,11 +32,6 @@ class ProposerSet:
         self.seconds_per_request: dict[str, float] = {}  # model-free proposers only
         self.free_seconds = 0.0  # model-free proposing time of the last propose()
 
-    @property
-    def runner(self) -> object | None:
-        """The draft model's runner, when one of the proposers is a draft model."""
-        return getattr(self.proposers.get(DRAFT_PROPOSER), "runner", None)
-
     def propose(self, requests: Sequence[ProposeRequest]) -> Drafts:
         chains: dict = {}
         trees: dict = {}

@@ -1,4 +1,5 @@
-"""The goodput start-up profile: dummy batches, pool safety, and the cost-model cache.
+"""The goodput start-up profile: the runner's synthetic steps (StepTimer), pool safety, and the
+cost-model cache.
 
 Engines run a tiny random Llama on one thread with a sub-second profile budget.
 """
@@ -16,14 +17,10 @@ from engine.config import EngineConfig
 from engine.front.llm import LLM
 from engine.llm_engine import LLMEngine
 from engine.request import Request
+from engine.runner.step_timer import StepTimer
 from engine.sampling_params import SamplingParams
-from engine.speculation.control.profiler import (
-    DummyBatchRunner,
-    fit_to_pool,
-    runner_cache_key,
-    shapes_for,
-    startup_grid,
-)
+from engine.speculation.control.cost_model import cache_key
+from engine.speculation.control.profiler import fit_to_pool, shapes_for, startup_grid
 from engine.speculation.control.step_features import StepFeatures, profile_grid
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
@@ -104,10 +101,10 @@ def bare_engine(tiny_model_dir, tmp_path_factory) -> LLMEngine:
 def test_dummy_steps_leave_every_block_free_and_the_prefix_cache_empty(bare_engine):
     engine = bare_engine
     before = pool_state(engine)
-    run_step = DummyBatchRunner(engine.runner, engine.scheduler.block_manager)
+    timer = StepTimer(engine.runner, engine.scheduler.block_manager)
     grid = startup_grid(engine.scheduler.config, 4, NUM_BLOCKS, 16, 1024)
-    seconds = [run_step(features) for features in grid]
-    assert all(s > 0 for s in seconds) and run_step.num_steps == len(grid)
+    seconds = [timer(shapes_for(features)) for features in grid]
+    assert all(s > 0 for s in seconds) and timer.num_steps == len(grid)
     free_ids, num_cached, ref_counts = pool_state(engine)
     assert (free_ids, num_cached, ref_counts) == before  # untouched, order included
     assert len(free_ids) == NUM_BLOCKS and num_cached == 0 and not any(ref_counts)
@@ -116,12 +113,12 @@ def test_dummy_steps_leave_every_block_free_and_the_prefix_cache_empty(bare_engi
 
 def test_dummy_steps_refuse_a_pool_in_use(bare_engine):
     manager = bare_engine.scheduler.block_manager
-    run_step = DummyBatchRunner(bare_engine.runner, manager)
+    timer = StepTimer(bare_engine.runner, manager)
     request = Request("live", [1, 2, 3], GREEDY)
     assert manager.allocate_slots(request, 0, 3) == []
     try:
         with pytest.raises(RuntimeError, match="idle KV pool"):
-            run_step(StepFeatures.from_shapes([(16, 1, 0)]))
+            timer([(16, 1, 0)])
     finally:
         manager.trim(request, 0)
     assert manager.num_free_blocks == NUM_BLOCKS
@@ -156,7 +153,7 @@ def test_cache_round_trips_through_the_engine(tiny_model_dir, tmp_path, caplog):
     first = LLMEngine.from_config(engine_config(tiny_model_dir, tmp_path))
     assert first.spec.seed_report.source == "profile"
     assert "cost model: profiled" in caplog.text
-    key = runner_cache_key(first.runner)
+    key = cache_key(*StepTimer(first.runner, first.scheduler.block_manager).identity)
     assert key == first.spec.seed_report.key and "|float32/dense|1" in key
     assert key in json.loads((tmp_path / "cost_models.json").read_text())
     caplog.clear()
@@ -228,20 +225,27 @@ def test_a_draft_model_profile_times_its_passes(tiny_model_dir, tmp_path):
     driver, engine = llm.engine.spec, llm.engine
     assert driver.seed_report.source == "profile" and "draft=self:1" in driver.seed_report.key
     assert not engine.has_unfinished_requests()
-    run_step = DummyBatchRunner(
-        engine.runner, engine.scheduler.block_manager, draft_runner=driver.proposer.runner
-    )
+    timer = StepTimer(engine.runner, engine.scheduler.block_manager)
+    passes = driver.proposer.time_passes
     one, four = (StepFeatures.from_shapes([(32, 1, k)] * 2, draft_model=True) for k in (1, 4))
     assert one.num_draft_steps == 1 and four.num_draft_steps == 4
-    assert run_step._draft_passes([], 0) == 0.0
-    times = {f.num_draft_steps: min(run_step(f) for _ in range(3)) for f in (one, four)}
+
+    def never(*args):
+        raise AssertionError("a step without draft passes ran the draft model")
+
+    timer(shapes_for(one), 0, never)  # no passes: the draft model is not asked
+    times = {
+        f.num_draft_steps: min(timer(shapes_for(f), f.num_draft_steps, passes) for _ in range(3))
+        for f in (one, four)
+    }
     assert times[4] > times[1]
     assert pool_state(engine) == (list(range(NUM_BLOCKS)), 0, [0] * NUM_BLOCKS)
 
 
 def test_the_cache_key_names_the_weight_format(tiny_model_dir, tmp_path):
     """A fit measured on float32 weights must not be reused for the quantized kernels."""
-    runner = LLMEngine.from_config(engine_config(tiny_model_dir, tmp_path)).runner
-    dense = runner_cache_key(runner)
-    runner.weight_format = "gguf:0123abcd"
-    assert runner_cache_key(runner) == dense.replace("/dense|", "/gguf:0123abcd|")
+    engine = LLMEngine.from_config(engine_config(tiny_model_dir, tmp_path))
+    timer = StepTimer(engine.runner, engine.scheduler.block_manager)
+    dense = cache_key(*timer.identity)
+    engine.runner.weight_format = "gguf:0123abcd"
+    assert cache_key(*timer.identity) == dense.replace("/dense|", "/gguf:0123abcd|")

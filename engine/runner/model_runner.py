@@ -21,6 +21,7 @@ from engine.config import EngineConfig
 from engine.models.linear import weight_format
 from engine.models.loader import load_model, resolve_model_path
 from engine.outputs import Drafts, ModelOutput, RequestStepOutput, SchedulerOutput
+from engine.runner.graphs import capture_graphs
 from engine.runner.input_batch import ModelInput, build_model_input, slot_of
 from engine.sample.batch_verify import BatchVerifier, Verified
 from engine.sample.sampler import Sampler
@@ -32,10 +33,6 @@ if TYPE_CHECKING:
     from kernels.cuda_graphs import StepGraphRunner
 
 logger = logging.getLogger(__name__)
-
-# Chain verification steps are captured up to this many drafts per request; a longer chain
-# cap (--num-speculative-tokens) captures decode steps only (about 7 graphs per extra row).
-MAX_GRAPHED_DRAFTS = 8
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -60,7 +57,9 @@ class ModelRunner:
             self.arch.max_position_embeddings,
         )
         self.num_blocks = self._allocate_kv_cache()
-        self.graphs = self._capture_graphs()
+        self.graphs: StepGraphRunner | None = capture_graphs(
+            config, self.backend, self.model, self.arch, self.max_model_len, self.device
+        )
         self.sampler = Sampler()
         self.verifier = BatchVerifier(self.sampler)
 
@@ -101,35 +100,6 @@ class ModelRunner:
             getattr(self.backend, "name", type(self.backend).__name__),
         )
         return num_blocks
-
-    def _capture_graphs(self) -> StepGraphRunner | None:
-        """CUDA graphs of decode and chain-verification steps (FlashInfer on CUDA, unless
-        cuda_graphs is off)."""
-        if not (
-            self.config.device.cuda_graphs
-            and self.device.type == "cuda"
-            and getattr(self.backend, "name", "") == "flashinfer"
-        ):
-            return None
-        from kernels.cuda_graphs import StepGraphRunner
-
-        start = time.perf_counter()
-        graphs = StepGraphRunner(
-            self.backend,
-            self.model,
-            graph_shapes(self.config),
-            num_heads=self.arch.num_heads,
-            max_model_len=self.max_model_len,
-            sm_scale=self.arch.head_dim**-0.5,
-        )
-        graphs.capture()
-        logger.info(
-            "CUDA graphs: batch sizes %s x query rows 1..%d captured in %.1f s",
-            graphs.shapes.batch_sizes,
-            graphs.shapes.max_query_len,
-            time.perf_counter() - start,
-        )
-        return graphs
 
     @property
     def graph_shapes(self) -> GraphShapes:
@@ -264,16 +234,3 @@ class ModelRunner:
             self.backend.copy_slots(
                 torch.tensor(src, device=self.device), torch.tensor(dst, device=self.device)
             )
-
-
-def graph_shapes(config: EngineConfig) -> GraphShapes:
-    """What to capture: decode steps at the batch sizes max_num_seqs needs, and chain
-    verification steps up to the spec cap when chains may be verified (a tree proposer's
-    steps carry masks and run eagerly)."""
-    from kernels.cuda_graphs import graph_batch_sizes
-
-    spec = config.spec
-    chains = spec.proposers and spec.spec_tree_nodes == 0 and spec.policy != "off"
-    drafts = spec.num_speculative_tokens if chains else 0
-    max_query_len = 1 + drafts if drafts <= MAX_GRAPHED_DRAFTS else 1
-    return GraphShapes(graph_batch_sizes(config.scheduler.max_num_seqs), max_query_len)

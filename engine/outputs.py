@@ -59,7 +59,7 @@ class ScheduledRequest:
 @dataclass(frozen=True)
 class SchedulerOutput:
     scheduled: tuple[ScheduledRequest, ...]
-    preempted_ids: tuple[str, ...] = ()
+    preempted: tuple[Request, ...] = ()  # blocks freed this step: recomputed later
     # Copy-on-write block copies (src_block_id, dst_block_id) to run before the forward pass.
     block_copies: tuple[tuple[int, int], ...] = ()
     num_batched_tokens: int = 0
@@ -67,6 +67,10 @@ class SchedulerOutput:
     @property
     def is_empty(self) -> bool:
         return not self.scheduled
+
+    @property
+    def preempted_ids(self) -> tuple[str, ...]:
+        return tuple(request.request_id for request in self.preempted)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import functools
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from engine.sampling_params import SamplingParams
 
@@ -72,6 +72,22 @@ class SpecCounts:
         self.by_proposer.setdefault(proposer, SpecCounts()).add(num_draft_tokens, num_accepted)
 
 
+@dataclass
+class SpecState:
+    """Speculation's record of one request (engine/speculation). It lives on the request and
+    ends with it, so nothing in speculation keeps a map by request id; the core never reads it.
+    The memos describe the request's KV blocks too, so they are dropped when it is preempted."""
+
+    counts: SpecCounts = field(default_factory=SpecCounts)
+    proposer: str = ""  # the proposer drafting for it this step (proposer choice)
+    # Per proposer: its acceptance estimate's counts (control/acceptance.py) and the plan that
+    # last ran it (control/goodput.py's exploration).
+    acceptance: dict[str, list[float]] = field(default_factory=dict)
+    last_run: dict[str, int] = field(default_factory=dict)
+    # Per proposer: its own state of the request (n-gram index, recycle root, draft-model KV).
+    memos: dict[str, Any] = field(default_factory=dict)
+
+
 @dataclass(eq=False)
 class Request:
     request_id: str
@@ -81,6 +97,8 @@ class Request:
     max_total_tokens: int = 1 << 30  # prompt + output cap from the context length (set by engine)
     arrival_time: float = field(default_factory=time.monotonic)
     parent_request_id: str | None = None  # set on children 1..n-1 of an n > 1 request
+    group_id: str | None = None  # n > 1: the caller's request id, shared by its n children
+    index: int = 0  # n > 1: which of the n choices this is
     seed: int | None = None  # effective seed (sampling_params.seed + child index, or random)
 
     output_token_ids: list[int] = field(default_factory=list)
@@ -92,8 +110,15 @@ class Request:
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     error: str | None = None
-    spec: SpecCounts = field(default_factory=SpecCounts)
     grammar: GrammarMatcher | None = None  # structured output: advanced by verified tokens
+
+    # What the engine's components keep about the request lives here, so that it ends with the
+    # request (one owner per request: no component keeps a map by request id).
+    arrival_index: int = 0  # scheduler: first-come-first-served order
+    block_hashes: list[bytes] = field(default_factory=list)  # prefix cache: its full blocks'
+    num_hashed_blocks: int = 0  # block manager: leading blocks registered in the prefix cache
+    spec: SpecState = field(default_factory=SpecState)  # speculation
+    output: Any = None  # output processor: its OutputState (engine/output/output_processor.py)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -182,6 +207,21 @@ def check_prompt(
             f"context length {max_model_len}; lower max_tokens to at most "
             f"{max_model_len - num_prompt}"
         )
+
+
+def check_request(
+    prompt_token_ids: Sequence[int], params: SamplingParams, vocab_size: int, max_model_len: int
+) -> None:
+    """The admission checks of a request's input, run once where it enters the engine
+    (LLMEngine.add_request, or AsyncEngine.add_request on the event loop): ValueErrors that
+    start with the offending field's name."""
+    check_prompt(prompt_token_ids, params.max_tokens, vocab_size, max_model_len)
+    check_token_ids(params, vocab_size)
+
+
+def choice_ids(request_id: str, n: int) -> list[str]:
+    """The engine's ids of a request's n choices: its own id, or `{id}-{i}` for n > 1."""
+    return [request_id] if n == 1 else [f"{request_id}-{i}" for i in range(n)]
 
 
 def check_token_ids(params: SamplingParams, vocab_size: int) -> None:

@@ -1,9 +1,11 @@
-"""What every route handler shares: settings, model-name checks, prompt checks, admission.
+"""What every route handler shares: settings, model-name checks, the per-request caps,
+admission.
 
-Prompt checks (vocabulary, context length, the per-request size caps) run here, before the
-engine thread sees the request, so that the common mistakes get precise 400s without waiting
-for an engine step. Tokenizing or rendering long text runs off the event loop, so one large
-request cannot stall the others (or /health).
+The engine's own input checks (vocabulary, context length) run once, at admission
+(AsyncEngine.add_request, on the event loop): their ValueErrors become precise 400s here,
+named as the client sent the field (`messages`, `prompt`), without waiting for an engine step.
+Tokenizing or rendering long text runs off the event loop, so one large request cannot stall
+the others (or /health).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from jinja2 import TemplateError
 from pydantic import BaseModel, ValidationError
 
 from engine.front.async_engine import AsyncEngine, EngineDeadError, QueueFullError, RequestStream
-from engine.request import check_prompt, check_token_ids
+from engine.request import check_prompt
 from engine.sampling_params import SamplingParams
 from server.errors import APIError, bad_request, from_validation_errors, from_value_error
 from server.logprobs import TokenTexts
@@ -134,9 +136,9 @@ class ServingContext:
         param: str = "prompt",
         max_model_len: int | None = None,
     ) -> None:
-        """The engine's own prompt check (engine.request.check_prompt), before admission, so a
-        multi-prompt request is refused whole; errors about the prompt name `param`.
-        max_model_len: the engine's unless given (/detokenize checks only the ids)."""
+        """The engine's prompt check (engine.request.check_prompt) for ids the server itself
+        must read before admission (/detokenize: only the ids); errors about the prompt name
+        `param`. max_model_len: the engine's unless given."""
         engine = self.engine
         limit = max_model_len if max_model_len is not None else engine.max_model_len
         try:
@@ -148,7 +150,7 @@ class ServingContext:
             raise error from None
 
     def check_request(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> None:
-        """The per-request caps (ServerSettings) and the token ids the parameters name."""
+        """The per-request caps (ServerSettings): the server's policy, not the engine's."""
         settings, n = self.settings, params.n
         num_seqs = len(prompts) * n
         # Beyond the in-flight limit a request could never be admitted: a 400, not a 503.
@@ -173,10 +175,6 @@ class ServingContext:
                 f"{settings.max_tokens_per_request}: lower max_tokens, n or the prompts",
                 "max_tokens",
             )
-        try:
-            check_token_ids(params, self.engine.vocab_size)
-        except ValueError as exc:
-            raise from_value_error(exc) from None
 
     # ---- admission ---------------------------------------------------------------------------
     async def admit(
@@ -185,9 +183,11 @@ class ServingContext:
         prompts: Sequence[list[int]],
         params: SamplingParams,
         guided_field: str = "guided",
+        prompt_field: str = "prompt",
     ) -> list[RequestStream]:
-        """Admit one engine request per prompt, all or none; engine refusals become API errors
-        (a grammar the engine cannot compile is named by the field that asked for it)."""
+        """Admit one engine request per prompt, all or none; engine refusals become API errors,
+        named by the field the client sent (`prompt_field` for the prompt, `guided_field` for
+        a grammar the engine cannot compile)."""
         if self.draining:
             raise self.unavailable("the server is shutting down")
         ids = (
@@ -209,9 +209,10 @@ class ServingContext:
             for stream in streams:
                 stream.close()
             error = self._admission_error(errors[0])
-            if isinstance(error, APIError) and error.param == "guided":
-                message = guided_field + error.message.removeprefix("guided")
-                error = bad_request(message, guided_field)
+            fields = {"guided": guided_field, "prompt": prompt_field}
+            if isinstance(error, APIError) and error.param in fields:
+                field = fields[error.param]
+                error = bad_request(field + error.message.removeprefix(error.param), field)
             raise error
         return streams
 

@@ -60,9 +60,8 @@ async def create_chat_completion(
     messages = [m.as_template_dict() for m in body.messages]
     add_generation_prompt = body.add_generation_prompt is not False
     prompt = await ctx.apply_chat_template(messages, add_generation_prompt, tools.template_tools)
-    ctx.check_prompt(prompt, params.max_tokens, "messages")
     ctx.check_request([prompt], params)
-    (stream,) = await ctx.admit(request_id, [prompt], params, body.guided_field)
+    (stream,) = await ctx.admit(request_id, [prompt], params, body.guided_field, "messages")
     job = _ChatJob(request_id, model, body, len(prompt), stream, tools)
     if body.stream:
         events = with_error_events(_stream(ctx, job), raw.scope)

@@ -32,7 +32,7 @@ from server.streaming import (
 @dataclass
 class _Prompt:
     token_ids: list[int]
-    text: str
+    text: str | None  # None: sent as token ids, decoded once admitted
 
 
 @dataclass
@@ -61,11 +61,14 @@ async def create_completion(ctx: ServingContext, body: CompletionRequest, raw: R
     model = ctx.check_model(body.model)
     params = body.sampling_params(ctx.engine.vocab_size)
     prompts = [await _to_prompt(ctx, p) for p in body.prompt_list()]
-    for prompt in prompts:
-        ctx.check_prompt(prompt.token_ids, params.max_tokens)
     ctx.check_request([p.token_ids for p in prompts], params)
     streams = await ctx.admit(request_id, [p.token_ids for p in prompts], params, body.guided_field)
     job = _Job(request_id, model, body, prompts, streams)
+    try:
+        await _decode_token_prompts(ctx, prompts)
+    except BaseException:
+        job.close()
+        raise
     if body.stream:
         events = with_error_events(_stream(ctx, job), raw.scope)
         return SSEResponse(events, on_close=job.close)
@@ -79,9 +82,15 @@ async def create_completion(ctx: ServingContext, body: CompletionRequest, raw: R
 async def _to_prompt(ctx: ServingContext, prompt: str | list[int]) -> _Prompt:
     if isinstance(prompt, str):
         return _Prompt(await ctx.encode(prompt), prompt)
-    ctx.check_prompt(prompt, None)
-    text = await ctx.decode(prompt) if ctx.engine.tokenizer is not None else ""
-    return _Prompt(list(prompt), text)
+    return _Prompt(list(prompt), None)
+
+
+async def _decode_token_prompts(ctx: ServingContext, prompts: list[_Prompt]) -> None:
+    """The text of prompts sent as token ids (for `echo`), once admission checked the ids."""
+    for prompt in prompts:
+        if prompt.text is None:
+            has_tokenizer = ctx.engine.tokenizer is not None
+            prompt.text = await ctx.decode(prompt.token_ids) if has_tokenizer else ""
 
 
 @dataclass

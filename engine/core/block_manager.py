@@ -39,7 +39,6 @@ class BlockManager:
         self._fresh_free: deque[int] = deque(range(num_blocks))
         self._cached_free: OrderedDict[int, None] = OrderedDict()
         self._prefix_cache = PrefixCache(block_size)
-        self._num_hashed_blocks: dict[str, int] = {}  # per request: leading blocks already seen
         self.prefix_cache_queries = 0  # tokens looked up in the prefix cache
         self.prefix_cache_hits = 0  # of which found
 
@@ -85,13 +84,13 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return
         num_full = min(request.num_computed_tokens // self.block_size, len(request.block_ids))
-        start = self._num_hashed_blocks.get(request.request_id, 0)
+        start = request.num_hashed_blocks
         if num_full <= start:
             return
         hashes = self._prefix_cache.request_hashes(request, num_full)
         for index in range(start, num_full):
             self._prefix_cache.register(request.block_ids[index], hashes[index])
-        self._num_hashed_blocks[request.request_id] = num_full
+        request.num_hashed_blocks = num_full
 
     # ---- allocation ------------------------------------------------------------------------
     def allocate_slots(
@@ -161,11 +160,7 @@ class BlockManager:
         for block_id in reversed(request.block_ids):
             self._release(block_id)
         request.block_ids = []
-        self._num_hashed_blocks.pop(request.request_id, None)
-
-    def forget(self, request: Request) -> None:
-        """Drop per-request memos once the request is finished (after free)."""
-        self._prefix_cache.forget_request(request.request_id)
+        request.num_hashed_blocks = 0
 
     # ---- internals -------------------------------------------------------------------------
     def _allocate(self) -> int:

@@ -31,13 +31,12 @@ class PrefixCache:
         self.block_size = block_size
         self._block_of_hash: dict[BlockHash, int] = {}
         self._hash_of_block: dict[int, BlockHash] = {}
-        # Per request, the hash chain of its full token blocks. Tokens are append-only, so a
-        # computed hash stays valid until the request is forgotten.
-        self._request_hashes: dict[str, list[BlockHash]] = {}
 
     def request_hashes(self, request: Request, num_blocks: int) -> list[BlockHash]:
-        """Hashes of the request's first `num_blocks` full token blocks."""
-        hashes = self._request_hashes.setdefault(request.request_id, [])
+        """Hashes of the request's first `num_blocks` full token blocks. They are kept on the
+        request (Request.block_hashes): tokens are append-only, so a computed hash stays valid
+        for the request's life, preemptions included."""
+        hashes = request.block_hashes
         size = self.block_size
         for index in range(len(hashes), num_blocks):
             parent = hashes[-1] if hashes else _ROOT_HASH
@@ -72,9 +71,6 @@ class PrefixCache:
         block_hash = self._hash_of_block.pop(block_id, None)
         if block_hash is not None:
             del self._block_of_hash[block_hash]
-
-    def forget_request(self, request_id: str) -> None:
-        self._request_hashes.pop(request_id, None)
 
     @property
     def num_cached_blocks(self) -> int:

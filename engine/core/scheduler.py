@@ -37,7 +37,7 @@ class _Step:
 
     budget: int
     scheduled: list[ScheduledRequest] = field(default_factory=list)
-    preempted_ids: list[str] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
     block_copies: list[BlockCopy] = field(default_factory=list)
 
     def add(self, request: Request, num_new: int, num_spec: int, copies: list[BlockCopy]) -> None:
@@ -49,7 +49,7 @@ class _Step:
     def build(self) -> SchedulerOutput:
         return SchedulerOutput(
             scheduled=tuple(self.scheduled),
-            preempted_ids=tuple(self.preempted_ids),
+            preempted=tuple(self.preempted),
             block_copies=tuple(self.block_copies),
             num_batched_tokens=sum(s.num_new_tokens for s in self.scheduled),
         )
@@ -66,7 +66,6 @@ class Scheduler:
         self.waiting: deque[Request] = deque()  # FCFS; preempted requests re-enter at the front
         self.running: list[Request] = []  # sorted by arrival: the last one is preempted first
         self._requests: dict[str, Request] = {}  # every unfinished request
-        self._arrival_order: dict[str, int] = {}
         self._arrival_counter = itertools.count()
         self._finished_in_schedule: list[Request] = []  # reported by the next update()
         self.num_preemptions_total = 0
@@ -74,10 +73,10 @@ class Scheduler:
 
     # ---- requests ------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
-        """Queue a request the engine validated (its id is unique: LLMEngine._validate)."""
+        """Queue a request the engine checked (its id is unique among live requests)."""
         request.status = RequestStatus.WAITING
+        request.arrival_index = next(self._arrival_counter)
         self._requests[request.request_id] = request
-        self._arrival_order[request.request_id] = next(self._arrival_counter)
         self.waiting.append(request)
 
     def abort_requests(self, request_ids: Iterable[str]) -> list[Request]:
@@ -101,6 +100,13 @@ class Scheduler:
     def get_request(self, request_id: str) -> Request | None:
         return self._requests.get(request_id)
 
+    def requests_of(self, request_id: str) -> list[Request]:
+        """The live request with this id, or the live choices of the n > 1 request it names."""
+        request = self._requests.get(request_id)
+        if request is not None:
+            return [request]
+        return [r for r in self._requests.values() if r.group_id == request_id]
+
     def has_unfinished_requests(self) -> bool:
         return bool(self._requests) or bool(self._finished_in_schedule)
 
@@ -116,7 +122,7 @@ class Scheduler:
     def schedule(self, plan: SpecPlan) -> SchedulerOutput:
         step = _Step(budget=self.config.max_num_batched_tokens)
         self._schedule_running(plan, step)
-        if not step.preempted_ids:  # admitting now would only evict what we just preempted
+        if not step.preempted:  # admitting now would only evict what we just preempted
             self._schedule_waiting(plan, step)
         return step.build()
 
@@ -185,7 +191,7 @@ class Scheduler:
         if request.first_scheduled_time is None:
             request.first_scheduled_time = time.monotonic()
         self.waiting.remove(request)
-        bisect.insort(self.running, request, key=lambda r: self._arrival_order[r.request_id])
+        bisect.insort(self.running, request, key=lambda r: r.arrival_index)
         step.add(request, num_new, num_spec, copies)
         return True
 
@@ -231,7 +237,7 @@ class Scheduler:
         request.num_preemptions += 1
         self.num_preemptions_total += 1
         self.waiting.appendleft(request)
-        step.preempted_ids.append(request.request_id)
+        step.preempted.append(request)
 
     # ---- update --------------------------------------------------------------------------
     def update(self, scheduler_output: SchedulerOutput, model_output: ModelOutput) -> list[Request]:
@@ -262,7 +268,6 @@ class Scheduler:
             request.num_computed_tokens = min(computed, request.num_tokens - 1)
             self.block_manager.cache_full_blocks(request)
             return False
-        request.spec.add(step_output.num_draft_tokens, step_output.num_accepted_tokens)
         status = request.append_until_stop(token_ids)
         # Accepted drafts' K/V is valid: a chain rollback is just this length (DESIGN §4).
         request.num_computed_tokens = request.num_tokens - 1
@@ -277,15 +282,15 @@ class Scheduler:
 
     # ---- finishing -----------------------------------------------------------------------
     def _finish(self, request: Request, status: RequestStatus, error: str | None = None) -> None:
-        """Free everything exactly once and forget the request."""
+        """The one freeing path of a finished request (abort, stop, length, error): its blocks
+        go back to the pool and the scheduler forgets it; everything else the engine kept
+        about it lives on the request and ends with it."""
         if request in self.running:
             self.running.remove(request)
         elif request in self.waiting:
             self.waiting.remove(request)
         self.block_manager.free(request)
-        self.block_manager.forget(request)
         del self._requests[request.request_id]
-        del self._arrival_order[request.request_id]
         request.status = status
         request.error = error
 

@@ -23,6 +23,7 @@ from engine.front.engine_worker import (
 )
 from engine.front.request_stream import EngineDeadError, QueueFullError, RequestStream
 from engine.outputs import EngineStats, RequestOutput
+from engine.request import check_request
 from engine.sampling_params import SamplingParams
 
 __all__ = ["AsyncEngine", "EngineDeadError", "QueueFullError", "RequestStream", "StatLogger"]
@@ -118,8 +119,9 @@ class AsyncEngine:
         params: SamplingParams,
         arrival_time: float | None = None,
     ) -> RequestStream:
-        """Admit a request; raises ValueError (bad input), QueueFullError or EngineDeadError."""
-        self._check_admission(request_id, params.n)
+        """Admit a request; raises ValueError (bad input), QueueFullError or EngineDeadError.
+        Its input is checked here, once, before the engine thread sees it."""
+        self._check_admission(request_id, prompt_token_ids, params)
         loop = asyncio.get_running_loop()
         stream = RequestStream(request_id, params.n, self.abort)
         self._streams[request_id] = stream
@@ -168,12 +170,16 @@ class AsyncEngine:
             self.abort(request_id)
             stream.put(EngineDeadError(reason))
 
-    def _check_admission(self, request_id: str, num_choices: int) -> None:
+    def _check_admission(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+    ) -> None:
         worker = self._worker
         if worker.dead_error is not None or not worker.started:
             raise EngineDeadError(worker.dead_error or "the engine is not running")
-        if request_id in self._streams:
+        if request_id in self._streams:  # the one duplicate check: ids of requests in flight
             raise ValueError(f"request_id {request_id!r} is already in use")
+        check_request(prompt_token_ids, params, self.vocab_size, self.max_model_len)
+        num_choices = params.n
         limit = self.max_num_in_flight
         if limit is not None and num_choices > limit:  # never admissible: not a retry case
             raise ValueError(f"n: {num_choices} sequences exceed the in-flight limit {limit}")

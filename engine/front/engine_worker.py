@@ -1,7 +1,7 @@
 """EngineWorker: the one thread that runs LLMEngine (AsyncEngine's engine side).
 
 Threading contract (the invariant everything here relies on):
-- Every call into the wrapped engine (add_request, abort_request, step, stats,
+- Every call into the wrapped engine (admit, abort_request, step, stats,
   has_unfinished_requests) happens on this thread, so LLMEngine needs no locks.
 - Other threads only append commands to `_commands` under `_cond` (submit); this thread applies
   them before each step, in submission order (an abort queued after an add always finds it),
@@ -46,13 +46,13 @@ class Engine(Protocol):
     max_model_len: int
     vocab_size: int
 
-    def add_request(
+    def admit(
         self,
         request_id: str,
         prompt_token_ids: list[int],
         params: SamplingParams,
         arrival_time: float | None = None,
-    ) -> None: ...
+    ) -> None: ...  # a request AsyncEngine checked on the event loop
     def abort_request(self, request_id: str) -> None: ...
     def step(self) -> list[RequestOutput]: ...
     def has_unfinished_requests(self) -> bool: ...
@@ -185,13 +185,13 @@ class EngineWorker:
                 continue
             error: BaseException | None = None
             try:
-                self.engine.add_request(
+                self.engine.admit(
                     command.request_id,
                     command.prompt_token_ids,
                     command.params,
                     command.arrival_time,
                 )
-            except Exception as exc:  # ValueError = bad input; anything else is reported too
+            except Exception as exc:  # ValueError = a bad grammar; anything else is reported too
                 error = exc
             self.call_soon(_resolve, command.future, error)
 

@@ -1,7 +1,8 @@
 """Turns scheduler updates into RequestOutputs: text deltas, stop strings, logprobs, timings.
 
-One OutputState per live request holds its incremental detokenizer and what has already been
-reported, so each RequestOutput carries only what is new since the previous one.
+Each live request carries an OutputState (on Request.output, so it ends with the request) with
+its incremental detokenizer and what has already been reported, so each RequestOutput carries
+only what is new since the previous one.
 """
 
 from __future__ import annotations
@@ -16,10 +17,7 @@ from engine.request import Request
 
 @dataclass
 class OutputState:
-    request: Request
     detokenizer: IncrementalDetokenizer | None
-    index: int = 0
-    group_id: str | None = None
     num_reported_tokens: int = 0
     pending_logprobs: list[TokenLogprobs] = field(default_factory=list)
     prompt_logprobs: list[TokenLogprobs | None] = field(default_factory=list)
@@ -31,9 +29,8 @@ class OutputProcessor:
         """proposer: the engine's proposer name, reported with each request's spec counts."""
         self.tokenizer = tokenizer
         self.proposer = proposer
-        self.states: dict[str, OutputState] = {}
 
-    def add(self, request: Request, index: int = 0, group_id: str | None = None) -> None:
+    def add(self, request: Request) -> None:
         params = request.sampling_params
         detokenizer = None
         if self.tokenizer is not None:
@@ -44,24 +41,24 @@ class OutputProcessor:
                 include_stop_str_in_output=params.include_stop_str_in_output,
                 skip_special_tokens=params.skip_special_tokens,
             )
-        self.states[request.request_id] = OutputState(request, detokenizer, index, group_id)
+        request.output = OutputState(detokenizer)
 
-    def record_step(self, step_output: RequestStepOutput) -> None:
+    def record_step(self, request: Request, step_output: RequestStepOutput) -> None:
         """Keep logprobs produced this step until the tokens they belong to are reported."""
         if not step_output.logprobs and not step_output.prompt_logprobs:
             return
-        state = self.states.get(step_output.request_id)
+        state = request.output
         if state is None:
             return
         state.pending_logprobs.extend(step_output.logprobs)
-        need = state.request.num_prompt_tokens - len(state.prompt_logprobs)
+        need = request.num_prompt_tokens - len(state.prompt_logprobs)
         if need > 0 and step_output.prompt_logprobs:
             state.prompt_logprobs.extend(step_output.prompt_logprobs[:need])
 
     def make_output(self, request: Request) -> tuple[RequestOutput | None, str | None]:
         """Build the RequestOutput for a changed request; also return a matched stop string."""
-        state = self.states.get(request.request_id)
-        if state is None:
+        state = request.output
+        if state is None:  # its final output was made already
             return None, None
         new_ids = request.output_token_ids[state.num_reported_tokens :]  # a fresh list
         state.num_reported_tokens = request.num_output_tokens
@@ -82,11 +79,11 @@ class OutputProcessor:
             num_prompt_tokens=request.num_prompt_tokens,
             num_output_tokens=request.num_output_tokens,
             num_cached_tokens=request.num_cached_tokens,
-            logprobs=self._take_logprobs(state, len(new_ids)),
-            prompt_logprobs=self._take_prompt_logprobs(state),
+            logprobs=self._take_logprobs(request, state, len(new_ids)),
+            prompt_logprobs=self._take_prompt_logprobs(request, state),
             error=request.error,
-            index=state.index,
-            group_id=state.group_id,
+            index=request.index,
+            group_id=request.group_id,
             metrics=_timings(request, finished),
             spec=self._spec(request),
         )
@@ -95,13 +92,13 @@ class OutputProcessor:
             if last in request.sampling_params.stop_token_ids:
                 output.stop_reason = last
         if finished:
-            self.states.pop(request.request_id, None)
+            request.output = None
         return output, stop_string
 
     def fail(self, request: Request, message: str) -> RequestOutput:
         """The final output of a request whose output could not be made: finish_reason
         "error", no new tokens (the ones it would have carried are not trustworthy)."""
-        state = self.states.pop(request.request_id, None)
+        request.output = None
         request.error = message
         return RequestOutput(
             request_id=request.request_id,
@@ -113,15 +110,15 @@ class OutputProcessor:
             num_prompt_tokens=request.num_prompt_tokens,
             num_output_tokens=request.num_output_tokens,
             error=message,
-            index=state.index if state is not None else 0,
-            group_id=state.group_id if state is not None else None,
+            index=request.index,
+            group_id=request.group_id,
             metrics=_timings(request, finished=True),
         )
 
     def _spec(self, request: Request) -> SpecStats | None:
         if self.proposer is None:
             return None
-        counts = request.spec
+        counts = request.spec.counts
         by_proposer = tuple(
             SpecStats(name, c.num_draft_tokens, c.num_accepted_tokens, c.num_verify_steps)
             for name, c in counts.by_proposer.items()
@@ -135,8 +132,10 @@ class OutputProcessor:
         )
 
     @staticmethod
-    def _take_logprobs(state: OutputState, num_new: int) -> list[TokenLogprobs] | None:
-        if state.request.sampling_params.logprobs is None:
+    def _take_logprobs(
+        request: Request, state: OutputState, num_new: int
+    ) -> list[TokenLogprobs] | None:
+        if request.sampling_params.logprobs is None:
             return None
         taken, state.pending_logprobs = (
             state.pending_logprobs[:num_new],
@@ -146,16 +145,15 @@ class OutputProcessor:
         return taken
 
     @staticmethod
-    def _take_prompt_logprobs(state: OutputState) -> list[TokenLogprobs | None] | None:
-        if state.request.sampling_params.prompt_logprobs is None or state.prompt_logprobs_sent:
+    def _take_prompt_logprobs(
+        request: Request, state: OutputState
+    ) -> list[TokenLogprobs | None] | None:
+        if request.sampling_params.prompt_logprobs is None or state.prompt_logprobs_sent:
             return None
-        if len(state.prompt_logprobs) < state.request.num_prompt_tokens:
+        if len(state.prompt_logprobs) < request.num_prompt_tokens:
             return None
         state.prompt_logprobs_sent = True
         return list(state.prompt_logprobs)
-
-    def drop(self, request_id: str) -> None:
-        self.states.pop(request_id, None)
 
 
 def _detokenize(

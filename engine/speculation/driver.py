@@ -4,8 +4,11 @@ policy (DESIGN §1 steps 1, 3 and 6). With no proposer configured every call is 
 and the plan is empty, so the scheduler never reserves draft slots.
 
 The driver holds no engine objects: plan() gets the running requests, propose() and observe()
-the step's contracts. engine/speculation/build.py builds it (the proposer for the target, the
-policy, the cost model seeded by a start-up profile).
+the step's contracts. What speculation knows of a request (its counts, acceptance estimates,
+chosen proposer, proposers' memos) lives on the request's SpecState, so nothing here is freed
+when a request finishes; a preempted request's memos are cleared. engine/speculation/build.py
+builds the driver (the proposer for the target, the policy, the cost model seeded by a
+start-up profile).
 """
 
 from __future__ import annotations
@@ -22,7 +25,12 @@ from engine.speculation.control.policy import SpecCandidate, SpecPolicy, SpecRes
 from engine.speculation.control.profiler import SeedReport
 from engine.speculation.control.step_features import StepFeatures
 from engine.speculation.control.tree_shape import TreeShapeEstimator, accepted_path
-from engine.speculation.proposers.proposer import DRAFT_PROPOSER, Proposer, ProposeRequest
+from engine.speculation.proposers.proposer import (
+    DRAFT_PROPOSER,
+    Observation,
+    Proposer,
+    ProposeRequest,
+)
 from engine.speculation.spec_totals import SpecTotals
 from kernels.graph_shapes import NO_GRAPHS, GraphShapes
 
@@ -64,8 +72,7 @@ class SpecDriver:
         self.tree_shape = tree_shape
         self.policy = policy
         self.seed_report: SeedReport | None = None
-        self._plan: SpecPlan = {}
-        self._chosen: dict[str, str] = {}  # request_id -> proposer (choice), for this step
+        self.last_chosen_k: tuple[int, ...] = ()  # the last plan's lengths (metrics)
         self._base = StepFeatures()
         self.totals = SpecTotals(config.proposers if self.enabled else ())
         self.last_goodput = 0.0
@@ -96,13 +103,15 @@ class SpecDriver:
             caught_up = request.num_computed_tokens == request.num_tokens - 1
             if caught_up and max_draft_tokens > 0:
                 candidates.append(
-                    SpecCandidate(request.request_id, request.num_tokens, max_draft_tokens)
+                    SpecCandidate(
+                        request.request_id, request.num_tokens, max_draft_tokens, request.spec
+                    )
                 )
         shapes = self._step_shapes(running, waiting)
         self._base = StepFeatures.from_shapes(shapes, self.draft_model, self.graphs)
-        self._plan = self.policy.plan(candidates, self._base) if candidates else {}
-        self._chosen = self.policy.chosen_proposers() if self.choice and self._plan else {}
-        return self._plan
+        plan = self.policy.plan(candidates, self._base) if candidates else {}
+        self.last_chosen_k = tuple(plan.values())
+        return plan
 
     def _cap(self, request: Request) -> int:
         """The engine's draft cap, lowered by the request's own (SamplingParams)."""
@@ -130,8 +139,8 @@ class SpecDriver:
     def propose(self, sched: SchedulerOutput) -> Drafts:
         if self.proposer is None:
             return Drafts()
-        for request_id in sched.preempted_ids:  # blocks freed: per-request KV state is stale
-            self.proposer.release(request_id)
+        for request in sched.preempted:  # blocks freed: what proposers knew of them is stale
+            request.spec.memos.clear()
         topk = self.proposer.target_topk
         asks = [self._ask(s) for s in sched.scheduled if s.num_draft_tokens > 0 and s.needs_sample]
         if not asks:
@@ -155,12 +164,14 @@ class SpecDriver:
             seed=request.seed,
             block_ids=tuple(request.block_ids),
             tree_template=self._template(scheduled.num_draft_tokens),
-            proposer=self._proposer_of(request.request_id),
+            proposer=self._proposer_of(request),
+            memos=request.spec.memos,
         )
 
-    def _proposer_of(self, request_id: str) -> str:
-        """The proposer that drafts for the request this step ("" without a proposer)."""
-        return self._chosen.get(request_id, "") if self.choice else self.proposer_name or ""
+    def _proposer_of(self, request: Request) -> str:
+        """The proposer that drafts for the request this step ("" without a proposer): with
+        proposer choice the policy's pick (SpecState.proposer), else the only one."""
+        return request.spec.proposer if self.choice else self.proposer_name or ""
 
     def _template(self, num_nodes: int) -> tuple:
         """Twice the node budget: slots a proposer cannot fill are replaced by later ones."""
@@ -172,30 +183,26 @@ class SpecDriver:
     def observe(self, sched: SchedulerOutput, drafts: Drafts, out: ModelOutput) -> None:
         if sched.is_empty:
             return
-        results = []
+        results, observations = [], []
         for scheduled in sched.scheduled:
             step = out.outputs.get(scheduled.request_id)
             if step is None or not step.token_ids:
                 continue
-            if self.proposer is not None:
-                self.proposer.observe(
-                    scheduled.request_id,
-                    step.token_ids,
-                    step.target_topk_ids or None,
-                    drafts.draft_ids(scheduled.request_id),
-                    step.draft_topk_ids,
-                )
+            memos = scheduled.request.spec.memos
+            observations.append(Observation(step, drafts.draft_ids(step.request_id), memos))
             tree = drafts.trees.get(scheduled.request_id)
             if tree is not None and self.tree_shape is not None:
                 self.tree_shape.observe(tree, accepted_path(tree, step.token_ids))
             result = self._result(scheduled, step.num_draft_tokens, step.num_accepted_tokens)
             if result is not None:
                 results.append(result)
+        if self.proposer is not None and observations:
+            self.proposer.observe(observations)
         shapes = [
             (s.start, s.num_new_tokens - s.num_draft_tokens, drafts.num_draft_tokens(s.request_id))
             for s in sched.scheduled
         ]
-        features = self._features(shapes, drafts)
+        features = self._features(sched, shapes, drafts)
         seconds = out.step_time + drafts.proposer_time
         # Choice: model-free proposing is priced per request apart from the cost model.
         model_seconds = seconds - (self.proposer.free_seconds if self.choice else 0.0)
@@ -206,7 +213,9 @@ class SpecDriver:
         else:
             self.cost_model.observe(features, model_seconds)
 
-    def _features(self, shapes: list[tuple[int, int, int]], drafts: Drafts) -> StepFeatures:
+    def _features(
+        self, sched: SchedulerOutput, shapes: list[tuple[int, int, int]], drafts: Drafts
+    ) -> StepFeatures:
         """The step's features; with proposer choice the draft model ran as many passes as
         the longest draft of the requests it drafted for, not of every request."""
         if not self.choice:
@@ -214,9 +223,9 @@ class SpecDriver:
         features = StepFeatures.from_shapes(shapes, False, self.graphs)
         passes = max(
             (
-                drafts.num_draft_tokens(r)
-                for r, name in self._chosen.items()
-                if name == DRAFT_PROPOSER
+                drafts.num_draft_tokens(s.request_id)
+                for s in sched.scheduled
+                if s.request.spec.proposer == DRAFT_PROPOSER
             ),
             default=0,
         )
@@ -226,30 +235,29 @@ class SpecDriver:
         self, scheduled: ScheduledRequest, num_draft_tokens: int, num_accepted: int
     ) -> SpecResult | None:
         """The request's outcome for its proposer's estimate, counted in the totals and in
-        the request's own per-proposer stats."""
-        name = self._proposer_of(scheduled.request_id)
+        the request's own stats (overall and per proposer)."""
+        request = scheduled.request
+        name = self._proposer_of(request)
         if num_draft_tokens:
             self.totals.count(name, num_draft_tokens, num_accepted)
-            scheduled.request.spec.add_proposer(name, num_draft_tokens, num_accepted)
-            return SpecResult(scheduled.request_id, num_draft_tokens, num_accepted, name)
+            request.spec.counts.add(num_draft_tokens, num_accepted)
+            request.spec.counts.add_proposer(name, num_draft_tokens, num_accepted)
+            return SpecResult(
+                request.request_id, num_draft_tokens, num_accepted, name, spec=request.spec
+            )
         if scheduled.num_draft_tokens:
             # Planned, but the proposer found nothing: speculation bought nothing this
             # step, which the estimate must see (as one rejected draft), or it would keep
             # reserving slots for a request that never gets drafts.
-            return SpecResult(scheduled.request_id, 1, 0, name)
+            return SpecResult(request.request_id, 1, 0, name, spec=request.spec)
         return None
-
-    def release(self, request_id: str) -> None:
-        if self.proposer is not None:
-            self.proposer.release(request_id)
-        self.policy.release(request_id)
 
     def stats_fields(self) -> dict:
         return dict(
             **self.totals.stats_fields(),
             last_predicted_step_time=getattr(self.policy, "last_predicted_step_time", None),
             last_goodput=self.last_goodput,
-            last_chosen_k=tuple(self._plan.values()),
+            last_chosen_k=self.last_chosen_k,
         )
 
 

@@ -78,9 +78,6 @@ class RandomK:
     def observe(self, results, features, step_seconds) -> None:
         return None
 
-    def release(self, request_id: str) -> None:
-        return None
-
 
 @pytest.mark.parametrize("tree_nodes", [0, 6], ids=["chain", "tree"])
 def test_speculation_keeps_seeded_text(model_dir, prompts, plain, tree_nodes):

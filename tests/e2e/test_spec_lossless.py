@@ -131,9 +131,6 @@ class ScriptedPolicy:
             self.num_draft_tokens[request_id] = drafted
             self.num_accepted_tokens[request_id] = accepted
 
-    def release(self, request_id: str) -> None:
-        return None
-
 
 def even_request(request_id: str) -> bool:
     return int(request_id.rsplit("-", 1)[-1]) % 2 == 0

@@ -91,7 +91,7 @@ def test_long_text_is_tokenized_off_the_event_loop(start_server):
 
 
 class BrokenEngine(FakeEngine):
-    def add_request(self, *args, **kwargs):
+    def admit(self, *args, **kwargs):
         raise RuntimeError("planted bug")
 
 

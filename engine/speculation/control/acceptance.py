@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import heapq
 
+from engine.request import SpecState
 from engine.speculation.control.policy import SpecResult
 
 MAX_TREE_NODES = 256  # SpecConfig.spec_tree_nodes upper bound
@@ -80,6 +81,8 @@ def tree_acceptance(mean_accepted: float, mean_budget: float) -> float:
 
 class AcceptanceEstimator:
     """Per-request acceptance a_i as exponentially weighted counts, seeded by a global prior.
+    A request's counts live on the request (SpecState.acceptance, under this estimator's
+    name: one estimator per proposer); the global prior lives here.
 
     Chains: a drafted chain is a run of Bernoulli(a) trials stopped at the first rejection or
     after k drafts, so m accepted of k drafted is m successes in m + 1 trials (m < k) or k in k;
@@ -96,16 +99,17 @@ class AcceptanceEstimator:
         global_decay: float = 0.99,
         prior_weight: float = 2.0,
         prior_bounds: tuple[float, float] = (0.1, 0.95),
+        name: str = "",
     ) -> None:
         if not 0.0 <= prior <= 1.0:
             raise ValueError(f"acceptance prior must be in [0, 1], got {prior}")
+        self.name = name  # the proposer whose drafts it estimates ("": the only one)
         self.tree = tree
         self.decay = decay
         self.global_decay = global_decay
         self.prior_weight = prior_weight
         self.prior_bounds = prior_bounds
         self._global = self._seed(prior)
-        self._requests: dict[str, list[float]] = {}
 
     def _seed(self, a: float) -> list[float]:
         # Pseudo-counts worth prior_weight observations: chains [successes, trials],
@@ -122,12 +126,10 @@ class AcceptanceEstimator:
         low, high = self.prior_bounds
         return min(high, max(low, self._rate(self._global)))
 
-    def rate(self, request_id: str) -> float:
-        counts = self._requests.get(request_id)
+    def rate(self, spec: SpecState) -> float:
+        """The request's estimate (the prior until its drafts were verified)."""
+        counts = spec.acceptance.get(self.name)
         return self.prior() if counts is None else self._rate(counts)
-
-    def rates(self) -> dict[str, float]:
-        return {request_id: self._rate(counts) for request_id, counts in self._requests.items()}
 
     def update(self, result: SpecResult) -> None:
         drafted, accepted = result.num_draft_tokens, result.num_accepted_tokens
@@ -137,10 +139,7 @@ class AcceptanceEstimator:
             sample = [accepted, drafted, 1.0]
         else:
             sample = [accepted, accepted + 1 if accepted < drafted else drafted]
-        counts = self._requests.setdefault(result.request_id, self._seed(self.prior()))
+        counts = result.spec.acceptance.setdefault(self.name, self._seed(self.prior()))
         for i, value in enumerate(sample):
             counts[i] = self.decay * counts[i] + value
             self._global[i] = self.global_decay * self._global[i] + value
-
-    def release(self, request_id: str) -> None:
-        self._requests.pop(request_id, None)

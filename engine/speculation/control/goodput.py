@@ -9,10 +9,11 @@ k cycles through 0..max so the model sees the draft direction, and a request idl
 `explore_interval` plans is given one draft, so an estimate that fell to ~0 can recover.
 
 Proposer choice (issue #12): with several proposers the policy keeps one acceptance estimate
-per request and proposer, gives the search one option per proposer (search.py), and reports
-the chosen proposer of each planned request through chosen_proposers(). Exploration is per
-(request, proposer): a proposer not run on a request for `explore_interval` plans is forced
-(one draft) now and then, so estimates of proposers that lost do not freeze.
+per request and proposer, gives the search one option per proposer (search.py), and writes
+the chosen proposer of each candidate on its record (SpecState.proposer; "" when it does not
+speculate). Exploration is per (request, proposer): a proposer not run on a request for
+`explore_interval` plans is forced (one draft) now and then, so estimates of proposers that
+lost do not freeze. Everything per request lives on the request's SpecState.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from engine.outputs import SpecPlan
+from engine.request import SpecState
 from engine.speculation.control.acceptance import (
     GRID,
     MAX_TREE_NODES,
@@ -27,7 +29,7 @@ from engine.speculation.control.acceptance import (
     tree_gains,
 )
 from engine.speculation.control.cost_model import StepCostModel
-from engine.speculation.control.policy import SpecCandidate, SpecResult
+from engine.speculation.control.policy import SpecCandidate, SpecPolicy, SpecResult
 from engine.speculation.control.search import SearchProblem, SearchSlot, best_lengths
 from engine.speculation.control.step_features import StepFeatures
 from engine.speculation.control.tree_shape import TreeShapeEstimator
@@ -35,8 +37,8 @@ from engine.speculation.proposers.proposer import DRAFT_PROPOSER
 from kernels.graph_shapes import NO_GRAPHS, GraphShapes
 
 
-class GoodputPolicy:
-    """Per-request speculation lengths maximising predicted goodput (engine SpecPolicy).
+class GoodputPolicy(SpecPolicy):
+    """Per-request speculation lengths maximising predicted goodput.
 
     Non-candidate requests in `base` (prefill chunks) are counted as emitting nothing. Until
     the cost model is fitted, k cycles through 0..max_draft_tokens so the model sees the draft direction.
@@ -78,14 +80,12 @@ class GoodputPolicy:
         self.proposers = tuple(proposers) or ("",)
         # One estimate per request and proposer, each with its own global prior.
         self.estimators = {
-            name: AcceptanceEstimator(prior, tree=tree, decay=decay) for name in self.proposers
+            name: AcceptanceEstimator(prior, tree=tree, decay=decay, name=name)
+            for name in self.proposers
         }
         self.acceptance = self.estimators[self.proposers[0]]
         self.propose_seconds = propose_seconds if propose_seconds is not None else {}
         self._num_plans = 0
-        # (request_id, proposer) -> the plan that last ran it (or first saw the request)
-        self._last_speculated: dict[tuple[str, str], int] = {}
-        self._chosen: dict[str, str] = {}
         self.last_predicted_step_time: float | None = None  # for metrics
 
     @property
@@ -94,19 +94,17 @@ class GoodputPolicy:
 
     def _slot(self, candidate: SpecCandidate, proposer: str) -> SearchSlot:
         cap = max(0, min(self.max_draft_tokens, candidate.max_draft_tokens))
-        a = self.estimators[proposer].rate(candidate.request_id)
+        a = self.estimators[proposer].rate(candidate.spec)
         # A draft model runs one pass per chain position, and one per node it expands in a
         # tree (a pass expands one node of every request), so k drafts cost k passes.
-        gains = self._gains(candidate.request_id, a, cap, self.estimators[proposer])
+        gains = self._gains(a, cap, self.estimators[proposer])
         if not self.choice:
             return SearchSlot(gains, range(1, cap + 1), cap)
         seconds = self.propose_seconds.get(proposer, 0.0)
         draft = proposer == DRAFT_PROPOSER
         return SearchSlot(gains, range(1, cap + 1), cap, 0, proposer, draft, seconds)
 
-    def _gains(
-        self, request_id: str, a: float, cap: int, acceptance: AcceptanceEstimator
-    ) -> Sequence[float]:
+    def _gains(self, a: float, cap: int, acceptance: AcceptanceEstimator) -> Sequence[float]:
         """Chains: a^j. Trees: the learned shape's node path probabilities, scaled by how this
         request's acceptance compares with everyone's (rank model, acceptance.py)."""
         if not self.tree:
@@ -131,8 +129,8 @@ class GoodputPolicy:
         idle = []
         for i, candidate in enumerate(candidates):
             for j, name in enumerate(self.proposers):
-                key = (candidate.request_id, name)
-                last = self._last_speculated.setdefault(key, self._num_plans)
+                # the plan that last ran it on this request (or first saw the request)
+                last = candidate.spec.last_run.setdefault(name, self._num_plans)
                 if options[i][j].cap > 0 and self._num_plans - last >= interval:
                     idle.append((last, i, j))
         if idle:
@@ -158,15 +156,12 @@ class GoodputPolicy:
             ks = tuple(max(s.floor, min(warmup_k, s.cap)) for s in chosen)
             self.last_predicted_step_time = None
         plan = {c.request_id: k for c, k in zip(candidates, ks) if k > 0}
-        names = {c.request_id: s.proposer or self.proposers[0] for c, s in zip(candidates, chosen)}
-        self._chosen = {request_id: names[request_id] for request_id in plan}
-        for request_id, name in self._chosen.items():
-            self._last_speculated[(request_id, name)] = self._num_plans
+        for candidate, slot, k in zip(candidates, chosen, ks):
+            name = slot.proposer or self.proposers[0]
+            candidate.spec.proposer = name if k > 0 and self.choice else ""
+            if k > 0:
+                candidate.spec.last_run[name] = self._num_plans
         return plan
-
-    def chosen_proposers(self) -> dict[str, str]:
-        """The proposer of each request in the last plan (proposer choice only)."""
-        return self._chosen if self.choice else {}
 
     def observe(
         self, results: Sequence[SpecResult], features: StepFeatures, step_seconds: float
@@ -175,16 +170,7 @@ class GoodputPolicy:
         for result in results:
             self.estimators.get(result.proposer, self.acceptance).update(result)
 
-    def release(self, request_id: str) -> None:
-        for name, estimator in self.estimators.items():
-            estimator.release(request_id)
-            self._last_speculated.pop((request_id, name), None)
-        self._chosen.pop(request_id, None)
-
-    def proposer_rates(self) -> dict[str, dict[str, float]]:
-        """Per proposer, its per-request acceptance estimates."""
-        return {name: estimator.rates() for name, estimator in self.estimators.items()}
-
-    def acceptance_rates(self) -> dict[str, float]:
-        """Per-request acceptance estimates (chains: per draft token; trees: rank-1)."""
-        return self.acceptance.rates()
+    def rate(self, spec: SpecState, proposer: str = "") -> float:
+        """A request's acceptance estimate for a proposer (chains: per draft token; trees:
+        rank-1); "" or a name it does not choose among: its first estimate."""
+        return self.estimators.get(proposer, self.acceptance).rate(spec)

@@ -3,7 +3,9 @@
 The engine calls `plan` before scheduling, with the running requests that have caught up
 (decoding) and could speculate, and `observe` after verification with what was accepted and
 how long the step took. A request missing from the plan (or planned 0) does not speculate;
-an empty plan means the engine runs no proposer at all this step.
+an empty plan means the engine runs no proposer at all this step. What a policy learns about a
+request lives on the request (SpecCandidate.spec, SpecResult.spec: its SpecState), so a policy
+has nothing to forget when a request finishes.
 
 Policies: `off`, `fixed:K` (here) and `goodput` (engine/speculation/control/goodput.py);
 engine/speculation/build.py parses the `--spec-policy` string.
@@ -12,10 +14,10 @@ engine/speculation/build.py parses the `--spec-policy` string.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
 
 from engine.outputs import SpecPlan
+from engine.request import SpecState
 from engine.speculation.control.step_features import StepFeatures
 
 
@@ -26,6 +28,7 @@ class SpecCandidate:
     request_id: str
     context_len: int  # tokens already in the KV cache
     max_draft_tokens: int  # cap from the remaining output tokens, the context length and the config
+    spec: SpecState  # the request's speculation record; a policy choosing proposers writes it
 
 
 @dataclass(frozen=True)
@@ -36,28 +39,13 @@ class SpecResult:
     num_draft_tokens: int  # drafts verified (tree: nodes)
     num_accepted_tokens: int  # drafts accepted (tree: length of the accepted path)
     proposer: str = ""  # the proposer that drafted them (proposer choice; "" = the only one)
+    spec: SpecState = field(kw_only=True)  # the request's speculation record
 
 
-class SpecPolicy(Protocol):
+class SpecPolicy:
+    """The policy interface, with no-op defaults: never speculate, learn nothing (`off`)."""
+
     # For metrics: the cost model's step time for the last plan (None without a model).
-    last_predicted_step_time: float | None
-
-    def plan(self, candidates: Sequence[SpecCandidate], base: StepFeatures) -> SpecPlan: ...
-
-    def observe(
-        self, results: Sequence[SpecResult], features: StepFeatures, step_seconds: float
-    ) -> None: ...
-
-    def release(self, request_id: str) -> None: ...
-
-    def chosen_proposers(self) -> dict[str, str]:
-        """request_id -> proposer for the last plan; {} when there is one proposer."""
-        ...
-
-
-class OffPolicy:
-    """Never speculate."""
-
     last_predicted_step_time: float | None = None
 
     def plan(self, candidates: Sequence[SpecCandidate], base: StepFeatures) -> SpecPlan:
@@ -68,17 +56,13 @@ class OffPolicy:
     ) -> None:
         return None
 
-    def release(self, request_id: str) -> None:
-        return None
 
-    def chosen_proposers(self) -> dict[str, str]:
-        return {}
+class OffPolicy(SpecPolicy):
+    """Never speculate."""
 
 
-class FixedPolicy:
+class FixedPolicy(SpecPolicy):
     """The same k for every candidate (capped by the candidate's max_draft_tokens): classic speculation."""
-
-    last_predicted_step_time: float | None = None
 
     def __init__(self, k: int) -> None:
         if k < 0:
@@ -88,14 +72,3 @@ class FixedPolicy:
     def plan(self, candidates: Sequence[SpecCandidate], base: StepFeatures) -> SpecPlan:
         ks = (min(self.k, c.max_draft_tokens) for c in candidates)
         return {c.request_id: k for c, k in zip(candidates, ks) if k > 0}
-
-    def observe(
-        self, results: Sequence[SpecResult], features: StepFeatures, step_seconds: float
-    ) -> None:
-        return None
-
-    def release(self, request_id: str) -> None:
-        return None
-
-    def chosen_proposers(self) -> dict[str, str]:
-        return {}

@@ -24,7 +24,8 @@ for a request's first `num_computed` verified tokens, written through the block 
 then. Only verified tokens count: the next catch-up re-feeds the accepted drafts (a short
 chunk) rather than trusting K/V written for draft rows, so rejected drafts, trimmed blocks and
 tree branches need no tracking. A changed block id (copy-on-write) cuts the valid prefix at
-that block; preemption drops the state (SpecDriver calls release).
+that block; preemption drops the state (it lives in the request's memos, which SpecDriver
+clears).
 
 Known limitation: a self-draft reads the target's cache before the runner performs this step's
 copy-on-write block copies, so in the one step where a request's root block is copied (the
@@ -50,7 +51,7 @@ from engine.sample.rng import uniforms
 from engine.sample.sampler import Sampler, SamplingRow
 from engine.sampling_params import SamplingParams
 from engine.speculation.proposers.draft_runner import DraftQuery, DraftRunner
-from engine.speculation.proposers.proposer import ProposeRequest
+from engine.speculation.proposers.proposer import Observation, ProposeRequest
 from engine.speculation.proposers.tree_builders import TreeBuilder
 
 _GREEDY = SamplingParams(temperature=0, max_tokens=None)
@@ -79,7 +80,6 @@ class DraftModelProposer:
     def __init__(self, runner: DraftRunner) -> None:
         self.runner = runner
         self.sampler = Sampler()
-        self._states: dict[str, _RequestState] = {}
 
     @classmethod
     def from_config(
@@ -105,18 +105,8 @@ class DraftModelProposer:
             self._propose_trees(trees, drafts)
         return dataclasses.replace(drafts, proposer_time=time.perf_counter() - start)
 
-    def observe(
-        self,
-        request_id: str,
-        token_ids: Sequence[int],
-        topk_ids: Sequence[Sequence[int]] | None,
-        draft_ids: Sequence[int] = (),
-        draft_topk_ids: Sequence[Sequence[int]] = (),
-    ) -> None:
+    def observe(self, observations: Sequence[Observation]) -> None:
         return None  # the next catch-up syncs from ProposeRequest.token_ids
-
-    def release(self, request_id: str) -> None:
-        self._states.pop(request_id, None)
 
     # ---- the start-up profile --------------------------------------------------------------
     def time_passes(
@@ -271,7 +261,7 @@ class DraftModelProposer:
         return DraftQuery(ask.token_ids[start:], start, ask.block_ids)
 
     def _state(self, ask: ProposeRequest) -> _RequestState:
-        return self._states.setdefault(ask.request_id, _RequestState())
+        return ask.memos.setdefault(self.name, _RequestState())
 
     @staticmethod
     def _rows(

@@ -6,9 +6,9 @@ Longer n wins (a longer match predicts better); within one n, the most recent oc
 a full-length continuation wins, then the occurrences whose continuation is cut short by the
 end of the context, longest first.
 
-Each request keeps an incremental index (n-gram -> ascending end positions). It is synced from
-ProposeRequest.token_ids, adding only the tokens appended since the last step, so a step never
-rescans the context. Deterministic drafts: the verifier treats q as a point mass.
+Each request keeps an incremental index (n-gram -> ascending end positions) in its memos. It is
+synced from ProposeRequest.token_ids, adding only the tokens appended since the last step, so a
+step never rescans the context. Deterministic drafts: the verifier treats q as a point mass.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 from engine.config import SpecConfig
 from engine.outputs import Drafts, DraftTree
-from engine.speculation.proposers.proposer import ProposeRequest, collect_drafts
+from engine.speculation.proposers.proposer import Observation, ProposeRequest, collect_drafts
 from engine.speculation.proposers.tree_builders import TemplateNode, fill_template, trie_of
 
 MAX_TREE_CANDIDATES = 8  # distinct match positions merged into one tree
@@ -103,7 +103,6 @@ class NgramProposer:
         self.ngram_min = ngram_min
         self.ngram_max = ngram_max
         self.max_tree_candidates = max_tree_candidates
-        self._indexes: dict[str, NgramIndex] = {}
 
     @classmethod
     def from_config(cls, config: SpecConfig, **runtime: Any) -> NgramProposer:
@@ -116,25 +115,15 @@ class NgramProposer:
             lambda r: self._propose_tree(self._index(r), r.num_draft_tokens, r.tree_template),
         )
 
-    def observe(
-        self,
-        request_id: str,
-        token_ids: Sequence[int],
-        topk_ids: Sequence[Sequence[int]] | None,
-        draft_ids: Sequence[int] = (),
-        draft_topk_ids: Sequence[Sequence[int]] = (),
-    ) -> None:
+    def observe(self, observations: Sequence[Observation]) -> None:
         """Nothing to do: the index syncs from ProposeRequest.token_ids, which carries the
         verified tokens (and the prompt, which observe never sees)."""
 
-    def release(self, request_id: str) -> None:
-        self._indexes.pop(request_id, None)
-
     def _index(self, request: ProposeRequest) -> NgramIndex:
-        index = self._indexes.get(request.request_id)
+        index = request.memos.get(self.name)
         if index is None:
             index = NgramIndex(self.ngram_min, self.ngram_max)
-            self._indexes[request.request_id] = index
+            request.memos[self.name] = index
         index.sync(request.token_ids)
         return index
 

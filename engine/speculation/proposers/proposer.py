@@ -1,20 +1,23 @@
-"""The Proposer protocol every speculative proposer implements, and the registry that builds one.
+"""The Proposer protocol every speculative proposer implements.
 
 Per step the engine calls `propose` once for the batch (drafts follow each request's last
-verified token, the root), `observe` after verification with the newly verified tokens, and
-`release` when a request finishes. Proposers keep per-request state keyed by request_id and
-must drop it in `release`. engine/speculation/build.py builds them by name.
+verified token, the root) and `observe` once after verification with each request's verified
+step. A proposer keeps what it knows about a request in that request's memos (ProposeRequest
+and Observation carry them: the request's SpecState.memos, under the proposer's name), so it
+holds no map by request id and has nothing to free when a request finishes; the memos are
+dropped when the request is preempted (its KV blocks are freed). engine/speculation/build.py
+builds proposers by name.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from engine.outputs import Drafts, DraftTree
+    from engine.outputs import Drafts, DraftTree, RequestStepOutput
     from engine.sampling_params import SamplingParams
 
 
@@ -38,6 +41,25 @@ class ProposeRequest:
     # (engine/speculation/control/tree_shape.py); a proposer fills rank r with its r-th candidate.
     tree_template: tuple[tuple[int | None, int], ...] = ()
     proposer: str = ""  # proposer choice: the proposer the policy chose ("" = the only one)
+    # Each proposer's own state of this request, under its name (the request's SpecState.memos).
+    memos: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One request's verified step, as proposers see it.
+
+    step.token_ids: the newly verified tokens (accepted drafts + the bonus/correction token).
+    step.target_topk_ids[i], when asked for (Proposer.target_topk), is the target's top-k
+    next-token ids from the logits row that produced token_ids[i], so under greedy decoding
+    its first id is token_ids[i]; that row's input token is token_ids[i - 1], or the previous
+    root for i == 0. step.draft_topk_ids[j]: the same at the row whose input was draft j (the
+    token the target predicts after it, in that draft's context).
+    """
+
+    step: RequestStepOutput
+    draft_ids: tuple[int, ...] = ()  # this step's drafts (chain tokens or tree nodes), in row order
+    memos: dict[str, Any] = field(default_factory=dict)  # as ProposeRequest.memos
 
 
 @runtime_checkable
@@ -52,29 +74,8 @@ class Proposer(Protocol):
         num_draft_tokens nodes when tree=True. A request with nothing to propose is left out."""
         ...
 
-    def observe(
-        self,
-        request_id: str,
-        token_ids: Sequence[int],
-        topk_ids: Sequence[Sequence[int]] | None,
-        draft_ids: Sequence[int] = (),
-        draft_topk_ids: Sequence[Sequence[int]] = (),
-    ) -> None:
-        """Newly verified tokens of one request (accepted drafts + the bonus/correction token).
-
-        topk_ids[i], when given, is the target's top-k next-token ids from the same logits row
-        that produced token_ids[i] (RequestStepOutput.target_topk_ids), so under greedy
-        decoding topk_ids[i][0] == token_ids[i]. The row's input token is token_ids[i - 1],
-        or the previous root for i == 0. draft_ids: this step's drafts (chain tokens or tree
-        nodes, accepted or not); draft_topk_ids[j], when given, the target's top ids at the
-        row whose input was draft j (the token the target predicts after it, in that draft's
-        context).
-        """
-        ...
-
-    def release(self, request_id: str) -> None:
-        """The request finished, was aborted, or was preempted (its KV blocks were freed and
-        it will be recomputed): forget its state."""
+    def observe(self, observations: Sequence[Observation]) -> None:
+        """The step's verified tokens, one Observation per request that got any."""
         ...
 
 

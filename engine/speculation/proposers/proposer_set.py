@@ -2,9 +2,9 @@
 
 Each ProposeRequest names the proposer the policy chose for it (`proposer`); propose() hands
 each proposer its own requests and merges the drafts. Every proposer keeps its state
-consistent whichever one ran: observe() and release() reach all of them (the n-gram index and
-the draft model sync from ProposeRequest.token_ids when next asked, the recycle matrix learns
-from every verified token), and target_topk is the largest any of them wants, asked every step.
+consistent whichever one ran: observe() reaches all of them (the n-gram index and the draft
+model sync from ProposeRequest.token_ids when next asked, the recycle matrix learns from every
+verified token), and target_topk is the largest any of them wants, asked every step.
 
 The CPU time of model-free proposers is measured per request asked (an exponential average),
 for the policy's cost of choosing them; the draft model's time is the cost model's
@@ -17,7 +17,12 @@ import time
 from collections.abc import Mapping, Sequence
 
 from engine.outputs import Drafts
-from engine.speculation.proposers.proposer import DRAFT_PROPOSER, Proposer, ProposeRequest
+from engine.speculation.proposers.proposer import (
+    DRAFT_PROPOSER,
+    Observation,
+    Proposer,
+    ProposeRequest,
+)
 
 SECONDS_DECAY = 0.9  # weight of the previous CPU-time estimate
 
@@ -56,17 +61,6 @@ class ProposerSet:
         new = seconds if old is None else SECONDS_DECAY * old + (1 - SECONDS_DECAY) * seconds
         self.seconds_per_request[name] = new
 
-    def observe(
-        self,
-        request_id: str,
-        token_ids: Sequence[int],
-        topk_ids: Sequence[Sequence[int]] | None,
-        draft_ids: Sequence[int] = (),
-        draft_topk_ids: Sequence[Sequence[int]] = (),
-    ) -> None:
+    def observe(self, observations: Sequence[Observation]) -> None:
         for proposer in self.proposers.values():
-            proposer.observe(request_id, token_ids, topk_ids, draft_ids, draft_topk_ids)
-
-    def release(self, request_id: str) -> None:
-        for proposer in self.proposers.values():
-            proposer.release(request_id)
+            proposer.observe(observations)

@@ -11,7 +11,8 @@ the engine passes one learned from verified trees (tree_shape.py); without it, t
 static prior over ranks gives one, wide near the root and deep along the top-1 path. A node's
 token is adj[parent token][rank]; template nodes whose parent row was never observed (or whose
 token repeats a sibling's) are dropped with their subtrees, and the first num_draft_tokens surviving
-nodes form the tree, emitted in breadth-first order.
+nodes form the tree, emitted in breadth-first order. The one thing kept per request is its last
+verified token (the root the next step's top-k rows follow), in the request's memos.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import numpy as np
 
 from engine.config import SpecConfig
 from engine.outputs import Drafts, DraftTree
-from engine.speculation.proposers.proposer import ProposeRequest, collect_drafts
+from engine.speculation.proposers.proposer import Observation, ProposeRequest, collect_drafts
 from engine.speculation.proposers.tree_builders import TemplateNode, best_first_template
 
 NUM_CANDIDATES = 8
@@ -55,7 +56,6 @@ class RecycleProposer:
         self._template = best_first_template(
             lambda depth, rank: prior[rank] if rank < len(prior) else 0.0, max_template_nodes
         )[0]
-        self._root_ids: dict[str, int] = {}  # request_id -> last verified token seen
 
     @classmethod
     def from_config(
@@ -75,30 +75,30 @@ class RecycleProposer:
             return []
         return self.adjacency[token_id, : self.row_lengths[token_id]].tolist()
 
-    def observe(
-        self,
-        request_id: str,
-        token_ids: Sequence[int],
-        topk_ids: Sequence[Sequence[int]] | None,
-        draft_ids: Sequence[int] = (),
-        draft_topk_ids: Sequence[Sequence[int]] = (),
-    ) -> None:
+    def observe(self, observations: Sequence[Observation]) -> None:
+        for observation in observations:
+            self._observe(observation)
+
+    def _observe(self, observation: Observation) -> None:
         """Row of the input token of each verified position <- that position's top-k.
 
-        topk_ids[i] came from the logits row whose input was token_ids[i - 1] (the previous
-        root for i == 0; unknown before this request's first propose, so then skipped).
+        target_topk_ids[i] came from the logits row whose input was token_ids[i - 1] (the
+        previous root for i == 0; unknown before this request's first propose or observe
+        after a preemption, so then skipped).
         """
-        if topk_ids is not None:
-            previous = self._root_ids.get(request_id)
-            for i, topk in enumerate(topk_ids[: len(token_ids)]):
+        step, memos = observation.step, observation.memos
+        token_ids = step.token_ids
+        if step.target_topk_ids:
+            previous = memos.get(self.name)
+            for i, topk in enumerate(step.target_topk_ids[: len(token_ids)]):
                 input_id = previous if i == 0 else token_ids[i - 1]
                 if input_id is not None:
                     self._update_row(int(input_id), topk)
         # Rejected drafts were verified too: their rows hold the target's top-k after them.
-        for draft_id, topk in zip(draft_ids, draft_topk_ids):
+        for draft_id, topk in zip(observation.draft_ids, step.draft_topk_ids):
             self._update_row(int(draft_id), topk)
         if len(token_ids):
-            self._root_ids[request_id] = int(token_ids[-1])
+            memos[self.name] = int(token_ids[-1])
 
     def _update_row(self, token_id: int, topk: Sequence[int]) -> None:
         if not 0 <= token_id < self.vocab_size:
@@ -109,14 +109,10 @@ class RecycleProposer:
         self.adjacency[token_id, : len(candidates)] = candidates
         self.row_lengths[token_id] = len(candidates)
 
-    def release(self, request_id: str) -> None:
-        # The adjacency is shared and outlives requests; only the root pointer is per request.
-        self._root_ids.pop(request_id, None)
-
     def propose(self, requests: Sequence[ProposeRequest]) -> Drafts:
         for request in requests:  # the root is remembered even when nothing is drafted
             if len(request.token_ids):
-                self._root_ids[request.request_id] = int(request.token_ids[-1])
+                request.memos[self.name] = int(request.token_ids[-1])
         asks = [r for r in requests if len(r.token_ids)]
         return collect_drafts(
             asks,

@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from engine.request import SpecState
 from engine.speculation.control.acceptance import (
     AcceptanceEstimator,
     expected_emitted,
@@ -18,6 +19,7 @@ from engine.speculation.control.policy import SpecCandidate, SpecResult
 from engine.speculation.control.search import SearchProblem, SearchSlot, best_lengths
 from engine.speculation.control.step_features import StepFeatures
 from kernels.graph_shapes import NO_GRAPHS, GraphShapes
+from tests.engine.factories import request_state_in
 
 DECODE_GRAPHS = GraphShapes((1, 2, 4, 8), 1)  # decode steps replayed, verification eager
 VERIFY_GRAPHS = GraphShapes((1, 2, 4, 8), 5)  # chains of up to 4 drafts replayed too
@@ -61,6 +63,24 @@ def decode_base(num_requests: int, context_len: int = 200) -> StepFeatures:
     return StepFeatures.from_shapes([(context_len, 1, 0)] * num_requests)
 
 
+# Each test's requests' speculation records (SpecState), by request id: what a policy learns
+# about a request lives on its record, as it does on an engine Request.
+RECORDS: dict[str, SpecState] = {}
+
+
+@pytest.fixture(autouse=True)
+def fresh_records():
+    RECORDS.clear()
+
+
+def spec(request_id: str) -> SpecState:
+    return RECORDS.setdefault(request_id, SpecState())
+
+
+def result(request_id: str, num_draft_tokens: int, num_accepted: int, proposer: str = ""):
+    return SpecResult(request_id, num_draft_tokens, num_accepted, proposer, spec=spec(request_id))
+
+
 def teach(policy: GoodputPolicy, request_id: str, acceptance: float, rounds: int = 30) -> None:
     """Feed results as if every chain of 4 accepted a fraction `acceptance` per position."""
     rng = random.Random(request_id)
@@ -68,11 +88,15 @@ def teach(policy: GoodputPolicy, request_id: str, acceptance: float, rounds: int
         accepted = 0
         while accepted < 4 and rng.random() < acceptance:
             accepted += 1
-        policy.acceptance.update(SpecResult(request_id, 4, accepted))
+        policy.acceptance.update(result(request_id, 4, accepted))
+
+
+def candidate(request_id: str, max_draft_tokens: int = 8) -> SpecCandidate:
+    return SpecCandidate(request_id, 200, max_draft_tokens, spec(request_id))
 
 
 def candidates(*request_ids: str, max_draft_tokens: int = 8) -> list[SpecCandidate]:
-    return [SpecCandidate(request_id, 200, max_draft_tokens) for request_id in request_ids]
+    return [candidate(request_id, max_draft_tokens) for request_id in request_ids]
 
 
 def test_expected_emitted_matches_the_sum_of_prefix_probabilities():
@@ -106,14 +130,13 @@ def test_requests_of_different_acceptance_get_different_k_in_one_batch():
     plan = policy.plan(candidates("good", "poor"), decode_base(2))
     assert plan.get("good", 0) >= 3
     assert plan.get("good", 0) > plan.get("poor", 0)
-    rates = policy.acceptance_rates()
-    assert rates["good"] > 0.75 and rates["poor"] < 0.3
+    assert policy.rate(spec("good")) > 0.75 and policy.rate(spec("poor")) < 0.3
 
 
 def test_k_respects_each_request_cap_and_the_token_budget():
     cost = LinearCost(intercept=0.02, per_token=1e-5)
     policy = GoodputPolicy(cost, max_draft_tokens=8, prior=0.9)
-    capped = [SpecCandidate("a", 200, 2), SpecCandidate("b", 200, 0), SpecCandidate("c", 200, 9)]
+    capped = [candidate("a", 2), candidate("b", 0), candidate("c", 9)]
     assert policy.plan(capped, decode_base(3)) == {"a": 2, "c": 8}
     budgeted = GoodputPolicy(cost, max_draft_tokens=8, prior=0.9, token_budget=3 + 5)
     assert sum(budgeted.plan(candidates("a", "b", "c"), decode_base(3)).values()) == 5
@@ -265,22 +288,23 @@ def test_acceptance_estimate_converges_despite_truncated_chains():
             accepted = 0
             while accepted < k and rng.random() < a:
                 accepted += 1
-            estimator.update(SpecResult(request_id, k, accepted))
-            history.append(estimator.rate(request_id))
+            estimator.update(result(request_id, k, accepted))
+            history.append(estimator.rate(spec(request_id)))
         assert sum(history[-300:]) / 300 == pytest.approx(a, abs=0.04)
     assert 0.4 < estimator.prior() < 0.8  # the global prior pools both requests
 
 
 def test_prior_cannot_collapse_and_new_requests_start_from_it():
     estimator = AcceptanceEstimator(prior=0.6, prior_bounds=(0.1, 0.95))
-    assert estimator.rate("new") == pytest.approx(0.6)
+    assert estimator.rate(spec("new")) == pytest.approx(0.6)
     for _ in range(1000):
-        estimator.update(SpecResult("bad", 4, 0))
-    assert estimator.rate("bad") < 0.01
+        estimator.update(result("bad", 4, 0))
+    assert estimator.rate(spec("bad")) < 0.01
     assert estimator.prior() == pytest.approx(0.1)
-    assert estimator.rate("fresh") == pytest.approx(0.1)
-    estimator.release("bad")
-    assert "bad" not in estimator.rates()
+    assert estimator.rate(spec("fresh")) == pytest.approx(0.1)
+    # The request's estimate lives on its record: the estimator keeps nothing of it.
+    assert spec("bad").acceptance.keys() == {estimator.name}
+    assert not request_state_in(estimator, lambda key: key in RECORDS)
 
 
 def test_a_request_whose_acceptance_fell_to_zero_is_retried_now_and_then():
@@ -288,7 +312,7 @@ def test_a_request_whose_acceptance_fell_to_zero_is_retried_now_and_then():
         LinearCost(0.01, 2e-3), max_draft_tokens=4, prior=0.1, explore_interval=5
     )
     for _ in range(50):
-        policy.acceptance.update(SpecResult("dead", 4, 0))
+        policy.acceptance.update(result("dead", 4, 0))
     plans = [policy.plan(candidates("dead"), decode_base(1)) for _ in range(20)]
     retried = [i for i, plan in enumerate(plans) if plan]
     assert plans.count({"dead": 1}) == len(retried) == 3  # every 5th plan, one draft
@@ -319,15 +343,16 @@ def test_under_load_retries_come_about_once_per_four_plans():
     assert set(explored) == {f"r{i}" for i in range(16)}  # every request is retried
 
 
-def test_observe_feeds_the_cost_model_and_acceptance_and_release_forgets():
+def test_observe_feeds_the_cost_model_and_the_requests_own_acceptance():
     cost = LinearCost(0.01, 1e-3)
     policy = GoodputPolicy(cost, max_draft_tokens=4)
     features = decode_base(2).with_drafts(3, 1)
-    policy.observe([SpecResult("a", 3, 3), SpecResult("b", 0, 0)], features, 0.015)
+    policy.observe([result("a", 3, 3), result("b", 0, 0)], features, 0.015)
     assert cost.observed == [(features, 0.015)]
-    assert policy.acceptance_rates().keys() == {"a"}
-    policy.release("a")
-    assert policy.acceptance_rates() == {}
+    assert spec("a").acceptance and not spec("b").acceptance  # b verified no drafts
+    # Nothing of the requests stays in the policy: a finished request needs no release.
+    policy.plan(candidates("a", "b"), decode_base(2))
+    assert not request_state_in(policy, lambda key: key in RECORDS)
 
 
 def test_until_the_cost_model_is_fitted_k_cycles_to_excite_it():
@@ -363,9 +388,9 @@ def test_tree_gains_are_sorted_path_probabilities_and_beat_a_chain():
 def test_tree_mode_plans_node_budgets_from_tree_results():
     policy = GoodputPolicy(LinearCost(0.01, 1e-3), max_draft_tokens=32, tree=True, prior=0.5)
     for _ in range(40):
-        policy.acceptance.update(SpecResult("good", 16, 6))
-        policy.acceptance.update(SpecResult("poor", 16, 2))
-        policy.acceptance.update(SpecResult("dead", 16, 0))
+        policy.acceptance.update(result("good", 16, 6))
+        policy.acceptance.update(result("poor", 16, 2))
+        policy.acceptance.update(result("dead", 16, 0))
     plan = policy.plan(candidates("good", "poor", "dead", max_draft_tokens=64), decode_base(3))
     assert 0 < plan["poor"] < plan["good"] <= 32 and "dead" not in plan
-    assert policy.acceptance_rates()["good"] > policy.acceptance_rates()["poor"]
+    assert policy.rate(spec("good")) > policy.rate(spec("poor"))

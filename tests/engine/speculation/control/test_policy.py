@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from engine.request import SpecState
 from engine.speculation.build import make_policy
 from engine.speculation.control.cost_model import OnlineLinearCostModel
 from engine.speculation.control.goodput import GoodputPolicy
@@ -11,16 +12,16 @@ from engine.speculation.control.policy import FixedPolicy, OffPolicy, SpecCandid
 from engine.speculation.control.step_features import StepFeatures
 
 BASE = StepFeatures.from_shapes([(100, 1, 0)] * 3)
-CANDIDATES = [SpecCandidate("a", 100, 8), SpecCandidate("b", 100, 2), SpecCandidate("c", 100, 0)]
+CANDIDATES = [SpecCandidate(i, 100, k, SpecState()) for i, k in (("a", 8), ("b", 2), ("c", 0))]
 
 
 def test_off_never_speculates():
     policy = OffPolicy()
     assert policy.plan(CANDIDATES, BASE) == {}
     assert policy.last_predicted_step_time is None
-    policy.observe([SpecResult("a", 3, 1)], BASE, 0.01)
-    policy.release("a")
+    policy.observe([SpecResult("a", 3, 1, spec=CANDIDATES[0].spec)], BASE, 0.01)
     assert policy.plan(CANDIDATES, BASE) == {}
+    assert CANDIDATES[0].spec == SpecState()  # learned nothing about the request
 
 
 def test_fixed_gives_k_capped_by_each_request_and_omits_zero():

@@ -111,9 +111,6 @@ class RandomPolicy:
     def observe(self, results, features, step_seconds) -> None:
         return None
 
-    def release(self, request_id: str) -> None:
-        return None
-
 
 @pytest.fixture(scope="module")
 def reference(tiny_model_dir) -> list[list[int]]:
@@ -205,41 +202,36 @@ def record_proposals(llm: LLM) -> list:
     return records
 
 
-def record_events(llm: LLM) -> list[tuple[str, str]]:
-    """("preempt" | "release" | "propose", request id) in the order they happen."""
+def record_events(llm: LLM) -> list[tuple[str, str, dict | None]]:
+    """("preempt", request id, None) and ("propose", request id, the request's memos as the
+    proposer found them) in the order they happen."""
     scheduler, proposer = llm.engine.scheduler, llm.engine.spec.proposer
-    schedule, release, propose = scheduler.schedule, proposer.release, proposer.propose
-    events: list[tuple[str, str]] = []
+    schedule, propose = scheduler.schedule, proposer.propose
+    events: list[tuple[str, str, dict | None]] = []
 
     def recording_schedule(plan):
         output = schedule(plan)
-        events.extend(("preempt", request_id) for request_id in output.preempted_ids)
+        events.extend(("preempt", request_id, None) for request_id in output.preempted_ids)
         return output
 
-    def recording_release(request_id):
-        events.append(("release", request_id))
-        release(request_id)
-
     def recording_propose(requests):
-        events.extend(("propose", r.request_id) for r in requests)
+        events.extend(("propose", r.request_id, dict(r.memos)) for r in requests)
         return propose(requests)
 
-    scheduler.schedule, proposer.release = recording_schedule, recording_release
-    proposer.propose = recording_propose
+    scheduler.schedule, proposer.propose = recording_schedule, recording_propose
     return events
 
 
-def assert_preempted_state_dropped(events: list[tuple[str, str]]) -> None:
-    """A preempted request's draft state is released before it drafts again."""
-    stale: set[str] = set()
-    for kind, request_id in events:
+def assert_preempted_state_dropped(events: list[tuple[str, str, dict | None]]) -> None:
+    """A preempted request's draft state is gone when it drafts again."""
+    preempted: set[str] = set()
+    for kind, request_id, memos in events:
         if kind == "preempt":
-            stale.add(request_id)
-        elif kind == "release":
-            stale.discard(request_id)
-        else:
-            assert request_id not in stale, f"{request_id} drafted with stale state"
-    assert any(kind == "preempt" for kind, _ in events)
+            preempted.add(request_id)
+        elif request_id in preempted:
+            assert memos == {}, f"{request_id} drafted with stale state: {memos}"
+            preempted.discard(request_id)
+    assert any(kind == "preempt" for kind, _, _ in events)
 
 
 class ReferenceDraft:

@@ -7,12 +7,13 @@ import random
 import pytest
 
 from engine.speculation.proposers.ngram import NgramIndex, NgramProposer
-from engine.speculation.proposers.proposer import ProposeRequest
 from engine.speculation.proposers.tree_builders import trie_of
+from tests.engine.factories import request_state_in
+from tests.engine.speculation.proposers.asks import ask, fresh_memos, memos  # noqa: F401
 
 
 def chain(proposer: NgramProposer, token_ids: list[int], k: int, request_id: str = "r") -> list:
-    drafts = proposer.propose([ProposeRequest(request_id, token_ids, k, tree=False)])
+    drafts = proposer.propose([ask(request_id, token_ids, k, tree=False)])
     assert not drafts.trees
     return drafts.chains.get(request_id, [])
 
@@ -39,7 +40,8 @@ def test_longest_ngram_wins_over_more_recent_short_match():
     proposer = NgramProposer(ngram_min=1, ngram_max=3)
     assert chain(proposer, token_ids, 2) == [7, 8]
     # With only unigrams allowed, the most recent 3 (followed by 9, 6) wins instead.
-    assert chain(NgramProposer(ngram_min=1, ngram_max=1), token_ids, 2) == [9, 6]
+    unigrams = NgramProposer(ngram_min=1, ngram_max=1)  # another engine: another request
+    assert chain(unigrams, token_ids, 2, "other") == [9, 6]
 
 
 def test_most_recent_full_continuation_then_longest_short_one():
@@ -56,10 +58,10 @@ def test_no_match_or_no_budget_gives_no_drafts():
     proposer = NgramProposer(ngram_min=2, ngram_max=3)
     drafts = proposer.propose(
         [
-            ProposeRequest("fresh", [1, 2, 3, 4, 5], 4, tree=False),
-            ProposeRequest("tree", [1, 2, 3, 4, 5], 4, tree=True),
-            ProposeRequest("zero", [1, 2, 1, 2], 0, tree=False),
-            ProposeRequest("short", [7], 4, tree=False),
+            ask("fresh", [1, 2, 3, 4, 5], 4, tree=False),
+            ask("tree", [1, 2, 3, 4, 5], 4, tree=True),
+            ask("zero", [1, 2, 1, 2], 0, tree=False),
+            ask("short", [7], 4, tree=False),
         ]
     )
     assert drafts.chains == {} and drafts.trees == {}
@@ -92,8 +94,8 @@ def test_chains_and_trees_follow_the_index_candidates():
         ends = brute_force_ends(token_ids, 1, 3, k, 4)
         drafts = proposer.propose(
             [
-                ProposeRequest("c", token_ids, k, tree=False),
-                ProposeRequest("t", token_ids, k, tree=True),
+                ask("c", token_ids, k, tree=False),
+                ask("t", token_ids, k, tree=True),
             ]
         )
         expected_chain = token_ids[ends[0] : ends[0] + k] if ends else []
@@ -137,13 +139,13 @@ def test_tree_merges_shared_prefixes_within_budget():
     # After suffix (1, 2): earlier occurrences continue 5 6 7 and 5 6 8 and 9.
     token_ids = [1, 2, 5, 6, 8, 0, 1, 2, 9, 0, 1, 2, 5, 6, 7, 0, 1, 2]
     proposer = NgramProposer(ngram_min=2, ngram_max=2)
-    tree = proposer.propose([ProposeRequest("r", token_ids, 16, tree=True)]).trees["r"]
+    tree = proposer.propose([ask("r", token_ids, 16, tree=True)]).trees["r"]
     assert_valid_tree(tree, 16)
     node_paths = set(paths(tree))
     assert {(5, 6, 7), (5, 6, 8), (9,)} <= node_paths
     assert sum(1 for p in tree.parent_ids if p is None) == 2  # 5 and 9 share the root
     for budget in (1, 2, 3, 5):
-        small = proposer.propose([ProposeRequest("r", token_ids, budget, tree=True)]).trees["r"]
+        small = proposer.propose([ask("r", token_ids, budget, tree=True)]).trees["r"]
         assert_valid_tree(small, budget)
         assert small.num_nodes == budget
         assert small.token_ids[0] == 5  # the best candidate's first token is always kept
@@ -163,10 +165,8 @@ def test_trie_of_budget_split(budget):
     assert trie_of([best], budget).depths() == list(range(1, budget + 1))
 
 
-def test_release_drops_request_state():
+def test_the_index_lives_in_the_requests_memos():
     proposer = NgramProposer()
     assert chain(proposer, [1, 2, 1, 2, 1], 2, "x") == [2, 1]
-    assert "x" in proposer._indexes
-    proposer.release("x")
-    proposer.release("never-seen")
-    assert "x" not in proposer._indexes
+    assert isinstance(memos("x")["ngram"], NgramIndex)
+    assert not request_state_in(proposer, lambda key: key == "x")

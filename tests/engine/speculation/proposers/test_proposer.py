@@ -9,8 +9,9 @@ import pytest
 from engine.config import SpecConfig
 from engine.speculation.build import make_proposer, proposer_names
 from engine.speculation.proposers.ngram import NgramProposer
-from engine.speculation.proposers.proposer import Proposer, ProposeRequest
+from engine.speculation.proposers.proposer import Proposer
 from engine.speculation.proposers.recycle import RecycleProposer
+from tests.engine.speculation.proposers.asks import ask, fresh_memos, observation  # noqa: F401
 
 VOCAB = 50
 
@@ -66,16 +67,15 @@ def test_engine_loop_drafts_get_accepted_once_the_pattern_repeats(name):
     num_accepted = num_proposed = 0
     for _ in range(40):
         root_id = token_ids[-1]
-        drafts = proposer.propose([ProposeRequest("r", list(token_ids), 4)])
+        drafts = proposer.propose([ask("r", list(token_ids), 4)])
         chain = drafts.chains.get("r", [])
         assert len(chain) <= 4 and drafts.proposer_time >= 0
         emitted = verify_greedy(root_id, chain)
         num_proposed += len(chain)
         num_accepted += len(emitted) - 1
         inputs = [root_id, *emitted[:-1]]  # the input token of each emitted token's logits row
-        proposer.observe("r", emitted, [target_topk(t) for t in inputs])
+        proposer.observe([observation("r", emitted, [target_topk(t) for t in inputs])])
         token_ids += emitted
-    proposer.release("r")
     # The successor function cycles, so both the n-gram index and the adjacency learn it.
     assert num_proposed > 0 and num_accepted / num_proposed > 0.8
     assert len(token_ids) > 3 + 40 * 2  # more than one token per step on average
@@ -86,11 +86,11 @@ def test_batched_tree_proposals_respect_each_budget(name):
     proposer = make_proposer(SpecConfig(proposer=name), vocab_size=VOCAB)
     token_ids = [0]
     for _ in range(120):
-        proposer.observe("warm", [target_next(token_ids[-1])], [target_topk(token_ids[-1])])
+        step = observation("warm", [target_next(token_ids[-1])], [target_topk(token_ids[-1])])
+        proposer.observe([step])
         token_ids.append(target_next(token_ids[-1]))
     requests = [
-        ProposeRequest(f"r{budget}", token_ids[: 60 + budget], budget, tree=True)
-        for budget in (1, 3, 8, 20)
+        ask(f"r{budget}", token_ids[: 60 + budget], budget, tree=True) for budget in (1, 3, 8, 20)
     ]
     drafts = proposer.propose(requests)
     assert not drafts.chains

@@ -7,8 +7,9 @@ import random
 import pytest
 
 from engine.config import SpecConfig
-from engine.speculation.proposers.proposer import ProposeRequest
 from engine.speculation.proposers.recycle import RecycleProposer
+from tests.engine.factories import request_state_in
+from tests.engine.speculation.proposers.asks import ask, fresh_memos, memos, observation  # noqa: F401
 
 VOCAB = 64
 
@@ -21,7 +22,7 @@ def full_adjacency(proposer: RecycleProposer, seed: int = 0) -> None:
 
 
 def propose_one(proposer: RecycleProposer, token_ids: list[int], budget: int, tree: bool):
-    drafts = proposer.propose([ProposeRequest("r", token_ids, budget, tree=tree)])
+    drafts = proposer.propose([ask("r", token_ids, budget, tree=tree)])
     return drafts.trees.get("r") if tree else drafts.chains.get("r", [])
 
 
@@ -29,37 +30,39 @@ def test_observe_updates_the_input_tokens_rows():
     proposer = RecycleProposer(VOCAB)
     assert propose_one(proposer, [3, 4, 5], 4, tree=False) == []  # root 5 never observed
     # Verified 10, 11 after root 5: topk[0] came from 5's row, topk[1] from 10's row.
-    proposer.observe("r", [10, 11], [(10, 20, 30), (11, 21)])
+    proposer.observe([observation("r", [10, 11], [(10, 20, 30), (11, 21)])])
     assert proposer.candidates(5) == [10, 20, 30]
     assert proposer.candidates(10) == [11, 21]
     assert proposer.candidates(11) == []
     # The next observe continues from root 11; a newer top-k replaces the old row.
-    proposer.observe("r", [12], [(12, 22)])
-    proposer.observe("r", [13], [(13,)])
+    proposer.observe([observation("r", [12], [(12, 22)])])
+    proposer.observe([observation("r", [13], [(13,)])])
     assert proposer.candidates(11) == [12, 22] and proposer.candidates(12) == [13]
-    proposer.observe("r", [14], [(40, 41)])
-    proposer.observe("r", [15], [(50, 51)])
-    proposer.observe("r", [16], [(60,)])
+    proposer.observe([observation("r", [14], [(40, 41)])])
+    proposer.observe([observation("r", [15], [(50, 51)])])
+    proposer.observe([observation("r", [16], [(60,)])])
     assert proposer.candidates(13) == [40, 41]
 
 
 def test_observe_without_root_or_topk_only_moves_the_root():
     proposer = RecycleProposer(VOCAB)
-    proposer.observe("r", [7, 8], [(7, 1), (8, 2)])  # first token's input row unknown: skipped
+    # The first token's input row is unknown (no root seen yet): skipped.
+    proposer.observe([observation("r", [7, 8], [(7, 1), (8, 2)])])
     assert proposer.candidates(7) == [8, 2]
     assert int(proposer.row_lengths.sum()) == 2
-    proposer.observe("r", [9], None)
-    proposer.observe("r", [10], [(10,)])
+    proposer.observe([observation("r", [9], None)])
+    proposer.observe([observation("r", [10], [(10,)])])
     assert proposer.candidates(9) == [10]
     assert proposer.candidates(8) == []
 
 
 def test_observe_truncates_to_k_and_ignores_out_of_vocab():
     proposer = RecycleProposer(VOCAB, num_candidates=4)
-    proposer.propose([ProposeRequest("r", [1], 0)])  # records root 1
-    proposer.observe("r", [2], [(2, 3, 999, 4, 5, 6)])
+    proposer.propose([ask("r", [1], 0)])  # records root 1
+    proposer.observe([observation("r", [2], [(2, 3, 999, 4, 5, 6)])])
     assert proposer.candidates(1) == [2, 3, 4, 5]
-    proposer.observe("r", [999], [(1,)])  # an out-of-vocab input row is ignored, not a crash
+    # An out-of-vocab input row is ignored, not a crash.
+    proposer.observe([observation("r", [999], [(1,)])])
     assert proposer.candidates(999) == []
 
 
@@ -128,12 +131,13 @@ def test_from_config_needs_vocab_size_and_validates_prior():
         RecycleProposer(10, num_candidates=9)
 
 
-def test_release_forgets_the_root_but_keeps_the_shared_adjacency():
+def test_dropped_memos_forget_the_root_but_keep_the_shared_adjacency():
     proposer = RecycleProposer(VOCAB)
-    proposer.propose([ProposeRequest("r", [1], 4)])
-    proposer.observe("r", [2], [(2, 3)])
-    proposer.release("r")
-    proposer.observe("r", [4], [(9,)])  # root forgotten: the first row update is skipped
+    proposer.propose([ask("r", [1], 4)])
+    proposer.observe([observation("r", [2], [(2, 3)])])
+    assert memos("r") == {"recycle": 2} and not request_state_in(proposer, lambda k: k == "r")
+    memos("r").clear()  # as the driver does when the request is preempted
+    proposer.observe([observation("r", [4], [(9,)])])  # root forgotten: first row update skipped
     assert proposer.candidates(1) == [2, 3] and proposer.candidates(2) == []
 
 
@@ -141,6 +145,7 @@ def test_rejected_drafts_rows_are_recycled_too():
     """A rejected draft's row still holds the target's top-k after that token."""
     proposer = RecycleProposer(vocab_size=50)
     propose_one(proposer, [3], 2, tree=False)  # remember the root
-    proposer.observe("r", [7], [[7, 8]], draft_ids=(20, 21), draft_topk_ids=((30, 31), (40,)))
+    drafts_topk = ((30, 31), (40,))
+    proposer.observe([observation("r", [7], [[7, 8]], (20, 21), drafts_topk)])
     assert proposer.candidates(3) == [7, 8]  # the emitted token's row, as before
     assert proposer.candidates(20) == [30, 31] and proposer.candidates(21) == [40]

@@ -123,7 +123,9 @@ class LLMEngine:
 
     # ---- the step ------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        plan = self.spec.plan(self.scheduler.running, self.scheduler.waiting)  # 1. k per request
+        plan = self.spec.plan(
+            self.scheduler.running, self.scheduler.waiting
+        )  # 1. draft tokens per request
         sched = self.scheduler.schedule(plan)  # 2. token budget, KV blocks, preemption
         drafts = self.spec.propose(sched)  # 3. chains or trees for the planned requests
         out = self._execute(sched, drafts)  # 4. one forward + batched verification

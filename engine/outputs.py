@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from engine.request import Request
+    from engine.request import Request, SpecCounts
 
 # request_id -> number of draft tokens (chains) or tree node budget (trees) for this step.
 SpecPlan = dict[str, int]
@@ -155,18 +155,6 @@ class ModelOutput:
     step_time: float = 0.0  # seconds, forward + sampling + verification (host-synced)
 
 
-@dataclass(frozen=True)
-class SpecStats:
-    """A request's speculation so far, for its caller (the API reports it in `usage`)."""
-
-    proposer: str  # the engine's proposer (ngram, recycle, draft; several: "ngram,draft")
-    num_draft_tokens: int = 0  # draft tokens (tree nodes) verified
-    num_accepted_tokens: int = 0  # of which accepted
-    num_verify_steps: int = 0  # steps that verified at least one draft
-    # The same counts per proposer that drafted for the request, each with its name.
-    by_proposer: tuple[SpecStats, ...] = ()
-
-
 @dataclass
 class RequestOutput:
     """What the engine hands to callers after each step (and, complete, from LLM.generate)."""
@@ -189,7 +177,7 @@ class RequestOutput:
     index: int = 0  # choice index for n > 1
     group_id: str | None = None  # the user's request id for n > 1 (children share it)
     metrics: dict[str, float] = field(default_factory=dict)  # arrival, first token, finish times
-    spec: SpecStats | None = None  # None when the engine has no proposer
+    spec: SpecCounts | None = None  # this request's, so far; None when the engine has no proposer
 
 
 @dataclass(frozen=True)

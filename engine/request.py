@@ -11,6 +11,7 @@ A request with n > 1 is split by the engine into n Requests; children carry pare
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
 import time
@@ -53,23 +54,33 @@ _FINISH_REASONS = {
 
 @dataclass
 class SpecCounts:
-    """One request's speculation so far (DESIGN §3: per-request spec statistics)."""
+    """Verified speculation, the one counter type: drafts verified (a chain or a tree each, so
+    one per verify step of a request), their tokens (tree nodes) and how many of those were
+    accepted, overall and per proposer that drafted them. A request's (SpecState.counts), its
+    RequestOutput's (a snapshot: DESIGN §3's per-request spec statistics) and the engine's
+    totals (SpecDriver.totals, behind EngineStats) are all SpecCounts."""
 
-    num_draft_tokens: int = 0  # draft tokens (tree nodes) verified
-    num_accepted_tokens: int = 0  # of which accepted
-    num_verify_steps: int = 0  # steps that verified at least one draft
+    proposer: str = ""  # whose drafts: the engine's proposer ("ngram,draft" when several)
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
     by_proposer: dict[str, SpecCounts] = field(default_factory=dict)  # the same, per proposer
 
-    def add(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
-        if num_draft_tokens > 0:
-            self.num_draft_tokens += num_draft_tokens
-            self.num_accepted_tokens += num_accepted_tokens
-            self.num_verify_steps += 1
+    def add(self, num_draft_tokens: int, num_accepted_tokens: int, proposer: str = "") -> None:
+        """One verified draft (none without tokens), counted under `proposer` too when named."""
+        if num_draft_tokens <= 0:
+            return
+        self.num_drafts += 1
+        self.num_draft_tokens += num_draft_tokens
+        self.num_accepted_tokens += num_accepted_tokens
+        if proposer:
+            share = self.by_proposer.setdefault(proposer, SpecCounts(proposer))
+            share.add(num_draft_tokens, num_accepted_tokens)
 
-    def add_proposer(self, proposer: str, num_draft_tokens: int, num_accepted: int) -> None:
-        """The same step's counts again, under the proposer that drafted them (the
-        scheduler adds the totals; the speculation driver knows the proposer)."""
-        self.by_proposer.setdefault(proposer, SpecCounts()).add(num_draft_tokens, num_accepted)
+    def snapshot(self, proposer: str) -> SpecCounts:
+        """A copy, named after `proposer`, that later steps do not change."""
+        shares = {name: dataclasses.replace(c) for name, c in self.by_proposer.items()}
+        return dataclasses.replace(self, proposer=proposer, by_proposer=shares)
 
 
 @dataclass

@@ -16,7 +16,8 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from engine.front.async_engine import RequestStream
-from engine.outputs import RequestOutput, SpecStats, TokenLogprobs
+from engine.outputs import RequestOutput, TokenLogprobs
+from engine.request import SpecCounts
 from server.logprobs import chat_logprobs
 from server.protocol import ChatCompletionRequest
 from server.responses import (
@@ -87,7 +88,7 @@ async def _collect(ctx: ServingContext, job: _ChatJob) -> ChatCompletionResponse
     logprobs: list[list[TokenLogprobs]] = [[] for _ in range(n)]
     finish_reasons: list[str | None] = [None] * n
     num_output = [0] * n
-    spec: list[SpecStats | None] = [None] * n
+    spec: list[SpecCounts | None] = [None] * n
     async for output in job.stream:
         raise_if_failed(output)
         spec[output.index] = output.spec
@@ -142,7 +143,7 @@ async def _stream(ctx: ServingContext, job: _ChatJob) -> AsyncIterator[bytes]:
         role = ChatChunkChoice(index=index, delta=DeltaMessage(role="assistant", content=""))
         yield sse_event(_chunk(job, [role]))
     num_output = [0] * n
-    spec: list[SpecStats | None] = [None] * n
+    spec: list[SpecCounts | None] = [None] * n
     parsers = [ToolCallStream() if job.tools.parse else None for _ in range(n)]
     async for output in job.stream:
         raise_if_failed(output)

@@ -15,7 +15,8 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from engine.front.async_engine import RequestStream
-from engine.outputs import RequestOutput, SpecStats, TokenLogprobs
+from engine.outputs import RequestOutput, TokenLogprobs
+from engine.request import SpecCounts
 from server.logprobs import completion_logprobs, generated_positions, prompt_positions
 from server.protocol import CompletionRequest
 from server.responses import CompletionChoice, CompletionResponse, UsageInfo
@@ -100,7 +101,7 @@ class _Choice:
     prompt_logprobs: list[TokenLogprobs | None] = field(default_factory=list)
     finish_reason: str | None = None
     num_output_tokens: int = 0
-    spec: SpecStats | None = None
+    spec: SpecCounts | None = None
 
     def add(self, output: RequestOutput) -> None:
         self.spec = output.spec
@@ -147,7 +148,7 @@ async def _collect(ctx: ServingContext, job: _Job) -> CompletionResponse:
 async def _stream(ctx: ServingContext, job: _Job) -> AsyncIterator[bytes]:
     offsets: dict[int, int] = {}  # choice index -> text offset reached (logprobs text_offset)
     num_output: dict[int, int] = {}
-    spec: dict[int, SpecStats | None] = {}
+    spec: dict[int, SpecCounts | None] = {}
     async for position, output in merge_streams(job.streams):
         raise_if_failed(output)
         index = position * job.n + output.index

@@ -40,11 +40,15 @@ class _Step:
     preempted: list[Request] = field(default_factory=list)
     block_copies: list[BlockCopy] = field(default_factory=list)
 
-    def add(self, request: Request, num_new: int, num_spec: int, copies: list[BlockCopy]) -> None:
+    def add(
+        self, request: Request, num_new: int, num_draft_tokens: int, copies: list[BlockCopy]
+    ) -> None:
         start = request.num_computed_tokens
-        self.scheduled.append(ScheduledRequest(request, num_new + num_spec, num_spec, start))
+        self.scheduled.append(
+            ScheduledRequest(request, num_new + num_draft_tokens, num_draft_tokens, start)
+        )
         self.block_copies.extend(copies)
-        self.budget -= num_new + num_spec
+        self.budget -= num_new + num_draft_tokens
 
     def build(self) -> SchedulerOutput:
         return SchedulerOutput(
@@ -140,14 +144,14 @@ class Scheduler:
     def _reserve_running(self, request: Request, plan: SpecPlan, step: _Step) -> bool:
         """Reserve slots, preempting later arrivals as needed; False if it cannot fit itself."""
         start = request.num_computed_tokens
-        num_new, num_spec = self._num_new_tokens(request, start, plan, step.budget)
+        num_new, num_draft_tokens = self._num_new_tokens(request, start, plan, step.budget)
         while True:
-            copies = self.block_manager.allocate_slots(request, start, num_new + num_spec)
+            copies = self.block_manager.allocate_slots(request, start, num_new + num_draft_tokens)
             if copies is not None:
-                step.add(request, num_new, num_spec, copies)
+                step.add(request, num_new, num_draft_tokens, copies)
                 return True
-            if num_spec > 0:  # drafts are optional: drop them before preempting anyone
-                num_spec = 0
+            if num_draft_tokens > 0:  # drafts are optional: drop them before preempting anyone
+                num_draft_tokens = 0
                 continue
             victim = self.running[-1]
             if victim is request:
@@ -175,12 +179,12 @@ class Scheduler:
         else:
             shared = self._cached_prefix(request)
             num_computed = len(shared) * self.block_manager.block_size
-        num_new, num_spec = self._num_new_tokens(request, num_computed, plan, step.budget)
+        num_new, num_draft_tokens = self._num_new_tokens(request, num_computed, plan, step.budget)
         copies = self.block_manager.allocate_slots(
-            request, num_computed, num_new + num_spec, shared
+            request, num_computed, num_new + num_draft_tokens, shared
         )
-        if copies is None and num_spec > 0:
-            num_spec = 0
+        if copies is None and num_draft_tokens > 0:
+            num_draft_tokens = 0
             copies = self.block_manager.allocate_slots(request, num_computed, num_new, shared)
         if copies is None:
             return False
@@ -192,7 +196,7 @@ class Scheduler:
             request.first_scheduled_time = time.monotonic()
         self.waiting.remove(request)
         bisect.insort(self.running, request, key=lambda r: r.arrival_index)
-        step.add(request, num_new, num_spec, copies)
+        step.add(request, num_new, num_draft_tokens, copies)
         return True
 
     def _cached_prefix(self, request: Request) -> list[int]:
@@ -222,12 +226,12 @@ class Scheduler:
         num_new = min(num_left, budget)
         if num_left != 1 or plan.get(request.request_id, 0) <= 0:
             return num_new, 0
-        # The step emits up to num_spec + 1 tokens: keep them within max_tokens and the context
+        # The step emits up to num_draft_tokens + 1 tokens: keep them within max_tokens and the context
         # (num_remaining_output_tokens already counts both limits).
-        num_spec = min(
+        num_draft_tokens = min(
             plan[request.request_id], budget - 1, request.num_remaining_output_tokens - 1
         )
-        return num_new, max(num_spec, 0)
+        return num_new, max(num_draft_tokens, 0)
 
     def _preempt(self, request: Request, step: _Step) -> None:
         self.running.remove(request)

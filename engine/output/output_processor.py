@@ -11,8 +11,8 @@ import time
 from dataclasses import dataclass, field
 
 from engine.output.detokenizer import IncrementalDetokenizer
-from engine.outputs import RequestOutput, RequestStepOutput, SpecStats, TokenLogprobs
-from engine.request import Request
+from engine.outputs import RequestOutput, RequestStepOutput, TokenLogprobs
+from engine.request import Request, SpecCounts
 
 
 @dataclass
@@ -115,21 +115,10 @@ class OutputProcessor:
             metrics=_timings(request, finished=True),
         )
 
-    def _spec(self, request: Request) -> SpecStats | None:
+    def _spec(self, request: Request) -> SpecCounts | None:
         if self.proposer is None:
             return None
-        counts = request.spec.counts
-        by_proposer = tuple(
-            SpecStats(name, c.num_draft_tokens, c.num_accepted_tokens, c.num_verify_steps)
-            for name, c in counts.by_proposer.items()
-        )
-        return SpecStats(
-            self.proposer,
-            counts.num_draft_tokens,
-            counts.num_accepted_tokens,
-            counts.num_verify_steps,
-            by_proposer,
-        )
+        return request.spec.counts.snapshot(self.proposer)
 
     @staticmethod
     def _take_logprobs(

@@ -83,17 +83,17 @@ class StepTimer:
         self.check_pristine()
         free_block_ids = self.block_manager.free_block_ids()
         scheduled, chains = [], {}
-        for index, (context, num_new, k) in enumerate(shapes):
+        for index, (context, num_new, num_drafts) in enumerate(shapes):
             request = self._fake_request(index, context + num_new)
-            num_blocks = -(-(context + num_new + k) // self.block_size)
+            num_blocks = -(-(context + num_new + num_drafts) // self.block_size)
             if num_blocks > len(free_block_ids):
                 raise ValueError(f"{shapes} does not fit the KV pool; use fit_to_pool")
             request.block_ids = free_block_ids[:num_blocks]
             del free_block_ids[:num_blocks]
             request.num_computed_tokens = context
-            scheduled.append(ScheduledRequest(request, num_new + k, k, start=context))
-            if k:
-                chains[request.request_id] = self._tokens(k)
+            scheduled.append(ScheduledRequest(request, num_new + num_drafts, num_drafts, context))
+            if num_drafts:
+                chains[request.request_id] = self._tokens(num_drafts)
         num_batched_tokens = sum(s.num_new_tokens for s in scheduled)
         sched = SchedulerOutput(tuple(scheduled), num_batched_tokens=num_batched_tokens)
         draft_seconds = 0.0

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 from engine.config import SpecConfig
 from engine.outputs import Drafts, ModelOutput, ScheduledRequest, SchedulerOutput, SpecPlan
-from engine.request import Request, RequestStatus
+from engine.request import Request, RequestStatus, SpecCounts
 from engine.speculation.control.cost_model import OnlineLinearCostModel
 from engine.speculation.control.policy import SpecCandidate, SpecPolicy, SpecResult
 from engine.speculation.control.profiler import SeedReport
@@ -31,7 +31,6 @@ from engine.speculation.proposers.proposer import (
     Proposer,
     ProposeRequest,
 )
-from engine.speculation.spec_totals import SpecTotals
 from kernels.graph_shapes import NO_GRAPHS, GraphShapes
 
 
@@ -74,7 +73,10 @@ class SpecDriver:
         self.seed_report: SeedReport | None = None
         self.last_chosen_k: tuple[int, ...] = ()  # the last plan's lengths (metrics)
         self._base = StepFeatures()
-        self.totals = SpecTotals(config.proposers if self.enabled else ())
+        # The engine's totals; its proposers are listed (at zero) before they first draft.
+        names = config.proposers if self.enabled else ()
+        self.totals = SpecCounts(by_proposer={name: SpecCounts(name) for name in names})
+        self.accepted_per_position: list[int] = []  # drafts accepted at each position
         self.last_goodput = 0.0
 
     @property
@@ -92,7 +94,7 @@ class SpecDriver:
 
     # ---- 1. plan -------------------------------------------------------------------------
     def plan(self, running: Sequence[Request], waiting: Sequence[Request] = ()) -> SpecPlan:
-        """k per caught-up running request; the step's base features are what it will run:
+        """num_draft_tokens per caught-up running request; the step's base features are what it will run:
         decodes, prefill chunks clipped to the token budget in order, and the waiting requests
         the scheduler will admit (while seats and budget last)."""
         if not self.enabled:
@@ -239,9 +241,8 @@ class SpecDriver:
         request = scheduled.request
         name = self._proposer_of(request)
         if num_draft_tokens:
-            self.totals.count(name, num_draft_tokens, num_accepted)
-            request.spec.counts.add(num_draft_tokens, num_accepted)
-            request.spec.counts.add_proposer(name, num_draft_tokens, num_accepted)
+            self._count(name, num_draft_tokens, num_accepted)
+            request.spec.counts.add(num_draft_tokens, num_accepted, name)
             return SpecResult(
                 request.request_id, num_draft_tokens, num_accepted, name, spec=request.spec
             )
@@ -252,9 +253,25 @@ class SpecDriver:
             return SpecResult(request.request_id, 1, 0, name, spec=request.spec)
         return None
 
+    def _count(self, proposer: str, num_draft_tokens: int, num_accepted: int) -> None:
+        self.totals.add(num_draft_tokens, num_accepted, proposer)
+        positions = self.accepted_per_position
+        positions.extend([0] * (num_accepted - len(positions)))
+        for position in range(num_accepted):
+            positions[position] += 1
+
     def stats_fields(self) -> dict:
+        """The EngineStats fields of speculation: cumulative counters and the last step."""
+        totals = self.totals
         return dict(
-            **self.totals.stats_fields(),
+            spec_num_drafts_total=totals.num_drafts,
+            spec_num_draft_tokens_total=totals.num_draft_tokens,
+            spec_num_accepted_tokens_total=totals.num_accepted_tokens,
+            spec_accepted_per_position_total=tuple(self.accepted_per_position),
+            spec_proposer_totals=tuple(
+                (name, c.num_drafts, c.num_draft_tokens, c.num_accepted_tokens)
+                for name, c in totals.by_proposer.items()
+            ),
             last_predicted_step_time=getattr(self.policy, "last_predicted_step_time", None),
             last_goodput=self.last_goodput,
             last_chosen_k=self.last_chosen_k,

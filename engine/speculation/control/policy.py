@@ -62,13 +62,14 @@ class OffPolicy(SpecPolicy):
 
 
 class FixedPolicy(SpecPolicy):
-    """The same k for every candidate (capped by the candidate's max_draft_tokens): classic speculation."""
+    """The same number of draft tokens for every candidate (capped by its max_draft_tokens):
+    classic speculation (`fixed:K`)."""
 
-    def __init__(self, k: int) -> None:
-        if k < 0:
-            raise ValueError(f"fixed speculation length must be >= 0, got {k}")
-        self.k = k
+    def __init__(self, num_draft_tokens: int) -> None:
+        if num_draft_tokens < 0:
+            raise ValueError(f"fixed speculation length must be >= 0, got {num_draft_tokens}")
+        self.num_draft_tokens = num_draft_tokens
 
     def plan(self, candidates: Sequence[SpecCandidate], base: StepFeatures) -> SpecPlan:
-        ks = (min(self.k, c.max_draft_tokens) for c in candidates)
-        return {c.request_id: k for c, k in zip(candidates, ks) if k > 0}
+        plan = {c.request_id: min(self.num_draft_tokens, c.max_draft_tokens) for c in candidates}
+        return {request_id: n for request_id, n in plan.items() if n > 0}

@@ -28,7 +28,8 @@ PROFILE_MAX_BATCHED_TOKENS = 256
 PROFILE_MAX_SEQS = 16
 PROFILE_MAX_CONTEXT = 512
 
-Shape = tuple[int, int, int]  # (context_len, num_new_tokens, k), as in StepFeatures.from_shapes
+# (context_len, num_new_tokens, num_draft_tokens) of one request, as in StepFeatures.from_shapes
+Shape = tuple[int, int, int]
 # The draft proposer's passes over a synthetic step's requests (DraftModelProposer.time_passes).
 DraftPasses = Callable[..., float]
 
@@ -53,7 +54,7 @@ def shapes_for(features: StepFeatures) -> list[Shape]:
     ignored for num_draft_steps): totals split as evenly as integers allow, drafts over the
     first num_spec_requests requests."""
     num_requests = features.num_requests
-    num_spec = min(features.num_spec_requests, num_requests)
+    num_spec_requests = min(features.num_spec_requests, num_requests)
     num_draft_tokens = features.num_draft_tokens
     num_new = features.num_batched_tokens - num_draft_tokens
     num_context = features.num_kv_tokens - features.num_batched_tokens
@@ -61,16 +62,16 @@ def shapes_for(features: StepFeatures) -> list[Shape]:
         num_requests == 0
         or num_new < num_requests
         or num_context < 0
-        or num_draft_tokens < num_spec
+        or num_draft_tokens < num_spec_requests
     ):
         raise ValueError(f"no batch has these features: {features}")
-    if num_draft_tokens and not num_spec:
+    if num_draft_tokens and not num_spec_requests:
         raise ValueError(f"no batch has these features (drafts, no spec requests): {features}")
     return [
         (
             _share(num_context, num_requests, i),
             _share(num_new, num_requests, i),
-            _share(num_draft_tokens, num_spec, i) if i < num_spec else 0,
+            _share(num_draft_tokens, num_spec_requests, i) if i < num_spec_requests else 0,
         )
         for i in range(num_requests)
     ]

@@ -35,7 +35,7 @@ def test_fixed_gives_k_capped_by_each_request_and_omits_zero():
 def test_make_policy_parses_every_spec():
     assert isinstance(make_policy("off"), OffPolicy)
     fixed = make_policy(" Fixed:5 ")
-    assert isinstance(fixed, FixedPolicy) and fixed.k == 5
+    assert isinstance(fixed, FixedPolicy) and fixed.num_draft_tokens == 5
     model = OnlineLinearCostModel()
     goodput = make_policy("goodput", cost_model=model, max_draft_tokens=6, explore_interval=4)
     assert isinstance(goodput, GoodputPolicy)

@@ -13,11 +13,12 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from fastapi import Request
+from fastapi.responses import Response
 from jinja2 import TemplateError
 from pydantic import BaseModel, ValidationError
 
@@ -26,6 +27,7 @@ from engine.request import check_prompt
 from engine.sampling_params import SamplingParams
 from server.errors import APIError, bad_request, from_validation_errors, from_value_error
 from server.logprobs import TokenTexts
+from server.streaming import SSEResponse, with_error_events
 
 _LONG_TEXT_CHARS = 16_384  # text (or token ids) longer than this is tokenized off the loop
 T = TypeVar("T")
@@ -227,6 +229,26 @@ class ServingContext:
 
     def unavailable(self, message: str) -> APIError:
         return APIError(503, message, headers={"Retry-After": str(self.settings.retry_after_s)})
+
+
+async def respond(
+    ctx: ServingContext,
+    raw: Request,
+    stream: bool,
+    events: Callable[[], AsyncIterator[bytes]],
+    collect: Callable[[], Awaitable[BaseModel]],
+    close: Callable[[], None],
+) -> Response:
+    """The last step of every generation route, once its requests are admitted: stream the
+    events as SSE, or collect the whole response (cancelled if the client hangs up); `close`
+    aborts whatever has not finished when the client goes away."""
+    if stream:
+        return SSEResponse(with_error_events(events(), raw.scope), on_close=close)
+    try:
+        result = await until_disconnected(raw, collect(), ctx.settings.disconnect_poll_s)
+    finally:
+        close()
+    return Response(result.model_dump_json(), media_type="application/json")
 
 
 def new_request_id(raw: Request, prefix: str) -> str:

@@ -33,8 +33,8 @@ from server.responses import (
     ToolCallOut,
     UsageInfo,
 )
-from server.serving import ServingContext, new_request_id, until_disconnected
-from server.streaming import SSEResponse, raise_if_failed, sse_event, with_error_events
+from server.serving import ServingContext, new_request_id, respond
+from server.streaming import raise_if_failed, sse_event
 from server.tool_parser import ParsedCall, ToolCallStream, parse_tool_calls
 from server.tools import ToolSetup
 
@@ -64,14 +64,8 @@ async def create_chat_completion(
     ctx.check_request([prompt], params)
     (stream,) = await ctx.admit(request_id, [prompt], params, body.guided_field, "messages")
     job = _ChatJob(request_id, model, body, len(prompt), stream, tools)
-    if body.stream:
-        events = with_error_events(_stream(ctx, job), raw.scope)
-        return SSEResponse(events, on_close=stream.close)
-    try:
-        result = await until_disconnected(raw, _collect(ctx, job), ctx.settings.disconnect_poll_s)
-    finally:
-        stream.close()
-    return Response(result.model_dump_json(), media_type="application/json")
+    events, collect = lambda: _stream(ctx, job), lambda: _collect(ctx, job)
+    return await respond(ctx, raw, bool(body.stream), events, collect, stream.close)
 
 
 def _logprobs(

@@ -20,13 +20,11 @@ from engine.request import SpecCounts
 from server.logprobs import completion_logprobs, generated_positions, prompt_positions
 from server.protocol import CompletionRequest
 from server.responses import CompletionChoice, CompletionResponse, UsageInfo
-from server.serving import ServingContext, new_request_id, until_disconnected
+from server.serving import ServingContext, new_request_id, respond
 from server.streaming import (
-    SSEResponse,
     merge_streams,
     raise_if_failed,
     sse_event,
-    with_error_events,
 )
 
 
@@ -70,14 +68,8 @@ async def create_completion(ctx: ServingContext, body: CompletionRequest, raw: R
     except BaseException:
         job.close()
         raise
-    if body.stream:
-        events = with_error_events(_stream(ctx, job), raw.scope)
-        return SSEResponse(events, on_close=job.close)
-    try:
-        result = await until_disconnected(raw, _collect(ctx, job), ctx.settings.disconnect_poll_s)
-    finally:
-        job.close()
-    return Response(result.model_dump_json(), media_type="application/json")
+    events, collect = lambda: _stream(ctx, job), lambda: _collect(ctx, job)
+    return await respond(ctx, raw, bool(body.stream), events, collect, job.close)
 
 
 async def _to_prompt(ctx: ServingContext, prompt: str | list[int]) -> _Prompt:

@@ -24,7 +24,7 @@ from engine.outputs import (
     RequestOutput,
     SchedulerOutput,
 )
-from engine.request import Request, RequestStatus, check_request, choice_ids
+from engine.request import Request, RequestStatus, check_request
 from engine.runner.model_runner import ModelRunner
 from engine.runner.step_isolation import describe, execute_isolating
 from engine.runner.step_timer import StepTimer
@@ -192,6 +192,11 @@ class LLMEngine:
             last_step_time=self._last_step_time,
             **self.spec.stats_fields(),
         )
+
+
+def choice_ids(request_id: str, n: int) -> list[str]:
+    """The engine's ids of a request's n choices: its own id, or `{id}-{i}` for n > 1."""
+    return [request_id] if n == 1 else [f"{request_id}-{i}" for i in range(n)]
 
 
 def _model_name(model: str) -> str:

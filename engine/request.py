@@ -230,11 +230,6 @@ def check_request(
     check_token_ids(params, vocab_size)
 
 
-def choice_ids(request_id: str, n: int) -> list[str]:
-    """The engine's ids of a request's n choices: its own id, or `{id}-{i}` for n > 1."""
-    return [request_id] if n == 1 else [f"{request_id}-{i}" for i in range(n)]
-
-
 def check_token_ids(params: SamplingParams, vocab_size: int) -> None:
     """The token ids a request names besides its prompt must be ids of this model's vocabulary;
     the ValueError starts with the field's name."""

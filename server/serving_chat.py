@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from functools import partial
 
 from fastapi import Request
 from fastapi.responses import Response
@@ -64,7 +65,7 @@ async def create_chat_completion(
     ctx.check_request([prompt], params)
     (stream,) = await ctx.admit(request_id, [prompt], params, body.guided_field, "messages")
     job = _ChatJob(request_id, model, body, len(prompt), stream, tools)
-    events, collect = lambda: _stream(ctx, job), lambda: _collect(ctx, job)
+    events, collect = partial(_stream, ctx, job), partial(_collect, ctx, job)
     return await respond(ctx, raw, bool(body.stream), events, collect, stream.close)
 
 

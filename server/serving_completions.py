@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from functools import partial
 
 from fastapi import Request
 from fastapi.responses import Response
@@ -68,7 +69,7 @@ async def create_completion(ctx: ServingContext, body: CompletionRequest, raw: R
     except BaseException:
         job.close()
         raise
-    events, collect = lambda: _stream(ctx, job), lambda: _collect(ctx, job)
+    events, collect = partial(_stream, ctx, job), partial(_collect, ctx, job)
     return await respond(ctx, raw, bool(body.stream), events, collect, job.close)
 
 

@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 from engine.config import EngineConfig  # noqa: E402
 from engine.llm_engine import LLMEngine  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
-from engine.speculation.cost_model import OnlineLinearCostModel, StepFeatures  # noqa: E402
+from engine.speculation.control.cost_model import OnlineLinearCostModel, StepFeatures  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from spec_sweep import load_average, machine_description, write_section  # noqa: E402
@@ -86,14 +86,13 @@ def run_workload(engine: LLMEngine, prompts: list[list[int]], args: argparse.Nam
 def repeatability(engine: LLMEngine, repeats: int = 8) -> dict[str, float]:
     """The noise floor: the same synthetic step timed `repeats` times (three decode shapes,
     on the idle pool before the workload); |t - median| / median of its shape, pooled."""
-    from engine.speculation.profiler import DummyBatchRunner
+    from engine.runner.step_timer import StepTimer
 
-    run_step = DummyBatchRunner(engine.runner, engine.scheduler.block_manager)
+    time_step = StepTimer(engine.runner, engine.scheduler.block_manager)
     deviations = []
     for shape, count in (((300, 1, 0), 1), ((300, 1, 0), 4), ((300, 1, 2), 4)):
-        features = StepFeatures.from_shapes([shape] * count)
-        run_step(features)  # warm-up
-        times = np.array([run_step(features) for _ in range(repeats)])
+        time_step([shape] * count)  # warm-up
+        times = np.array([time_step([shape] * count) for _ in range(repeats)])
         deviations.extend(np.abs(times - np.median(times)) / np.median(times))
     return summary(np.array(deviations))
 

@@ -29,7 +29,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engine.llm import LLM  # noqa: E402
+from engine.front.llm import LLM  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
 from kernels.cpu.build import load_native  # noqa: E402
 

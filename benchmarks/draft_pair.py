@@ -37,7 +37,7 @@ from benchmarks.models.qwen_pair import FETCH_HINT, pair_paths  # noqa: E402
 from benchmarks.report import load_average, machine_description  # noqa: E402
 from benchmarks.spec_bench import rate, run_one, summarize  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
-from engine.llm import LLM  # noqa: E402
+from engine.front.llm import LLM  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKLOADS = {

@@ -5,7 +5,7 @@ one token per request that samples (no drafts accepted), cycling through the tok
 fixed text, so the detokenizer sees real text and never EOS. What is timed is then scheduling,
 speculation bookkeeping, output processing (detokenization, stop checks, RequestOutputs) and,
 in `stream` mode, what the server's engine thread adds after each step (EngineStats and the
-Prometheus stat logger, engine/engine_worker.py). `generate` mode times LLM.generate.
+Prometheus stat logger, engine/front/engine_worker.py). `generate` mode times LLM.generate.
 
 Per batch size B: B requests decode together (ignore_eos, long max_tokens); after --warmup
 steps, --steps steps are timed. Host ms = step minus the stand-in's own time; the phases are
@@ -32,9 +32,9 @@ import time
 from collections.abc import Callable
 
 from engine.config import EngineConfig
-from engine.input_batch import build_model_input
-from engine.llm import LLM
+from engine.front.llm import LLM
 from engine.outputs import ModelOutput, RequestStepOutput
+from engine.runner.input_batch import build_model_input
 from engine.sampling_params import SamplingParams
 
 TEXT = (
@@ -51,7 +51,7 @@ class StandInModel:
     """Returns each sampling request's next token from a fixed cycle, without a model.
 
     With `block_size`, it also packs the step's inputs as the model runner would
-    (engine/input_batch.py: host tensors), timed apart in `pack_seconds`: the runner's own
+    (engine/runner/input_batch.py: host tensors), timed apart in `pack_seconds`: the runner's own
     per-step host work, which `execute` includes on a real device.
     """
 

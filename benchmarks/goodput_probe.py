@@ -22,9 +22,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from engine.config import EngineConfig  # noqa: E402
-from engine.llm import LLM  # noqa: E402
+from engine.front.llm import LLM  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
-from engine.speculation.step_features import StepFeatures  # noqa: E402
+from engine.speculation.control.step_features import StepFeatures  # noqa: E402
 
 WORKLOADS = {"copy": "workload_copy.jsonl", "chat": "workload_chat.jsonl"}
 

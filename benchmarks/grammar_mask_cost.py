@@ -113,7 +113,7 @@ def bench_llguidance(hf, vocab_size: int, token_ids: list[int], repeats: int) ->
 
 def bench_goodspeed(hf, vocab_size: int, token_ids: list[int], repeats: int) -> dict:
     """Our path: GrammarMatcher.masks (llguidance fill) + Sampler's apply_bitmask (torch)."""
-    from engine.sampler import apply_bitmask
+    from engine.sample.sampler import apply_bitmask
     from engine.sampling_params import GuidedDecoding
     from engine.structured.grammar import GrammarCompiler
 

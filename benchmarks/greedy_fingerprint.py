@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from engine.config import EngineConfig
-from engine.llm import LLM
+from engine.front.llm import LLM
 from engine.sampling_params import SamplingParams
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"

@@ -24,7 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.config import EngineConfig  # noqa: E402
-from engine.llm import LLM  # noqa: E402
+from engine.front.llm import LLM  # noqa: E402
 from engine.models.linear import QuantLinear  # noqa: E402
 from kernels.cpu import ACTIVATIONS  # noqa: E402
 from kernels.cpu.build import DEFAULT_CACHE, _import_built  # noqa: E402

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.profile_step import start_decoding  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
-from engine.llm import LLM  # noqa: E402
+from engine.front.llm import LLM  # noqa: E402
 from engine.models.linear import QuantLinear  # noqa: E402
 from kernels.cpu import fused  # noqa: E402
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from engine.config import EngineConfig
-from engine.llm import LLM
+from engine.front.llm import LLM
 from engine.sampling_params import SamplingParams
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "workload_copy.jsonl"

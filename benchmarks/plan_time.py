@@ -14,10 +14,10 @@ import argparse
 import random
 import time
 
-from engine.speculation.cost_model import OnlineLinearCostModel
-from engine.speculation.goodput import GoodputPolicy
-from engine.speculation.policy import SpecCandidate, SpecResult
-from engine.speculation.step_features import StepFeatures, profile_grid
+from engine.speculation.control.cost_model import OnlineLinearCostModel
+from engine.speculation.control.goodput import GoodputPolicy
+from engine.speculation.control.policy import SpecCandidate, SpecResult
+from engine.speculation.control.step_features import StepFeatures, profile_grid
 
 PROPOSER_SETS = {
     "ngram": ("ngram",),

@@ -19,7 +19,7 @@ import time
 import torch
 
 from engine.config import EngineConfig
-from engine.llm import LLM
+from engine.front.llm import LLM
 from engine.models.linear import QuantLinear
 from engine.sampling_params import SamplingParams
 

@@ -34,7 +34,7 @@ VARIANTS = {
 PROBE = """
 import sys, time
 from engine.config import EngineConfig
-from engine.llm import LLM
+from engine.front.llm import LLM
 from engine.sampling_params import SamplingParams
 model, threads, tokens = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 llm = LLM(config=EngineConfig.from_flat(dict(model=model, threads=threads, num_kv_blocks=64)))

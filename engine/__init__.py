@@ -11,7 +11,7 @@ __all__ = ["LLM", "SamplingParams", "EngineConfig"]
 
 def __getattr__(name: str):
     if name == "LLM":
-        from engine.llm import LLM
+        from engine.front.llm import LLM
 
         return LLM
     if name == "EngineConfig":

@@ -114,12 +114,12 @@ class SpecConfig:
     # (ngram,recycle,draft) or auto (ngram, recycle, and draft when draft_model is set)
     proposer: str = "none"
     draft_model: str | None = None
-    num_speculative_tokens: int = 4  # maximum k
+    num_speculative_tokens: int = 4  # chains: max_draft_tokens, the cap on num_draft_tokens
     spec_tree_nodes: int = 0  # 0: chains; > 0: trees of at most this many nodes
     spec_policy: str | None = None  # off | fixed:K | goodput; None: goodput if a proposer is set
     ngram_max: int = 4
     ngram_min: int = 1
-    # Added for the goodput policy's start-up profile (engine/speculation/profiler.py): seconds of
+    # Added for the goodput policy's start-up profile (engine/speculation/control/profiler.py): seconds of
     # synthetic steps that seed the step-time cost model (0 = no profile and no cache: learn
     # online), and the JSON file caching fits by (model, device, dtype, threads).
     spec_profile_seconds: float = 3.0

@@ -1,9 +1,9 @@
-"""LLMEngine: one step of continuous batching with optional speculation (DESIGN §1), and the
-one owner of a request's lifecycle: add_request validates and registers it with the
-scheduler and the output processor; when it finishes for any reason (stop, length, abort,
-error) _release fans out once to the speculation driver and the output processor (the
-scheduler has already freed its blocks; the model runner keeps no per-request state).
-Not thread-safe: AsyncEngine calls it from a single thread.
+"""LLMEngine: one step of continuous batching with optional speculation (DESIGN §1), and where
+a request enters the engine: add_request checks it once and admit() queues it as n Requests.
+The Request is its one owner: whatever the components keep about it (prefix hashes,
+speculation state, output state) hangs off it, so finishing a request (stop, length, abort,
+error) frees one thing, its KV blocks, in one place (Scheduler._finish). The model runner keeps
+no per-request state. Not thread-safe: AsyncEngine calls it from a single thread.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 
 from engine.config import EngineConfig
-from engine.model_runner import ModelRunner
+from engine.core.scheduler import Scheduler
 from engine.models.tokenizer import Tokenizer
-from engine.output_processor import OutputProcessor
+from engine.output.output_processor import OutputProcessor
 from engine.outputs import (
     Drafts,
     EngineStats,
@@ -24,11 +24,12 @@ from engine.outputs import (
     RequestOutput,
     SchedulerOutput,
 )
-from engine.request import Request, RequestStatus, check_prompt, check_token_ids
+from engine.request import Request, RequestStatus, check_request
+from engine.runner.model_runner import ModelRunner
+from engine.runner.step_isolation import describe, execute_isolating
+from engine.runner.step_timer import StepTimer
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
-from engine.speculation.driver import build_spec_driver
-from engine.step_isolation import describe, execute_isolating
+from engine.speculation.build import build_spec_driver
 from engine.structured.grammar import GrammarCompiler
 
 logger = logging.getLogger(__name__)
@@ -48,10 +49,10 @@ class LLMEngine:
         )
         self.eos_token_ids = _eos_ids(runner.arch, tokenizer)
         self.scheduler = Scheduler(config.scheduler, config.cache, runner.num_blocks)
-        self.spec = build_spec_driver(config.spec, runner, self.scheduler)
+        timer = StepTimer(runner, self.scheduler.block_manager, seed=config.model.seed)
+        self.spec = build_spec_driver(config.spec, runner, config.scheduler, timer)
         self.outputs = OutputProcessor(tokenizer, self.spec.proposer_name)
         self.grammars = GrammarCompiler(tokenizer, self.vocab_size, self.eos_token_ids)
-        self._groups: dict[str, list[str]] = {}
         self._aborted: list = []
         self._num_steps = 0
         self._generation_tokens = 0
@@ -72,13 +73,27 @@ class LLMEngine:
         params: SamplingParams,
         arrival_time: float | None = None,
     ) -> None:
-        self._validate(request_id, prompt_token_ids, params)
+        """Check the request (ValueError: a live id, a bad prompt or token id) and admit it."""
+        ids = {request_id, *choice_ids(request_id, params.n)}
+        if any(self.scheduler.requests_of(i) for i in ids):
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        check_request(prompt_token_ids, params, self.vocab_size, self.max_model_len)
+        self.admit(request_id, prompt_token_ids, params, arrival_time)
+
+    def admit(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        arrival_time: float | None = None,
+    ) -> None:
+        """Queue a checked request as one Request per choice (AsyncEngine checks on the event
+        loop, so the engine thread does not check again); a grammar that does not compile is
+        a ValueError naming `guided`."""
         guided = params.guided
         grammars = [self.grammars.matcher(guided) for _ in range(params.n)] if guided else None
         arrival = arrival_time if arrival_time is not None else time.monotonic()
-        child_ids = (
-            [request_id] if params.n == 1 else [f"{request_id}-{i}" for i in range(params.n)]
-        )
+        child_ids = choice_ids(request_id, params.n)
         base_seed = params.seed if params.seed is not None else random.getrandbits(62)
         for index, child_id in enumerate(child_ids):
             request = Request(
@@ -89,24 +104,17 @@ class LLMEngine:
                 max_total_tokens=self.max_model_len,
                 arrival_time=arrival,
                 parent_request_id=child_ids[0] if index > 0 else None,
+                group_id=request_id if params.n > 1 else None,
+                index=index,
                 seed=base_seed + index,
                 grammar=grammars[index] if grammars else None,
             )
-            self.outputs.add(request, index=index, group_id=request_id if params.n > 1 else None)
+            self.outputs.add(request)
             self.scheduler.add_request(request)
-        if params.n > 1:
-            self._groups[request_id] = child_ids
-
-    def _validate(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
-    ) -> None:
-        if request_id in self._groups or self.scheduler.get_request(request_id) is not None:
-            raise ValueError(f"request_id {request_id!r} is already in use")
-        check_prompt(prompt_token_ids, params.max_tokens, self.vocab_size, self.max_model_len)
-        check_token_ids(params, self.vocab_size)
 
     def abort_request(self, request_id: str) -> None:
-        ids = self._groups.pop(request_id, [request_id])
+        """Abort a request, or all live choices of the n > 1 request it names."""
+        ids = [request.request_id for request in self.scheduler.requests_of(request_id)]
         # Reported (finish_reason "abort") by the next step(), so metrics and callers see them.
         self._aborted.extend(self.scheduler.abort_requests(ids))
 
@@ -115,16 +123,18 @@ class LLMEngine:
 
     # ---- the step ------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        plan = self.spec.plan(self.scheduler.running, self.scheduler.waiting)  # 1. k per request
+        plan = self.spec.plan(
+            self.scheduler.running, self.scheduler.waiting
+        )  # 1. draft tokens per request
         sched = self.scheduler.schedule(plan)  # 2. token budget, KV blocks, preemption
         drafts = self.spec.propose(sched)  # 3. chains or trees for the planned requests
         out = self._execute(sched, drafts)  # 4. one forward + batched verification
         changed = self.scheduler.update(sched, out)  # 5. append, roll back, finish, free
         self.spec.observe(sched, drafts, out)  # 6. acceptance + step-time feedback
-        return self._collect(changed, out)
+        return self._collect(sched, out, changed)
 
     def _execute(self, sched: SchedulerOutput, drafts: Drafts) -> ModelOutput:
-        """Run the model; a failing request fails alone (engine/step_isolation.py)."""
+        """Run the model; a failing request fails alone (engine/runner/step_isolation.py)."""
         if sched.is_empty:
             return ModelOutput(outputs={})
         self._num_steps += 1
@@ -132,20 +142,22 @@ class LLMEngine:
         self._last_step_time = out.step_time + drafts.proposer_time
         return out
 
-    def _collect(self, changed: list[Request], model_output: ModelOutput) -> list[RequestOutput]:
+    def _collect(
+        self, sched: SchedulerOutput, model_output: ModelOutput, changed: list[Request]
+    ) -> list[RequestOutput]:
         """RequestOutputs for the requests aborted since the last step and those that changed."""
         changed = self._aborted + changed
         self._aborted = []
-        for step_output in model_output.outputs.values():
-            self.outputs.record_step(step_output)
+        for scheduled in sched.scheduled:
+            step_output = model_output.outputs.get(scheduled.request_id)
+            if step_output is not None:
+                self.outputs.record_step(scheduled.request, step_output)
         results: list[RequestOutput] = []
         for request in changed:
             output = self._make_output(request)
             if output is None:
                 continue
             self._generation_tokens += len(output.new_token_ids)
-            if output.finished:
-                self._release(request.request_id)
             results.append(output)
         return results
 
@@ -161,10 +173,6 @@ class LLMEngine:
         if stop_string is not None and not request.is_finished:
             self.scheduler.finish_request(request.request_id, RequestStatus.FINISHED_STOPPED)
         return output
-
-    def _release(self, request_id: str) -> None:
-        self.spec.release(request_id)
-        self.outputs.drop(request_id)
 
     # ---- introspection -------------------------------------------------------------------
     def stats(self) -> EngineStats:
@@ -184,6 +192,11 @@ class LLMEngine:
             last_step_time=self._last_step_time,
             **self.spec.stats_fields(),
         )
+
+
+def choice_ids(request_id: str, n: int) -> list[str]:
+    """The engine's ids of a request's n choices: its own id, or `{id}-{i}` for n > 1."""
+    return [request_id] if n == 1 else [f"{request_id}-{i}" for i in range(n)]
 
 
 def _model_name(model: str) -> str:

@@ -11,8 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from engine.request import Request
-    from engine.speculation.tree import DraftTree
+    from engine.request import Request, SpecCounts
 
 # request_id -> number of draft tokens (chains) or tree node budget (trees) for this step.
 SpecPlan = dict[str, int]
@@ -60,7 +59,7 @@ class ScheduledRequest:
 @dataclass(frozen=True)
 class SchedulerOutput:
     scheduled: tuple[ScheduledRequest, ...]
-    preempted_ids: tuple[str, ...] = ()
+    preempted: tuple[Request, ...] = ()  # blocks freed this step: recomputed later
     # Copy-on-write block copies (src_block_id, dst_block_id) to run before the forward pass.
     block_copies: tuple[tuple[int, int], ...] = ()
     num_batched_tokens: int = 0
@@ -68,6 +67,38 @@ class SchedulerOutput:
     @property
     def is_empty(self) -> bool:
         return not self.scheduled
+
+    @property
+    def preempted_ids(self) -> tuple[str, ...]:
+        return tuple(request.request_id for request in self.preempted)
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    """Drafts as a tree over the request's last verified token (the root): nodes in
+    topological order (parent_ids[i] < i; None: a child of the root), rows ordered [root,
+    node 0, node 1, ...]. Its geometry is engine/sample/tree.py."""
+
+    token_ids: tuple[int, ...]
+    parent_ids: tuple[int | None, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.token_ids) != len(self.parent_ids):
+            raise ValueError("token_ids and parent_ids must have the same length")
+        for i, parent in enumerate(self.parent_ids):
+            if parent is not None and not 0 <= parent < i:
+                raise ValueError(f"node {i}: parent {parent} must precede it")
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.token_ids)
+
+    def depths(self) -> list[int]:
+        """Depth of each node; children of the root have depth 1."""
+        depths: list[int] = []
+        for parent in self.parent_ids:
+            depths.append(1 if parent is None else depths[parent] + 1)
+        return depths
 
 
 @dataclass(frozen=True)
@@ -124,18 +155,6 @@ class ModelOutput:
     step_time: float = 0.0  # seconds, forward + sampling + verification (host-synced)
 
 
-@dataclass(frozen=True)
-class SpecStats:
-    """A request's speculation so far, for its caller (the API reports it in `usage`)."""
-
-    proposer: str  # the engine's proposer (ngram, recycle, draft; several: "ngram,draft")
-    num_draft_tokens: int = 0  # draft tokens (tree nodes) verified
-    num_accepted_tokens: int = 0  # of which accepted
-    num_verify_steps: int = 0  # steps that verified at least one draft
-    # The same counts per proposer that drafted for the request, each with its name.
-    by_proposer: tuple[SpecStats, ...] = ()
-
-
 @dataclass
 class RequestOutput:
     """What the engine hands to callers after each step (and, complete, from LLM.generate)."""
@@ -158,7 +177,7 @@ class RequestOutput:
     index: int = 0  # choice index for n > 1
     group_id: str | None = None  # the user's request id for n > 1 (children share it)
     metrics: dict[str, float] = field(default_factory=dict)  # arrival, first token, finish times
-    spec: SpecStats | None = None  # None when the engine has no proposer
+    spec: SpecCounts | None = None  # this request's, so far; None when the engine has no proposer
 
 
 @dataclass(frozen=True)

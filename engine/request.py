@@ -11,12 +11,13 @@ A request with n > 1 is split by the engine into n Requests; children carry pare
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from engine.sampling_params import SamplingParams
 
@@ -53,23 +54,49 @@ _FINISH_REASONS = {
 
 @dataclass
 class SpecCounts:
-    """One request's speculation so far (DESIGN §3: per-request spec statistics)."""
+    """Verified speculation, the one counter type: drafts verified (a chain or a tree each, so
+    one per verify step of a request), their tokens (tree nodes) and how many of those were
+    accepted, overall and per proposer that drafted them. A request's (SpecState.counts), its
+    RequestOutput's (a snapshot: DESIGN §3's per-request spec statistics) and the engine's
+    totals (SpecDriver.totals, behind EngineStats) are all SpecCounts."""
 
-    num_draft_tokens: int = 0  # draft tokens (tree nodes) verified
-    num_accepted_tokens: int = 0  # of which accepted
-    num_verify_steps: int = 0  # steps that verified at least one draft
+    proposer: str = ""  # whose drafts: the engine's proposer ("ngram,draft" when several)
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
     by_proposer: dict[str, SpecCounts] = field(default_factory=dict)  # the same, per proposer
 
-    def add(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
-        if num_draft_tokens > 0:
-            self.num_draft_tokens += num_draft_tokens
-            self.num_accepted_tokens += num_accepted_tokens
-            self.num_verify_steps += 1
+    def add(self, num_draft_tokens: int, num_accepted_tokens: int, proposer: str = "") -> None:
+        """One verified draft (none without tokens), counted under `proposer` too when named."""
+        if num_draft_tokens <= 0:
+            return
+        self.num_drafts += 1
+        self.num_draft_tokens += num_draft_tokens
+        self.num_accepted_tokens += num_accepted_tokens
+        if proposer:
+            share = self.by_proposer.setdefault(proposer, SpecCounts(proposer))
+            share.add(num_draft_tokens, num_accepted_tokens)
 
-    def add_proposer(self, proposer: str, num_draft_tokens: int, num_accepted: int) -> None:
-        """The same step's counts again, under the proposer that drafted them (the
-        scheduler adds the totals; the speculation driver knows the proposer)."""
-        self.by_proposer.setdefault(proposer, SpecCounts()).add(num_draft_tokens, num_accepted)
+    def snapshot(self, proposer: str) -> SpecCounts:
+        """A copy, named after `proposer`, that later steps do not change."""
+        shares = {name: dataclasses.replace(c) for name, c in self.by_proposer.items()}
+        return dataclasses.replace(self, proposer=proposer, by_proposer=shares)
+
+
+@dataclass
+class SpecState:
+    """Speculation's record of one request (engine/speculation). It lives on the request and
+    ends with it, so nothing in speculation keeps a map by request id; the core never reads it.
+    The memos describe the request's KV blocks too, so they are dropped when it is preempted."""
+
+    counts: SpecCounts = field(default_factory=SpecCounts)
+    proposer: str = ""  # the proposer drafting for it this step (proposer choice)
+    # Per proposer: its acceptance estimate's counts (control/acceptance.py) and the plan that
+    # last ran it (control/goodput.py's exploration).
+    acceptance: dict[str, list[float]] = field(default_factory=dict)
+    last_run: dict[str, int] = field(default_factory=dict)
+    # Per proposer: its own state of the request (n-gram index, recycle root, draft-model KV).
+    memos: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(eq=False)
@@ -81,6 +108,8 @@ class Request:
     max_total_tokens: int = 1 << 30  # prompt + output cap from the context length (set by engine)
     arrival_time: float = field(default_factory=time.monotonic)
     parent_request_id: str | None = None  # set on children 1..n-1 of an n > 1 request
+    group_id: str | None = None  # n > 1: the caller's request id, shared by its n children
+    index: int = 0  # n > 1: which of the n choices this is
     seed: int | None = None  # effective seed (sampling_params.seed + child index, or random)
 
     output_token_ids: list[int] = field(default_factory=list)
@@ -92,8 +121,15 @@ class Request:
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     error: str | None = None
-    spec: SpecCounts = field(default_factory=SpecCounts)
     grammar: GrammarMatcher | None = None  # structured output: advanced by verified tokens
+
+    # What the engine's components keep about the request lives here, so that it ends with the
+    # request (one owner per request: no component keeps a map by request id).
+    arrival_index: int = 0  # scheduler: first-come-first-served order
+    block_hashes: list[bytes] = field(default_factory=list)  # prefix cache: its full blocks'
+    num_hashed_blocks: int = 0  # block manager: leading blocks registered in the prefix cache
+    spec: SpecState = field(default_factory=SpecState)  # speculation
+    output: Any = None  # output processor: its OutputState (engine/output/output_processor.py)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -182,6 +218,16 @@ def check_prompt(
             f"context length {max_model_len}; lower max_tokens to at most "
             f"{max_model_len - num_prompt}"
         )
+
+
+def check_request(
+    prompt_token_ids: Sequence[int], params: SamplingParams, vocab_size: int, max_model_len: int
+) -> None:
+    """The admission checks of a request's input, run once where it enters the engine
+    (LLMEngine.add_request, or AsyncEngine.add_request on the event loop): ValueErrors that
+    start with the offending field's name."""
+    check_prompt(prompt_token_ids, params.max_tokens, vocab_size, max_model_len)
+    check_token_ids(params, vocab_size)
 
 
 def check_token_ids(params: SamplingParams, vocab_size: int) -> None:

@@ -25,7 +25,7 @@ def _add_generate(subparsers) -> None:
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    from engine.llm import LLM
+    from engine.front.llm import LLM
     from engine.sampling_params import SamplingParams
 
     try:

@@ -17,7 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 
-from engine.async_engine import AsyncEngine
+from engine.front.async_engine import AsyncEngine
 from server.errors import APIError, UnhandledErrorMiddleware, bad_request, install_error_handlers
 from server.metrics import EngineMetrics
 from server.middleware import GuardMiddleware, RequestIdMiddleware

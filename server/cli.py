@@ -18,8 +18,8 @@ from types import FrameType
 import uvicorn
 
 from engine.arg_utils import add_engine_arguments, config_from_args
-from engine.async_engine import AsyncEngine
 from engine.config import parse_size
+from engine.front.async_engine import AsyncEngine
 from server.serving import ServerSettings, ServingContext
 
 logger = logging.getLogger("goodspeed.server")

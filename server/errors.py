@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from engine.async_engine import EngineDeadError
+from engine.front.async_engine import EngineDeadError
 
 logger = logging.getLogger(__name__)
 

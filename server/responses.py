@@ -11,15 +11,15 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from engine.outputs import SpecStats
+from engine.request import SpecCounts
 
 
 class ProposerUsage(BaseModel):
-    """One proposer's share of a request's speculation."""
+    """One proposer's share of a request's speculation (the API's view of SpecCounts)."""
 
     draft_tokens: int  # draft tokens verified
     accepted_tokens: int  # of which accepted
-    verify_steps: int  # steps that verified drafts
+    verify_steps: int  # steps that verified drafts: SpecCounts.num_drafts (one draft a step)
 
 
 class SpeculationUsage(ProposerUsage):
@@ -30,12 +30,12 @@ class SpeculationUsage(ProposerUsage):
     proposers: dict[str, ProposerUsage] = {}
 
     @classmethod
-    def of(cls, stats: Iterable[SpecStats | None]) -> SpeculationUsage | None:
+    def of(cls, stats: Iterable[SpecCounts | None]) -> SpeculationUsage | None:
         known = [s for s in stats if s is not None]
         if not known:
             return None
-        shares: dict[str, list[SpecStats]] = {}
-        for share in (p for s in known for p in s.by_proposer):
+        shares: dict[str, list[SpecCounts]] = {}
+        for share in (p for s in known for p in s.by_proposer.values()):
             shares.setdefault(share.proposer, []).append(share)
         return cls(
             proposer=known[0].proposer,
@@ -44,11 +44,11 @@ class SpeculationUsage(ProposerUsage):
         )
 
 
-def _summed(stats: list[SpecStats]) -> dict[str, int]:
+def _summed(stats: list[SpecCounts]) -> dict[str, int]:
     return dict(
         draft_tokens=sum(s.num_draft_tokens for s in stats),
         accepted_tokens=sum(s.num_accepted_tokens for s in stats),
-        verify_steps=sum(s.num_verify_steps for s in stats),
+        verify_steps=sum(s.num_drafts for s in stats),
     )
 
 
@@ -64,7 +64,7 @@ class UsageInfo(BaseModel):
         cls,
         num_prompt_tokens: int,
         num_completion_tokens: int,
-        spec: Iterable[SpecStats | None] = (),
+        spec: Iterable[SpecCounts | None] = (),
     ) -> UsageInfo:
         return cls(
             prompt_tokens=num_prompt_tokens,

@@ -1,9 +1,11 @@
-"""What every route handler shares: settings, model-name checks, prompt checks, admission.
+"""What every route handler shares: settings, model-name checks, the per-request caps,
+admission.
 
-Prompt checks (vocabulary, context length, the per-request size caps) run here, before the
-engine thread sees the request, so that the common mistakes get precise 400s without waiting
-for an engine step. Tokenizing or rendering long text runs off the event loop, so one large
-request cannot stall the others (or /health).
+The engine's own input checks (vocabulary, context length) run once, at admission
+(AsyncEngine.add_request, on the event loop): their ValueErrors become precise 400s here,
+named as the client sent the field (`messages`, `prompt`), without waiting for an engine step.
+Tokenizing or rendering long text runs off the event loop, so one large request cannot stall
+the others (or /health).
 """
 
 from __future__ import annotations
@@ -11,19 +13,21 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from fastapi import Request
+from fastapi.responses import Response
 from jinja2 import TemplateError
 from pydantic import BaseModel, ValidationError
 
-from engine.async_engine import AsyncEngine, EngineDeadError, QueueFullError, RequestStream
-from engine.request import check_prompt, check_token_ids
+from engine.front.async_engine import AsyncEngine, EngineDeadError, QueueFullError, RequestStream
+from engine.request import check_prompt
 from engine.sampling_params import SamplingParams
 from server.errors import APIError, bad_request, from_validation_errors, from_value_error
 from server.logprobs import TokenTexts
+from server.streaming import SSEResponse, with_error_events
 
 _LONG_TEXT_CHARS = 16_384  # text (or token ids) longer than this is tokenized off the loop
 T = TypeVar("T")
@@ -134,9 +138,9 @@ class ServingContext:
         param: str = "prompt",
         max_model_len: int | None = None,
     ) -> None:
-        """The engine's own prompt check (engine.request.check_prompt), before admission, so a
-        multi-prompt request is refused whole; errors about the prompt name `param`.
-        max_model_len: the engine's unless given (/detokenize checks only the ids)."""
+        """The engine's prompt check (engine.request.check_prompt) for ids the server itself
+        must read before admission (/detokenize: only the ids); errors about the prompt name
+        `param`. max_model_len: the engine's unless given."""
         engine = self.engine
         limit = max_model_len if max_model_len is not None else engine.max_model_len
         try:
@@ -148,7 +152,7 @@ class ServingContext:
             raise error from None
 
     def check_request(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> None:
-        """The per-request caps (ServerSettings) and the token ids the parameters name."""
+        """The per-request caps (ServerSettings): the server's policy, not the engine's."""
         settings, n = self.settings, params.n
         num_seqs = len(prompts) * n
         # Beyond the in-flight limit a request could never be admitted: a 400, not a 503.
@@ -173,10 +177,6 @@ class ServingContext:
                 f"{settings.max_tokens_per_request}: lower max_tokens, n or the prompts",
                 "max_tokens",
             )
-        try:
-            check_token_ids(params, self.engine.vocab_size)
-        except ValueError as exc:
-            raise from_value_error(exc) from None
 
     # ---- admission ---------------------------------------------------------------------------
     async def admit(
@@ -185,9 +185,11 @@ class ServingContext:
         prompts: Sequence[list[int]],
         params: SamplingParams,
         guided_field: str = "guided",
+        prompt_field: str = "prompt",
     ) -> list[RequestStream]:
-        """Admit one engine request per prompt, all or none; engine refusals become API errors
-        (a grammar the engine cannot compile is named by the field that asked for it)."""
+        """Admit one engine request per prompt, all or none; engine refusals become API errors,
+        named by the field the client sent (`prompt_field` for the prompt, `guided_field` for
+        a grammar the engine cannot compile)."""
         if self.draining:
             raise self.unavailable("the server is shutting down")
         ids = (
@@ -209,9 +211,10 @@ class ServingContext:
             for stream in streams:
                 stream.close()
             error = self._admission_error(errors[0])
-            if isinstance(error, APIError) and error.param == "guided":
-                message = guided_field + error.message.removeprefix("guided")
-                error = bad_request(message, guided_field)
+            fields = {"guided": guided_field, "prompt": prompt_field}
+            if isinstance(error, APIError) and error.param in fields:
+                field = fields[error.param]
+                error = bad_request(field + error.message.removeprefix(error.param), field)
             raise error
         return streams
 
@@ -226,6 +229,26 @@ class ServingContext:
 
     def unavailable(self, message: str) -> APIError:
         return APIError(503, message, headers={"Retry-After": str(self.settings.retry_after_s)})
+
+
+async def respond(
+    ctx: ServingContext,
+    raw: Request,
+    stream: bool,
+    events: Callable[[], AsyncIterator[bytes]],
+    collect: Callable[[], Awaitable[BaseModel]],
+    close: Callable[[], None],
+) -> Response:
+    """The last step of every generation route, once its requests are admitted: stream the
+    events as SSE, or collect the whole response (cancelled if the client hangs up); `close`
+    aborts whatever has not finished when the client goes away."""
+    if stream:
+        return SSEResponse(with_error_events(events(), raw.scope), on_close=close)
+    try:
+        result = await until_disconnected(raw, collect(), ctx.settings.disconnect_poll_s)
+    finally:
+        close()
+    return Response(result.model_dump_json(), media_type="application/json")
 
 
 def new_request_id(raw: Request, prefix: str) -> str:

@@ -11,12 +11,14 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from functools import partial
 
 from fastapi import Request
 from fastapi.responses import Response
 
-from engine.async_engine import RequestStream
-from engine.outputs import RequestOutput, SpecStats, TokenLogprobs
+from engine.front.async_engine import RequestStream
+from engine.outputs import RequestOutput, TokenLogprobs
+from engine.request import SpecCounts
 from server.logprobs import chat_logprobs
 from server.protocol import ChatCompletionRequest
 from server.responses import (
@@ -32,8 +34,8 @@ from server.responses import (
     ToolCallOut,
     UsageInfo,
 )
-from server.serving import ServingContext, new_request_id, until_disconnected
-from server.streaming import SSEResponse, raise_if_failed, sse_event, with_error_events
+from server.serving import ServingContext, new_request_id, respond
+from server.streaming import raise_if_failed, sse_event
 from server.tool_parser import ParsedCall, ToolCallStream, parse_tool_calls
 from server.tools import ToolSetup
 
@@ -60,18 +62,11 @@ async def create_chat_completion(
     messages = [m.as_template_dict() for m in body.messages]
     add_generation_prompt = body.add_generation_prompt is not False
     prompt = await ctx.apply_chat_template(messages, add_generation_prompt, tools.template_tools)
-    ctx.check_prompt(prompt, params.max_tokens, "messages")
     ctx.check_request([prompt], params)
-    (stream,) = await ctx.admit(request_id, [prompt], params, body.guided_field)
+    (stream,) = await ctx.admit(request_id, [prompt], params, body.guided_field, "messages")
     job = _ChatJob(request_id, model, body, len(prompt), stream, tools)
-    if body.stream:
-        events = with_error_events(_stream(ctx, job), raw.scope)
-        return SSEResponse(events, on_close=stream.close)
-    try:
-        result = await until_disconnected(raw, _collect(ctx, job), ctx.settings.disconnect_poll_s)
-    finally:
-        stream.close()
-    return Response(result.model_dump_json(), media_type="application/json")
+    events, collect = partial(_stream, ctx, job), partial(_collect, ctx, job)
+    return await respond(ctx, raw, bool(body.stream), events, collect, stream.close)
 
 
 def _logprobs(
@@ -88,7 +83,7 @@ async def _collect(ctx: ServingContext, job: _ChatJob) -> ChatCompletionResponse
     logprobs: list[list[TokenLogprobs]] = [[] for _ in range(n)]
     finish_reasons: list[str | None] = [None] * n
     num_output = [0] * n
-    spec: list[SpecStats | None] = [None] * n
+    spec: list[SpecCounts | None] = [None] * n
     async for output in job.stream:
         raise_if_failed(output)
         spec[output.index] = output.spec
@@ -143,7 +138,7 @@ async def _stream(ctx: ServingContext, job: _ChatJob) -> AsyncIterator[bytes]:
         role = ChatChunkChoice(index=index, delta=DeltaMessage(role="assistant", content=""))
         yield sse_event(_chunk(job, [role]))
     num_output = [0] * n
-    spec: list[SpecStats | None] = [None] * n
+    spec: list[SpecCounts | None] = [None] * n
     parsers = [ToolCallStream() if job.tools.parse else None for _ in range(n)]
     async for output in job.stream:
         raise_if_failed(output)

@@ -10,29 +10,29 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from functools import partial
 
 from fastapi import Request
 from fastapi.responses import Response
 
-from engine.async_engine import RequestStream
-from engine.outputs import RequestOutput, SpecStats, TokenLogprobs
+from engine.front.async_engine import RequestStream
+from engine.outputs import RequestOutput, TokenLogprobs
+from engine.request import SpecCounts
 from server.logprobs import completion_logprobs, generated_positions, prompt_positions
 from server.protocol import CompletionRequest
 from server.responses import CompletionChoice, CompletionResponse, UsageInfo
-from server.serving import ServingContext, new_request_id, until_disconnected
+from server.serving import ServingContext, new_request_id, respond
 from server.streaming import (
-    SSEResponse,
     merge_streams,
     raise_if_failed,
     sse_event,
-    with_error_events,
 )
 
 
 @dataclass
 class _Prompt:
     token_ids: list[int]
-    text: str
+    text: str | None  # None: sent as token ids, decoded once admitted
 
 
 @dataclass
@@ -61,27 +61,30 @@ async def create_completion(ctx: ServingContext, body: CompletionRequest, raw: R
     model = ctx.check_model(body.model)
     params = body.sampling_params(ctx.engine.vocab_size)
     prompts = [await _to_prompt(ctx, p) for p in body.prompt_list()]
-    for prompt in prompts:
-        ctx.check_prompt(prompt.token_ids, params.max_tokens)
     ctx.check_request([p.token_ids for p in prompts], params)
     streams = await ctx.admit(request_id, [p.token_ids for p in prompts], params, body.guided_field)
     job = _Job(request_id, model, body, prompts, streams)
-    if body.stream:
-        events = with_error_events(_stream(ctx, job), raw.scope)
-        return SSEResponse(events, on_close=job.close)
     try:
-        result = await until_disconnected(raw, _collect(ctx, job), ctx.settings.disconnect_poll_s)
-    finally:
+        await _decode_token_prompts(ctx, prompts)
+    except BaseException:
         job.close()
-    return Response(result.model_dump_json(), media_type="application/json")
+        raise
+    events, collect = partial(_stream, ctx, job), partial(_collect, ctx, job)
+    return await respond(ctx, raw, bool(body.stream), events, collect, job.close)
 
 
 async def _to_prompt(ctx: ServingContext, prompt: str | list[int]) -> _Prompt:
     if isinstance(prompt, str):
         return _Prompt(await ctx.encode(prompt), prompt)
-    ctx.check_prompt(prompt, None)
-    text = await ctx.decode(prompt) if ctx.engine.tokenizer is not None else ""
-    return _Prompt(list(prompt), text)
+    return _Prompt(list(prompt), None)
+
+
+async def _decode_token_prompts(ctx: ServingContext, prompts: list[_Prompt]) -> None:
+    """The text of prompts sent as token ids (for `echo`), once admission checked the ids."""
+    for prompt in prompts:
+        if prompt.text is None:
+            has_tokenizer = ctx.engine.tokenizer is not None
+            prompt.text = await ctx.decode(prompt.token_ids) if has_tokenizer else ""
 
 
 @dataclass
@@ -91,7 +94,7 @@ class _Choice:
     prompt_logprobs: list[TokenLogprobs | None] = field(default_factory=list)
     finish_reason: str | None = None
     num_output_tokens: int = 0
-    spec: SpecStats | None = None
+    spec: SpecCounts | None = None
 
     def add(self, output: RequestOutput) -> None:
         self.spec = output.spec
@@ -138,7 +141,7 @@ async def _collect(ctx: ServingContext, job: _Job) -> CompletionResponse:
 async def _stream(ctx: ServingContext, job: _Job) -> AsyncIterator[bytes]:
     offsets: dict[int, int] = {}  # choice index -> text offset reached (logprobs text_offset)
     num_output: dict[int, int] = {}
-    spec: dict[int, SpecStats | None] = {}
+    spec: dict[int, SpecCounts | None] = {}
     async for position, output in merge_streams(job.streams):
         raise_if_failed(output)
         index = position * job.n + output.index

@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from engine.async_engine import EngineDeadError, RequestStream
+from engine.front.async_engine import EngineDeadError, RequestStream
 from engine.outputs import RequestOutput
 from server.errors import ERROR_TYPES, APIError, log_failure
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from engine.llm import LLM
+from engine.front.llm import LLM
 from engine.sampling_params import SamplingParams
 
 TOP_LOGPROBS = 20

@@ -4,9 +4,11 @@ policy (DESIGN §1 steps 1, 3 and 6). With no proposer configured every call is 
 and the plan is empty, so the scheduler never reserves draft slots.
 
 The driver holds no engine objects: plan() gets the running requests, propose() and observe()
-the step's contracts. build_spec_driver() is where the runner and scheduler are needed once,
-to build the proposer (a draft model mirrors the target's KV layout) and to seed the goodput
-cost model with a start-up profile of the real model.
+the step's contracts. What speculation knows of a request (its counts, acceptance estimates,
+chosen proposer, proposers' memos) lives on the request's SpecState, so nothing here is freed
+when a request finishes; a preempted request's memos are cleared. engine/speculation/build.py
+builds the driver (the proposer for the target, the policy, the cost model seeded by a
+start-up profile).
 """
 
 from __future__ import annotations
@@ -14,52 +16,32 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from engine.config import SpecConfig
 from engine.outputs import Drafts, ModelOutput, ScheduledRequest, SchedulerOutput, SpecPlan
-from engine.request import Request, RequestStatus
-from engine.speculation.cost_model import OnlineLinearCostModel
-from engine.speculation.goodput import GoodputPolicy
-from engine.speculation.policy import SpecCandidate, SpecResult, make_policy
-from engine.speculation.profiler import SeedReport, seed_cost_model
-from engine.speculation.proposer import (
+from engine.request import Request, RequestStatus, SpecCounts
+from engine.speculation.control.cost_model import OnlineLinearCostModel
+from engine.speculation.control.policy import SpecCandidate, SpecPolicy, SpecResult
+from engine.speculation.control.profiler import SeedReport
+from engine.speculation.control.step_features import StepFeatures
+from engine.speculation.control.tree_shape import TreeShapeEstimator, accepted_path
+from engine.speculation.proposers.proposer import (
     DRAFT_PROPOSER,
+    Observation,
     Proposer,
     ProposeRequest,
-    make_proposer,
 )
-from engine.speculation.spec_totals import SpecTotals
-from engine.speculation.step_features import StepFeatures
-from engine.speculation.tree_shape import TreeShapeEstimator, accepted_path
 from kernels.graph_shapes import NO_GRAPHS, GraphShapes
 
-if TYPE_CHECKING:
-    from engine.model_runner import ModelRunner
-    from engine.scheduler import Scheduler
+
+def max_draft_tokens(config: SpecConfig) -> int:
+    """The engine's cap: tree nodes for trees, tokens for chains."""
+    return config.spec_tree_nodes if config.spec_tree_nodes > 0 else config.num_speculative_tokens
 
 
-def build_spec_driver(config: SpecConfig, runner: ModelRunner, scheduler: Scheduler) -> SpecDriver:
-    """The proposer built for the target, the cost model seeded (goodput only)."""
-    proposer = make_proposer(config, vocab_size=runner.arch.vocab_size, runner=runner)
-    graphs = getattr(runner, "graph_shapes", NO_GRAPHS)
-    limits = scheduler.config
-    driver = SpecDriver(
-        config, proposer, limits.max_num_batched_tokens, limits.max_num_seqs, graphs
-    )
-    if driver.enabled and isinstance(driver.policy, GoodputPolicy):
-        # Before any request exists, as the profiler's safety invariant requires.
-        driver.seed_report = seed_cost_model(
-            driver.cost_model,
-            runner,
-            scheduler.block_manager,
-            config,
-            scheduler.config,
-            driver.max_draft_tokens,
-            draft_runner=getattr(proposer, "runner", None),
-            graphs=driver.graphs,
-        )
-    return driver
+def speculates(config: SpecConfig, proposer: Proposer | None) -> bool:
+    """Whether any request may speculate (a request may still turn it off)."""
+    return proposer is not None and config.policy != "off" and max_draft_tokens(config) > 0
 
 
 class SpecDriver:
@@ -67,44 +49,34 @@ class SpecDriver:
         self,
         config: SpecConfig,
         proposer: Proposer | None,
+        policy: SpecPolicy,
+        cost_model: OnlineLinearCostModel,
+        tree_shape: TreeShapeEstimator | None,
         token_budget: int,
         max_num_seqs: int = 1 << 30,
         graphs: GraphShapes = NO_GRAPHS,
     ) -> None:
-        """graphs: the step shapes the runner replays as CUDA graphs (trees never replay)."""
+        """Built by engine/speculation/build.py; graphs: the step shapes the runner replays
+        as CUDA graphs, as this driver's plans may use them (trees: decode steps only)."""
         self.config = config
         self.token_budget, self.max_num_seqs = token_budget, max_num_seqs
         self.tree = config.spec_tree_nodes > 0
-        self.graphs = graphs.decode_only() if self.tree else graphs
+        self.graphs = graphs
         self.draft_model = DRAFT_PROPOSER in config.proposers
         self.choice = len(config.proposers) > 1  # proposer is a ProposerSet
-        self.max_draft_tokens = (
-            config.spec_tree_nodes if self.tree else config.num_speculative_tokens
-        )
-        self.enabled = proposer is not None and config.policy != "off" and self.max_draft_tokens > 0
-        self.cost_model = OnlineLinearCostModel(refit_every=8)
+        self.max_draft_tokens = max_draft_tokens(config)
+        self.enabled = speculates(config, proposer)
+        self.cost_model = cost_model
         self.proposer = proposer
-        # Trees: the shape learned from verified trees, for the proposers and the policy.
-        self.tree_shape = TreeShapeEstimator() if self.tree else None
-        self.policy = make_policy(
-            config.policy if self.enabled else "off",
-            cost_model=self.cost_model,
-            max_draft_tokens=self.max_draft_tokens,
-            # goodput only: node budgets and draft passes change E(k) and T(batch)
-            tree=self.tree,
-            draft_model=self.draft_model,
-            token_budget=token_budget,
-            graphs=self.graphs,
-            tree_shape=self.tree_shape,
-            proposers=config.proposers if self.choice else (),
-            # the model-free proposers' CPU seconds per request, as the ProposerSet measures them
-            propose_seconds=proposer.seconds_per_request if self.choice else None,
-        )
+        self.tree_shape = tree_shape
+        self.policy = policy
         self.seed_report: SeedReport | None = None
-        self._plan: SpecPlan = {}
-        self._chosen: dict[str, str] = {}  # request_id -> proposer (choice), for this step
+        self.last_chosen_k: tuple[int, ...] = ()  # the last plan's lengths (metrics)
         self._base = StepFeatures()
-        self.totals = SpecTotals(config.proposers if self.enabled else ())
+        # The engine's totals; its proposers are listed (at zero) before they first draft.
+        names = config.proposers if self.enabled else ()
+        self.totals = SpecCounts(by_proposer={name: SpecCounts(name) for name in names})
+        self.accepted_per_position: list[int] = []  # drafts accepted at each position
         self.last_goodput = 0.0
 
     @property
@@ -122,7 +94,7 @@ class SpecDriver:
 
     # ---- 1. plan -------------------------------------------------------------------------
     def plan(self, running: Sequence[Request], waiting: Sequence[Request] = ()) -> SpecPlan:
-        """k per caught-up running request; the step's base features are what it will run:
+        """num_draft_tokens per caught-up running request; the step's base features are what it will run:
         decodes, prefill chunks clipped to the token budget in order, and the waiting requests
         the scheduler will admit (while seats and budget last)."""
         if not self.enabled:
@@ -133,13 +105,15 @@ class SpecDriver:
             caught_up = request.num_computed_tokens == request.num_tokens - 1
             if caught_up and max_draft_tokens > 0:
                 candidates.append(
-                    SpecCandidate(request.request_id, request.num_tokens, max_draft_tokens)
+                    SpecCandidate(
+                        request.request_id, request.num_tokens, max_draft_tokens, request.spec
+                    )
                 )
         shapes = self._step_shapes(running, waiting)
         self._base = StepFeatures.from_shapes(shapes, self.draft_model, self.graphs)
-        self._plan = self.policy.plan(candidates, self._base) if candidates else {}
-        self._chosen = self.policy.chosen_proposers() if self.choice and self._plan else {}
-        return self._plan
+        plan = self.policy.plan(candidates, self._base) if candidates else {}
+        self.last_chosen_k = tuple(plan.values())
+        return plan
 
     def _cap(self, request: Request) -> int:
         """The engine's draft cap, lowered by the request's own (SamplingParams)."""
@@ -167,8 +141,8 @@ class SpecDriver:
     def propose(self, sched: SchedulerOutput) -> Drafts:
         if self.proposer is None:
             return Drafts()
-        for request_id in sched.preempted_ids:  # blocks freed: per-request KV state is stale
-            self.proposer.release(request_id)
+        for request in sched.preempted:  # blocks freed: what proposers knew of them is stale
+            request.spec.memos.clear()
         topk = self.proposer.target_topk
         asks = [self._ask(s) for s in sched.scheduled if s.num_draft_tokens > 0 and s.needs_sample]
         if not asks:
@@ -192,12 +166,14 @@ class SpecDriver:
             seed=request.seed,
             block_ids=tuple(request.block_ids),
             tree_template=self._template(scheduled.num_draft_tokens),
-            proposer=self._proposer_of(request.request_id),
+            proposer=self._proposer_of(request),
+            memos=request.spec.memos,
         )
 
-    def _proposer_of(self, request_id: str) -> str:
-        """The proposer that drafts for the request this step ("" without a proposer)."""
-        return self._chosen.get(request_id, "") if self.choice else self.proposer_name or ""
+    def _proposer_of(self, request: Request) -> str:
+        """The proposer that drafts for the request this step ("" without a proposer): with
+        proposer choice the policy's pick (SpecState.proposer), else the only one."""
+        return request.spec.proposer if self.choice else self.proposer_name or ""
 
     def _template(self, num_nodes: int) -> tuple:
         """Twice the node budget: slots a proposer cannot fill are replaced by later ones."""
@@ -209,30 +185,26 @@ class SpecDriver:
     def observe(self, sched: SchedulerOutput, drafts: Drafts, out: ModelOutput) -> None:
         if sched.is_empty:
             return
-        results = []
+        results, observations = [], []
         for scheduled in sched.scheduled:
             step = out.outputs.get(scheduled.request_id)
             if step is None or not step.token_ids:
                 continue
-            if self.proposer is not None:
-                self.proposer.observe(
-                    scheduled.request_id,
-                    step.token_ids,
-                    step.target_topk_ids or None,
-                    drafts.draft_ids(scheduled.request_id),
-                    step.draft_topk_ids,
-                )
+            memos = scheduled.request.spec.memos
+            observations.append(Observation(step, drafts.draft_ids(step.request_id), memos))
             tree = drafts.trees.get(scheduled.request_id)
             if tree is not None and self.tree_shape is not None:
                 self.tree_shape.observe(tree, accepted_path(tree, step.token_ids))
             result = self._result(scheduled, step.num_draft_tokens, step.num_accepted_tokens)
             if result is not None:
                 results.append(result)
+        if self.proposer is not None and observations:
+            self.proposer.observe(observations)
         shapes = [
             (s.start, s.num_new_tokens - s.num_draft_tokens, drafts.num_draft_tokens(s.request_id))
             for s in sched.scheduled
         ]
-        features = self._features(shapes, drafts)
+        features = self._features(sched, shapes, drafts)
         seconds = out.step_time + drafts.proposer_time
         # Choice: model-free proposing is priced per request apart from the cost model.
         model_seconds = seconds - (self.proposer.free_seconds if self.choice else 0.0)
@@ -243,7 +215,9 @@ class SpecDriver:
         else:
             self.cost_model.observe(features, model_seconds)
 
-    def _features(self, shapes: list[tuple[int, int, int]], drafts: Drafts) -> StepFeatures:
+    def _features(
+        self, sched: SchedulerOutput, shapes: list[tuple[int, int, int]], drafts: Drafts
+    ) -> StepFeatures:
         """The step's features; with proposer choice the draft model ran as many passes as
         the longest draft of the requests it drafted for, not of every request."""
         if not self.choice:
@@ -251,9 +225,9 @@ class SpecDriver:
         features = StepFeatures.from_shapes(shapes, False, self.graphs)
         passes = max(
             (
-                drafts.num_draft_tokens(r)
-                for r, name in self._chosen.items()
-                if name == DRAFT_PROPOSER
+                drafts.num_draft_tokens(s.request_id)
+                for s in sched.scheduled
+                if s.request.spec.proposer == DRAFT_PROPOSER
             ),
             default=0,
         )
@@ -263,30 +237,44 @@ class SpecDriver:
         self, scheduled: ScheduledRequest, num_draft_tokens: int, num_accepted: int
     ) -> SpecResult | None:
         """The request's outcome for its proposer's estimate, counted in the totals and in
-        the request's own per-proposer stats."""
-        name = self._proposer_of(scheduled.request_id)
+        the request's own stats (overall and per proposer)."""
+        request = scheduled.request
+        name = self._proposer_of(request)
         if num_draft_tokens:
-            self.totals.count(name, num_draft_tokens, num_accepted)
-            scheduled.request.spec.add_proposer(name, num_draft_tokens, num_accepted)
-            return SpecResult(scheduled.request_id, num_draft_tokens, num_accepted, name)
+            self._count(name, num_draft_tokens, num_accepted)
+            request.spec.counts.add(num_draft_tokens, num_accepted, name)
+            return SpecResult(
+                request.request_id, num_draft_tokens, num_accepted, name, spec=request.spec
+            )
         if scheduled.num_draft_tokens:
             # Planned, but the proposer found nothing: speculation bought nothing this
             # step, which the estimate must see (as one rejected draft), or it would keep
             # reserving slots for a request that never gets drafts.
-            return SpecResult(scheduled.request_id, 1, 0, name)
+            return SpecResult(request.request_id, 1, 0, name, spec=request.spec)
         return None
 
-    def release(self, request_id: str) -> None:
-        if self.proposer is not None:
-            self.proposer.release(request_id)
-        self.policy.release(request_id)
+    def _count(self, proposer: str, num_draft_tokens: int, num_accepted: int) -> None:
+        self.totals.add(num_draft_tokens, num_accepted, proposer)
+        positions = self.accepted_per_position
+        positions.extend([0] * (num_accepted - len(positions)))
+        for position in range(num_accepted):
+            positions[position] += 1
 
     def stats_fields(self) -> dict:
+        """The EngineStats fields of speculation: cumulative counters and the last step."""
+        totals = self.totals
         return dict(
-            **self.totals.stats_fields(),
+            spec_num_drafts_total=totals.num_drafts,
+            spec_num_draft_tokens_total=totals.num_draft_tokens,
+            spec_num_accepted_tokens_total=totals.num_accepted_tokens,
+            spec_accepted_per_position_total=tuple(self.accepted_per_position),
+            spec_proposer_totals=tuple(
+                (name, c.num_drafts, c.num_draft_tokens, c.num_accepted_tokens)
+                for name, c in totals.by_proposer.items()
+            ),
             last_predicted_step_time=getattr(self.policy, "last_predicted_step_time", None),
             last_goodput=self.last_goodput,
-            last_chosen_k=tuple(self._plan.values()),
+            last_chosen_k=self.last_chosen_k,
         )
 
 

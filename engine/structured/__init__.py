@@ -1,2 +1,2 @@
 """Structured output: grammars compiled with llguidance, one matcher per request (grammar.py,
-matcher.py); the sampler applies the matcher's token bitmask (engine/sampler.py)."""
+matcher.py); the sampler applies the matcher's token bitmask (engine/sample/sampler.py)."""

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine.config import EngineConfig
-from engine.llm import LLM
+from engine.front.llm import LLM
 from engine.sampling_params import SamplingParams
 from tests.e2e.test_engine_tiny import assert_pool_restored, prompts
 

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from engine.config import EngineConfig
-from engine.llm import LLM
+from engine.front.llm import LLM
 from engine.sampling_params import SamplingParams
 from tests.conftest import build_tiny_llama
 from tests.parity import near_tie_report

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from engine.config import EngineConfig
-from engine.llm import LLM
+from engine.front.llm import LLM
 from engine.models.linear import QuantLinear
 from engine.sampling_params import SamplingParams
 from tests.e2e.test_spec_lossless import DATA_DIR, assert_pool_whole, assert_same_tokens

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from engine.config import EngineConfig
-from engine.llm import LLM
+from engine.front.llm import LLM
 from engine.sampling_params import SamplingParams
 from tests.e2e.test_spec_tiny import build_markov_leaning_llama
 
@@ -76,9 +76,6 @@ class RandomK:
         return {request_id: k for request_id, k in plan.items() if k > 0}
 
     def observe(self, results, features, step_seconds) -> None:
-        return None
-
-    def release(self, request_id: str) -> None:
         return None
 
 

@@ -8,7 +8,7 @@ import pytest
 from openai import OpenAI
 
 from engine.config import EngineConfig
-from engine.llm import LLM
+from engine.front.llm import LLM
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from tests.engine.speculation.test_driver import record_plans
@@ -50,15 +50,13 @@ def test_request_caps_its_own_speculation(tiny_model_dir, tmp_path, policy):
     assert all(k == 1 for plan in one_plans for k in plan.values())
     for output in off:
         assert output.spec is not None and output.spec.proposer == "ngram"
-        assert output.spec.num_draft_tokens == output.spec.num_verify_steps == 0
+        assert output.spec.num_draft_tokens == output.spec.num_drafts == 0
     assert sum(o.spec.num_draft_tokens for o in one) > 0
     for output in one:  # at most one draft per verify step
-        assert output.spec.num_draft_tokens == output.spec.num_verify_steps
+        assert output.spec.num_draft_tokens == output.spec.num_drafts
         assert output.spec.num_accepted_tokens <= output.spec.num_draft_tokens
     if policy == "fixed:4":
-        assert sum(o.spec.num_draft_tokens for o in free) > sum(
-            o.spec.num_verify_steps for o in free
-        )
+        assert sum(o.spec.num_draft_tokens for o in free) > sum(o.spec.num_drafts for o in free)
 
 
 @pytest.fixture(scope="module")

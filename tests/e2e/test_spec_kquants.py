@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from engine.config import EngineConfig
-from engine.llm import LLM
+from engine.front.llm import LLM
 from engine.sampling_params import SamplingParams
 from tests import kquants
 from tests.engine.models.conftest import KQUANT_DIMS, build_hf_model

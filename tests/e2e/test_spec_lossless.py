@@ -25,11 +25,11 @@ from pathlib import Path
 import pytest
 
 from engine.config import EngineConfig
-from engine.llm import LLM
+from engine.front.llm import LLM
 from engine.outputs import SpecPlan
 from engine.sampling_params import SamplingParams
-from engine.speculation.policy import SpecCandidate, SpecResult
-from engine.speculation.step_features import StepFeatures
+from engine.speculation.control.policy import SpecCandidate, SpecResult
+from engine.speculation.control.step_features import StepFeatures
 
 pytestmark = pytest.mark.slow
 
@@ -130,9 +130,6 @@ class ScriptedPolicy:
             accepted = self.num_accepted_tokens.get(request_id, 0) + result.num_accepted_tokens
             self.num_draft_tokens[request_id] = drafted
             self.num_accepted_tokens[request_id] = accepted
-
-    def release(self, request_id: str) -> None:
-        return None
 
 
 def even_request(request_id: str) -> bool:

@@ -22,7 +22,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engine.config import EngineConfig
-from engine.llm import LLM
+from engine.front.llm import LLM
 from engine.outputs import EngineStats
 from engine.sampling_params import SamplingParams
 from tests.conftest import build_tiny_llama
@@ -182,8 +182,8 @@ def test_ngram_sampling_matches_exact_law(model_dir, prompt, exact_joint, spec):
 def test_planted_acceptance_bug_is_caught(model_dir, prompt, exact_joint, monkeypatch):
     """The same check has power through the engine: with every chain's first draft accepted
     whatever the target says (a classic bug), even a tenth of the requests fail it by far."""
-    import engine.speculation.batch_verify as batch_verify
-    from engine.speculation.verify import VerifyResult, verify_chain
+    import engine.sample.batch_verify as batch_verify
+    from engine.sample.verify import VerifyResult, verify_chain
 
     def accept_first(targets, drafts):
         if not drafts:

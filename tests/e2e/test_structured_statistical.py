@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from engine.config import EngineConfig
-from engine.llm import LLM
+from engine.front.llm import LLM
 from engine.sampling_params import GuidedDecoding, SamplingParams
 from tests.e2e.test_spec_tiny import ATTENTION_SCALE, VOCAB, build_markov_leaning_llama
 from tests.stats import chi_square

@@ -14,7 +14,7 @@ import jsonschema
 import pytest
 
 from engine.config import EngineConfig
-from engine.llm import LLM
+from engine.front.llm import LLM
 from engine.sampling_params import GuidedDecoding, SamplingParams
 from engine.structured.matcher import GrammarMatcher
 from tests.conftest import build_tiny_llama

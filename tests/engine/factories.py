@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import random
 import zlib
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 
-from engine.block_manager import BlockManager
 from engine.config import CacheConfig, SchedulerConfig
+from engine.core.block_manager import BlockManager
+from engine.core.scheduler import Scheduler, _Step
 from engine.outputs import ModelOutput, RequestStepOutput, SchedulerOutput, SpecPlan
 from engine.request import Request
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler, _Step
 
 
 def make_requests(
@@ -147,3 +147,41 @@ def run_to_completion(
 
 def expected_output(request: Request, num_tokens: int) -> list[int]:
     return [true_token(request, i) for i in range(num_tokens)]
+
+
+def request_state_in(root: object, is_request_key: Callable[[object], bool]) -> list[str]:
+    """Where `root`, or an engine object it holds, keeps per-request state outside the request:
+    a Request, or a dict keyed by a request id (`is_request_key`). A finished request must
+    leave nothing behind: everything the engine kept about it lives on the Request (its one
+    owner). The model (engine/models) and non-engine objects are not walked."""
+    found: list[str] = []
+    seen: set[int] = set()
+
+    def walk(obj: object, path: str) -> None:
+        if id(obj) in seen:
+            return
+        seen.add(id(obj))
+        if isinstance(obj, Request):
+            found.append(f"{path}: a Request")
+        elif isinstance(obj, dict):
+            found.extend(f"{path}[{k!r}]" for k in obj if is_request_key(k))
+            for key, value in obj.items():
+                walk(value, f"{path}[{key!r}]")
+        elif isinstance(obj, (list, tuple, set, frozenset, deque)):
+            for i, item in enumerate(obj):
+                walk(item, f"{path}[{i}]")
+        elif _is_engine_object(obj):
+            for name, value in vars(obj).items():
+                walk(value, f"{path}.{name}")
+
+    walk(root, type(root).__name__)
+    return found
+
+
+def _is_engine_object(obj: object) -> bool:
+    module = type(obj).__module__
+    return (
+        module.startswith("engine.")
+        and not module.startswith("engine.models")
+        and hasattr(obj, "__dict__")
+    )

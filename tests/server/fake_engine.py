@@ -103,6 +103,7 @@ class FakeEngine:
         params: SamplingParams,
         arrival_time: float | None = None,
     ) -> None:
+        """LLMEngine.add_request: the checks, then admit()."""
         if request_id in self.requests or request_id in self.groups:
             raise ValueError(f"request_id {request_id!r} is already in use")
         if not prompt_token_ids:
@@ -111,6 +112,16 @@ class FakeEngine:
             raise ValueError(f"prompt token ids must be in [0, {self.vocab_size})")
         if len(prompt_token_ids) + (params.max_tokens or 0) > self.max_model_len:
             raise ValueError(f"max_tokens: prompt + max_tokens must be <= {self.max_model_len}")
+        self.admit(request_id, prompt_token_ids, params, arrival_time)
+
+    def admit(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        arrival_time: float | None = None,
+    ) -> None:
+        """LLMEngine.admit: a request AsyncEngine checked on the event loop."""
         ids = [request_id] if params.n == 1 else [f"{request_id}-{i}" for i in range(params.n)]
         for index, child_id in enumerate(ids):
             seed = None if params.seed is None else params.seed + index

@@ -11,7 +11,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 
-from engine.async_engine import AsyncEngine  # noqa: E402
+from engine.front.async_engine import AsyncEngine  # noqa: E402
 from server.cli import serve  # noqa: E402
 from server.serving import ServerSettings  # noqa: E402
 from tests.server.fake_engine import FakeEngine  # noqa: E402

@@ -15,7 +15,7 @@ from typing import Any
 
 import uvicorn
 
-from engine.async_engine import AsyncEngine
+from engine.front.async_engine import AsyncEngine
 from server.app import build_app
 from server.serving import ServerSettings
 

@@ -15,7 +15,7 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
 
-from engine.async_engine import AsyncEngine
+from engine.front.async_engine import AsyncEngine
 from server.app import build_app
 from server.openapi import json_body
 from server.protocol import ChatCompletionRequest, CompletionRequest

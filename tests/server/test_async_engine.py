@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from engine.async_engine import AsyncEngine, EngineDeadError, QueueFullError
+from engine.front.async_engine import AsyncEngine, EngineDeadError, QueueFullError
 from engine.llm_engine import LLMEngine
 from engine.outputs import EngineStats, RequestOutput
 from engine.sampling_params import SamplingParams

@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, event, example, given, settings
 from pydantic import ValidationError
 
 from engine.request import Request, check_prompt, check_token_ids
-from engine.sampler import Sampler
-from engine.speculation.batch_verify import sampling_row
+from engine.sample.batch_verify import sampling_row
+from engine.sample.sampler import Sampler
 from server.errors import APIError, from_validation_errors, from_value_error
 from server.openapi import json_body
 from server.protocol import ChatCompletionRequest, CompletionRequest

@@ -11,7 +11,7 @@ import threading
 import httpx
 import pytest
 
-from engine.async_engine import AsyncEngine
+from engine.front.async_engine import AsyncEngine
 from server.app import build_app
 from server.serving import ServerSettings
 from tests.server.fake_engine import FakeEngine
@@ -91,7 +91,7 @@ def test_long_text_is_tokenized_off_the_event_loop(start_server):
 
 
 class BrokenEngine(FakeEngine):
-    def add_request(self, *args, **kwargs):
+    def admit(self, *args, **kwargs):
         raise RuntimeError("planted bug")
 
 

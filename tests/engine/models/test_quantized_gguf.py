@@ -187,7 +187,7 @@ def test_the_engine_setting_reaches_the_loaded_model(
 ):
     """`--weights` is honoured by the engine (it once stopped at the config)."""
     from engine.config import EngineConfig
-    from engine.model_runner import ModelRunner
+    from engine.runner.model_runner import ModelRunner
 
     hf_dir, _ = models_helpers.build_hf_model(tmp_path / "hf", tie_word_embeddings=True)
     path = write_gguf(tmp_path / "m.gguf", hf_dir, qtype=Q.Q8_0)

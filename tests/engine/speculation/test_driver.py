@@ -11,10 +11,11 @@ import dataclasses
 import pytest
 
 from engine.config import EngineConfig
-from engine.llm import LLM
+from engine.front.llm import LLM
 from engine.outputs import EngineStats
 from engine.sampling_params import SamplingParams
-from engine.speculation.goodput import GoodputPolicy
+from engine.speculation.control.goodput import GoodputPolicy
+from tests.engine.factories import request_state_in
 
 GREEDY = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
 # Repeated motifs give the n-gram proposer something to match, so some drafts are accepted
@@ -126,9 +127,9 @@ def test_stats_fields_fill_engine_stats(tiny_model_dir, tmp_path):
     assert list(per_position) == sorted(per_position, reverse=True)  # prefix acceptance
 
 
-def test_release_forgets_per_request_state(tiny_model_dir, tmp_path):
+def test_finished_requests_leave_no_state_behind(tiny_model_dir, tmp_path):
     llm = make_llm(tiny_model_dir, tmp_path, speculative_proposer="ngram")
-    generate(llm)  # finished requests are released by the engine
-    policy = llm.engine.spec.policy
-    assert policy.acceptance_rates() == {}
-    assert policy._last_speculated == {}
+    outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    assert any(o.spec.num_draft_tokens for o in outputs)  # they did speculate
+    # What the engine kept about each lived on its Request, and went with it.
+    assert not request_state_in(llm.engine, lambda key: str(key).startswith("offline-"))

@@ -10,14 +10,22 @@ import random
 import pytest
 
 from engine.config import SpecConfig
-from engine.outputs import Drafts
-from engine.speculation.acceptance import expected_emitted
-from engine.speculation.goodput import GoodputPolicy
-from engine.speculation.policy import SpecCandidate, SpecResult
-from engine.speculation.proposer import ProposeRequest
-from engine.speculation.proposer_set import ProposerSet
-from engine.speculation.search import SearchProblem, SearchSlot, best_lengths
-from tests.engine.speculation.test_goodput import LinearCost, decode_base
+from engine.outputs import Drafts, RequestStepOutput
+from engine.speculation.control.acceptance import expected_emitted
+from engine.speculation.control.goodput import GoodputPolicy
+from engine.speculation.control.policy import SpecCandidate
+from engine.speculation.control.search import SearchProblem, SearchSlot, best_lengths
+from engine.speculation.proposers.proposer import Observation, ProposeRequest
+from engine.speculation.proposers.proposer_set import ProposerSet
+from tests.engine.factories import request_state_in
+from tests.engine.speculation.control.test_goodput import (  # noqa: F401 - fresh_records: autouse
+    RECORDS,
+    LinearCost,
+    decode_base,
+    fresh_records,
+    result,
+    spec,
+)
 
 NAMES = ("ngram", "recycle", "draft")
 
@@ -131,11 +139,16 @@ def teach(policy: GoodputPolicy, request_id: str, rates: dict[str, float]) -> No
             accepted = 0
             while accepted < 4 and rng.random() < a:
                 accepted += 1
-            policy.observe([SpecResult(request_id, 4, accepted, name)], decode_base(1), 0.01)
+            policy.observe([result(request_id, 4, accepted, name)], decode_base(1), 0.01)
 
 
 def candidates(*request_ids: str) -> list[SpecCandidate]:
-    return [SpecCandidate(request_id, 200, 4) for request_id in request_ids]
+    return [SpecCandidate(request_id, 200, 4, spec(request_id)) for request_id in request_ids]
+
+
+def chosen(*request_ids: str) -> dict[str, str]:
+    """The proposer the last plan chose for each request that speculates."""
+    return {r: spec(r).proposer for r in request_ids if spec(r).proposer}
 
 
 def test_the_policy_keeps_estimates_per_request_and_proposer_and_picks_per_request():
@@ -144,12 +157,10 @@ def test_the_policy_keeps_estimates_per_request_and_proposer_and_picks_per_reque
     teach(policy, "chat", {"ngram": 0.05, "recycle": 0.3, "draft": 0.85})
     plan = policy.plan(candidates("copy", "chat"), decode_base(2))
     assert plan.keys() == {"copy", "chat"}
-    assert policy.chosen_proposers() == {"copy": "ngram", "chat": "draft"}
-    rates = policy.proposer_rates()
-    assert rates["ngram"]["copy"] > 0.8 and rates["draft"]["chat"] > 0.75
-    policy.release("copy")
-    assert all("copy" not in r for r in policy.proposer_rates().values())
-    assert not any(key[0] == "copy" for key in policy._last_speculated)
+    assert chosen("copy", "chat") == {"copy": "ngram", "chat": "draft"}
+    assert policy.rate(spec("copy"), "ngram") > 0.8 and policy.rate(spec("chat"), "draft") > 0.75
+    assert spec("copy").acceptance.keys() == set(NAMES)  # on the request, one per proposer
+    assert not request_state_in(policy, lambda key: key in RECORDS)
 
 
 def test_a_proposer_never_tried_on_a_request_is_probed_now_and_then():
@@ -158,7 +169,7 @@ def test_a_proposer_never_tried_on_a_request_is_probed_now_and_then():
     runs = []
     for _ in range(16):
         plan = policy.plan(candidates("a"), decode_base(1))
-        runs.append((policy.chosen_proposers().get("a"), plan.get("a", 0)))
+        runs.append((chosen("a").get("a"), plan.get("a", 0)))
     probes = [run for run in runs if run[0] != "ngram"]
     assert {name for name, _ in probes} == {"recycle", "draft"}
     assert all(k >= 1 for _, k in probes) and len(probes) <= 6  # one probe per 4 plans
@@ -168,41 +179,44 @@ def test_a_proposer_never_tried_on_a_request_is_probed_now_and_then():
 def test_with_one_proposer_nothing_is_reported_as_chosen():
     policy = GoodputPolicy(LinearCost(0.01, 1e-4), max_draft_tokens=4, prior=0.9)
     assert policy.plan(candidates("a"), decode_base(1)) == {"a": 4}
-    assert policy.chosen_proposers() == {}
+    assert chosen("a") == {}
 
 
 def test_model_free_cpu_time_enters_the_choice():
     policy = choice_policy(LinearCost(0.01, 1e-3), explore_interval=1000)
     teach(policy, "a", {"ngram": 0.8, "recycle": 0.75, "draft": 0.0})
     policy.plan(candidates("a"), decode_base(1))
-    assert policy.chosen_proposers() == {"a": "ngram"}
+    assert chosen("a") == {"a": "ngram"}
     policy.propose_seconds["ngram"] = 0.05
     policy.plan(candidates("a"), decode_base(1))
-    assert policy.chosen_proposers() == {"a": "recycle"}
+    assert chosen("a") == {"a": "recycle"}
 
 
 # ---- the proposer set --------------------------------------------------------------------
 class FakeProposer:
+    """Keeps its per-request state where a proposer must: in the request's memos."""
+
     def __init__(self, name: str, token: int, target_topk: int = 0) -> None:
         self.name, self.token, self.target_topk = name, token, target_topk
         self.asked: list[str] = []
         self.observed: list[tuple[str, tuple[int, ...]]] = []
-        self.state: set[str] = set()
 
     def propose(self, requests):
         self.asked.extend(r.request_id for r in requests)
-        self.state.update(r.request_id for r in requests)
+        for r in requests:
+            r.memos[self.name] = len(r.token_ids)
         return Drafts(chains={r.request_id: [self.token] * r.num_draft_tokens for r in requests})
 
-    def observe(self, request_id, token_ids, topk_ids, draft_ids=(), draft_topk_ids=()):
-        self.observed.append((request_id, tuple(token_ids)))
+    def observe(self, observations):
+        self.observed.extend((o.step.request_id, tuple(o.step.token_ids)) for o in observations)
 
-    def release(self, request_id):
-        self.state.discard(request_id)
+
+MEMOS: dict[str, dict] = {}  # request id -> its memos (SpecState.memos on an engine Request)
 
 
 def ask(request_id: str, proposer: str, k: int = 2) -> ProposeRequest:
-    return ProposeRequest(request_id, [1, 2, 3], k, proposer=proposer)
+    memos = MEMOS.setdefault(request_id, {})
+    return ProposeRequest(request_id, [1, 2, 3], k, proposer=proposer, memos=memos)
 
 
 def test_the_set_routes_each_request_to_its_proposer_and_merges_drafts():
@@ -217,16 +231,18 @@ def test_the_set_routes_each_request_to_its_proposer_and_merges_drafts():
     assert set(proposers.seconds_per_request) == {"ngram"}  # model-free ones that ran
 
 
-def test_switching_proposers_keeps_every_state_fed_and_release_reaches_all():
+def test_switching_proposers_keeps_every_state_fed_and_on_the_request():
     members = {n: FakeProposer(n, i) for i, n in enumerate(NAMES)}
     proposers = ProposerSet(members)
+    MEMOS.clear()
     for step, name in enumerate(["ngram", "draft", "recycle", "draft", "ngram"]):
         proposers.propose([ask("a", name)])
-        proposers.observe("a", [step], None)
+        step_output = RequestStepOutput("a", (step,))
+        proposers.observe([Observation(step_output, memos=MEMOS["a"])])
     for member in members.values():  # every verified token reached every proposer
         assert member.observed == [("a", (step,)) for step in range(5)]
-    proposers.release("a")
-    assert all(not member.state for member in members.values())
+    assert MEMOS["a"].keys() == set(NAMES)  # each member's state, on the request
+    assert not request_state_in(proposers, lambda key: key == "a")
 
 
 def test_config_parses_auto_and_lists_and_refuses_what_cannot_run():
@@ -256,26 +272,22 @@ class RandomChoice:
     def plan(self, candidates, base):
         self.chosen = {c.request_id: self.rng.choice(NAMES) for c in candidates}
         plan = {c.request_id: self.rng.randint(0, c.max_draft_tokens) for c in candidates}
+        for c in candidates:
+            c.spec.proposer = self.chosen[c.request_id]
         return {request_id: k for request_id, k in plan.items() if k}
-
-    def chosen_proposers(self):
-        return self.chosen
 
     def observe(self, results, features, step_seconds) -> None:
         assert all(r.proposer == self.chosen[r.request_id] for r in results)
 
-    def release(self, request_id: str) -> None:
-        return None
-
 
 def test_switching_proposers_every_step_leaks_no_blocks_and_no_state():
-    from engine.speculation.driver import SpecDriver
+    from engine.speculation.build import make_spec_driver
     from tests.engine.factories import FakeModel, check_block_invariants, make_scheduler
 
     scheduler = make_scheduler(num_blocks=12, block_size=8, max_num_batched_tokens=40)
     members = {n: FakeProposer(n, 5 + i) for i, n in enumerate(NAMES)}
     config = SpecConfig(proposer=",".join(NAMES), draft_model="self:1")
-    driver = SpecDriver(config, ProposerSet(members), token_budget=40)
+    driver = make_spec_driver(config, ProposerSet(members), token_budget=40)
     driver.policy = RandomChoice(seed=3)
     model, rng, finished = FakeModel(seed=4), random.Random(5), []
     requests = [_request(f"r{i}", rng) for i in range(12)]
@@ -286,24 +298,27 @@ def test_switching_proposers_every_step_leaks_no_blocks_and_no_state():
             break
         sched = scheduler.schedule(driver.plan(scheduler.running, scheduler.waiting))
         drafts = driver.propose(sched)
+        # Preempted: their blocks are gone, and so is what the proposers knew of them.
+        assert all(not request.spec.memos for request in sched.preempted)
         out = model.execute(sched)
         changed = scheduler.update(sched, out)
         driver.observe(sched, drafts, out)
         check_block_invariants(scheduler)
-        for request in changed:
-            if request.is_finished:
-                driver.release(request.request_id)
-                finished.append(request)
+        finished.extend(request for request in changed if request.is_finished)
     assert len(finished) == len(requests) and scheduler.num_preemptions_total > 0
     assert scheduler.block_manager.num_free_blocks == 12
+    ids = {request.request_id for request in requests}
     for member in members.values():
-        assert member.asked and not member.state  # each drafted, and each forgot everything
+        assert member.asked  # each drafted, and kept nothing of any request
+        assert not request_state_in(member, lambda key: key in ids)
         for request in requests:  # and each saw every token of every request
             seen = [t for r, tokens in member.observed if r == request.request_id for t in tokens]
             assert seen == request.output_token_ids
+    assert not request_state_in(driver, lambda key: key in ids)
     for request in requests:  # per-proposer stats add up to the request's own
-        parts = request.spec.by_proposer.values()
-        assert sum(p.num_draft_tokens for p in parts) == request.spec.num_draft_tokens
+        counts = request.spec.counts
+        parts = counts.by_proposer.values()
+        assert sum(p.num_draft_tokens for p in parts) == counts.num_draft_tokens
 
 
 def _request(request_id: str, rng: random.Random):

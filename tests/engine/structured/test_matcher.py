@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from engine.sampler import Sampler, SamplingRow, apply_bitmask
+from engine.sample.sampler import Sampler, SamplingRow, apply_bitmask
 from engine.sampling_params import GuidedDecoding, SamplingParams
 from engine.structured.grammar import GrammarCompiler, check_guided
 from engine.structured.matcher import GrammarMatcher
@@ -121,7 +121,7 @@ def test_a_library_panic_never_escapes_as_a_base_exception():
 
 def test_a_grammar_request_whose_library_fails_fails_alone(tmp_path, monkeypatch):
     from engine.config import EngineConfig
-    from engine.llm import LLM
+    from engine.front.llm import LLM
     from tests.conftest import build_tiny_llama
 
     path = save_char_tokenizer(build_tiny_llama(tmp_path))

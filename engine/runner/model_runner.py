@@ -1,0 +1,236 @@
+"""ModelRunner: owns the model and the paged KV cache; runs one step.
+
+execute(): CoW block copies -> pack inputs -> one forward (a replayed CUDA graph for decode
+steps on FlashInfer) -> logits for the rows that need them -> one batched sample + verify pass
+with one host sync (engine/sample/batch_verify.py) -> accepted tree paths compacted ->
+logprobs where asked -> ModelOutput (host data only). Tensors start here; everything above it
+is plain Python. The runner keeps no per-request state: random numbers come from each
+request's seed and token positions (engine/sample/rng.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from engine.config import EngineConfig
+from engine.models.linear import weight_format
+from engine.models.loader import load_model, resolve_model_path
+from engine.outputs import Drafts, ModelOutput, RequestStepOutput, SchedulerOutput
+from engine.runner.graphs import capture_graphs
+from engine.runner.input_batch import ModelInput, build_model_input, slot_of
+from engine.sample.batch_verify import BatchVerifier, Verified
+from engine.sample.sampler import Sampler
+from kernels.attention import KVCacheSpec
+from kernels.graph_shapes import GraphShapes
+from kernels.registry import make_attention_backend
+
+if TYPE_CHECKING:
+    from kernels.cuda_graphs import StepGraphRunner
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.device = torch.device(config.device.device)
+        self.dtype = _DTYPES[config.model.dtype]
+        self.block_size = config.cache.block_size
+        self._set_threads()
+        self.model_path = resolve_model_path(config.model.model)
+        self.backend = make_attention_backend(
+            config.device.attention_backend, self.device, dtype=self.dtype
+        )
+        self.model, self.arch = load_model(
+            self.model_path, self.dtype, self.device, self.backend, config.model.weights
+        )
+        self.weight_format = weight_format(self.model)
+        self.max_model_len = min(
+            config.model.max_model_len or self.arch.max_position_embeddings,
+            self.arch.max_position_embeddings,
+        )
+        self.num_blocks = self._allocate_kv_cache()
+        self.graphs: StepGraphRunner | None = capture_graphs(
+            config, self.backend, self.model, self.arch, self.max_model_len, self.device
+        )
+        self.sampler = Sampler()
+        self.verifier = BatchVerifier(self.sampler)
+
+    def _set_threads(self) -> None:
+        if self.config.device.threads is not None:
+            torch.set_num_threads(self.config.device.threads)
+        torch.manual_seed(self.config.model.seed)
+
+    def _allocate_kv_cache(self) -> int:
+        arch = self.arch
+        probe = KVCacheSpec(
+            arch.num_layers,
+            1,
+            self.block_size,
+            arch.num_kv_heads,
+            arch.head_dim,
+            self.dtype,
+            self.device,
+        )
+        num_blocks = self.config.cache.num_kv_blocks or max(
+            2, self.config.cache.kv_cache_bytes // probe.bytes_per_block
+        )
+        spec = KVCacheSpec(
+            arch.num_layers,
+            num_blocks,
+            self.block_size,
+            arch.num_kv_heads,
+            arch.head_dim,
+            self.dtype,
+            self.device,
+        )
+        self.backend.allocate(spec)
+        logger.info(
+            "KV cache: %d blocks x %d tokens (%.1f MiB, %s)",
+            num_blocks,
+            self.block_size,
+            num_blocks * probe.bytes_per_block / 2**20,
+            getattr(self.backend, "name", type(self.backend).__name__),
+        )
+        return num_blocks
+
+    @property
+    def graph_shapes(self) -> GraphShapes:
+        """The step shapes this runner replays as graphs (none without graphs)."""
+        return self.graphs.shapes if self.graphs is not None else GraphShapes()
+
+    # ---- the step ----------------------------------------------------------------------
+    @torch.inference_mode()
+    def execute(self, scheduler_output: SchedulerOutput, drafts: Drafts) -> ModelOutput:
+        start = time.perf_counter()
+        self._copy_blocks(scheduler_output.block_copies)
+        model_input = build_model_input(scheduler_output, drafts, self.block_size)
+        logits = self._logits(model_input)
+        verified = self.verifier.verify(model_input.requests, logits, drafts.target_topk)
+        self._compact_trees(model_input.requests, verified)
+        outputs = self._outputs(model_input, logits, verified)
+        return ModelOutput(outputs=outputs, step_time=time.perf_counter() - start)
+
+    def _copy_blocks(self, copies: Sequence[tuple[int, int]]) -> None:
+        if not copies:
+            return
+        offsets = torch.arange(self.block_size, device=self.device)
+        src = torch.cat([offsets + s * self.block_size for s, _ in copies])
+        dst = torch.cat([offsets + d * self.block_size for _, d in copies])
+        self.backend.copy_slots(src, dst)
+
+    def _logits(self, model_input: ModelInput) -> torch.Tensor:
+        """float32 logits [num_logit_rows, vocab]: the step replayed as a graph where its
+        shape was captured, else run eagerly."""
+        if self.graphs is not None and self.graphs.can_run(model_input.metadata):
+            hidden = self.graphs.run(
+                model_input.input_ids,
+                model_input.positions,
+                model_input.metadata,
+                model_input.logits_indices,
+            )
+        else:
+            on_device = model_input.to(self.device)
+            self.backend.plan(on_device.metadata)
+            hidden = self.model(on_device.input_ids, on_device.positions)
+            hidden = hidden[on_device.logits_indices]
+        if hidden.shape[0] == 0:
+            return hidden.new_empty(0, self.arch.vocab_size, dtype=torch.float32)
+        return self.model.compute_logits(hidden)
+
+    def _outputs(
+        self, model_input: ModelInput, logits: torch.Tensor, verified: dict[str, Verified]
+    ) -> dict[str, RequestStepOutput]:
+        """Per request: the verified tokens with their logprobs, and prompt logprobs."""
+        logprobs = self._logprobs(model_input.requests, logits, verified)
+        prompt_logprobs = self._prompt_logprobs(model_input.requests, logits)
+        outputs = {}
+        for rows in model_input.requests:
+            request_id = rows.scheduled.request_id
+            done = verified.get(request_id)
+            outputs[request_id] = RequestStepOutput(
+                request_id,
+                done.token_ids if done else (),
+                num_draft_tokens=done.num_draft_tokens if done else 0,
+                num_accepted_tokens=done.num_accepted_tokens if done else 0,
+                logprobs=logprobs.get(request_id, ()),
+                prompt_logprobs=prompt_logprobs.get(request_id, ()),
+                target_topk_ids=done.target_topk_ids if done else (),
+                draft_topk_ids=done.draft_topk_ids if done else (),
+                error=done.error if done else None,
+            )
+        return outputs
+
+    def _logprobs(self, requests, logits: torch.Tensor, verified: dict[str, Verified]):
+        """Logprobs of every emitted token that asked for them, in one batched call."""
+        asking = [
+            (rows, verified[rows.scheduled.request_id])
+            for rows in requests
+            if rows.scheduled.request_id in verified
+            and verified[rows.scheduled.request_id].error is None
+            and rows.scheduled.request.sampling_params.logprobs is not None
+        ]
+        if not asking:
+            return {}
+        index = torch.tensor([r for _, done in asking for r in done.path_rows], device=self.device)
+        token_ids = [t for _, done in asking for t in done.token_ids]
+        num_top = [
+            rows.scheduled.request.sampling_params.logprobs
+            for rows, done in asking
+            for _ in done.token_ids
+        ]
+        entries = self.sampler.logprobs(logits[index], token_ids, num_top)
+        result, first = {}, 0
+        for rows, done in asking:
+            result[rows.scheduled.request_id] = tuple(entries[first : first + len(done.token_ids)])
+            first += len(done.token_ids)
+        return result
+
+    def _prompt_logprobs(self, requests, logits: torch.Tensor):
+        """Row at position p scores prompt token p + 1; the prompt's first token has no logprob."""
+        result = {}
+        for rows in requests:
+            if not rows.prompt_logit_rows:
+                continue
+            request = rows.scheduled.request
+            start = rows.first_slot_index
+            entries = [None] if start == 0 else []
+            targets = [
+                (row, p + 1)
+                for row, p in zip(
+                    rows.prompt_logit_rows, range(start, start + len(rows.prompt_logit_rows))
+                )
+                if p + 1 < request.num_prompt_tokens
+            ]
+            if targets:
+                index = torch.tensor([r for r, _ in targets], device=logits.device)
+                token_ids = [request.prompt_token_ids[p] for _, p in targets]
+                num_top = [request.sampling_params.prompt_logprobs] * len(targets)
+                entries.extend(self.sampler.logprobs(logits[index], token_ids, num_top))
+            result[rows.scheduled.request_id] = tuple(entries)
+        return result
+
+    def _compact_trees(self, requests, verified: dict[str, Verified]) -> None:
+        """Copy each accepted tree path's K/V into the contiguous slots right after the root."""
+        src, dst = [], []
+        for rows in requests:
+            done = verified.get(rows.scheduled.request_id)
+            if rows.tree is None or done is None:
+                continue
+            base = rows.first_slot_index + rows.num_real  # slot index of node 0
+            block_ids = rows.scheduled.request.block_ids
+            for depth, node in enumerate(done.accepted_node_ids):
+                if node != depth:
+                    src.append(slot_of(block_ids, base + node, self.block_size))
+                    dst.append(slot_of(block_ids, base + depth, self.block_size))
+        if src:
+            self.backend.copy_slots(
+                torch.tensor(src, device=self.device), torch.tensor(dst, device=self.device)
+            )

@@ -1,0 +1,145 @@
+"""Acceptance: per-request estimates of how often drafts are accepted, and what they are worth.
+
+Chains, Bernoulli(a) per position: draft j is accepted with probability a^j, so a chain of k
+drafts emits E(k) = (1 - a^(k+1)) / (1 - a) tokens in expectation.
+
+Trees (node budgets). Approximation: the proposer ranks candidate tokens at each position, and
+the rank-r candidate is the correct one with probability a(1 - a)^(r - 1) (rank 1: a, the
+chain's per-position acceptance), independently along a path. A node is accepted iff every
+node on its path is correct, and at most one node per depth can be, so the expected accepted
+length is the sum of the nodes' path probabilities; a best-first tree of n nodes takes the n
+largest ones, so g(j) is the j-th largest path probability (the per-depth acceptance of such a
+tree follows). a is fitted per request by matching the mean accepted length at the mean budget.
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+
+from engine.request import SpecState
+from engine.speculation.control.policy import SpecResult
+
+MAX_TREE_NODES = 256  # SpecConfig.spec_tree_nodes upper bound
+GRID = 100  # tree acceptance is resolved on a grid of 1/GRID
+
+
+def expected_emitted(acceptance: float, k: int) -> float:
+    """Expected tokens a chain of k drafts emits (accepted drafts + the bonus/correction)."""
+    if acceptance >= 1.0:
+        return k + 1.0
+    return (1.0 - acceptance ** (k + 1)) / (1.0 - acceptance)
+
+
+@functools.lru_cache(maxsize=GRID + 1)
+def tree_gains(grid_index: int) -> tuple[tuple[float, ...], tuple[int, ...]]:
+    """Path probabilities of a best-first tree's nodes, largest first, and each node's depth,
+    for rank-1 acceptance a = grid_index / GRID (see the module docstring)."""
+    a = grid_index / GRID
+
+    def rank_probability(rank: int) -> float:
+        return a * (1.0 - a) ** (rank - 1)
+
+    # Enumerate nodes in decreasing path probability: popping a node offers its first child
+    # and its next-ranked sibling, the only candidates that can come next (k-best search).
+    heap = [(-rank_probability(1), 1, 1, 1.0)]  # (-path prob, depth, rank, parent path prob)
+    gains: list[float] = []
+    depths: list[int] = []
+    while heap and len(gains) < MAX_TREE_NODES and -heap[0][0] > 0.0:
+        negative, depth, rank, parent = heapq.heappop(heap)
+        gains.append(-negative)
+        depths.append(depth)
+        heapq.heappush(heap, (negative * rank_probability(1), depth + 1, 1, -negative))
+        heapq.heappush(heap, (-parent * rank_probability(rank + 1), depth, rank + 1, parent))
+    padding = MAX_TREE_NODES - len(gains)
+    return tuple(gains) + (0.0,) * padding, tuple(depths) + (depths[-1] if depths else 1,) * padding
+
+
+@functools.lru_cache(maxsize=GRID + 1)
+def _tree_cumulative(grid_index: int) -> tuple[float, ...]:
+    """cumulative[n] = expected accepted nodes of a best-first tree of n nodes."""
+    total, cumulative = 0.0, [0.0]
+    for gain in tree_gains(grid_index)[0]:
+        total += gain
+        cumulative.append(total)
+    return tuple(cumulative)
+
+
+def tree_acceptance(mean_accepted: float, mean_budget: float) -> float:
+    """The rank-1 acceptance whose best-first tree of `mean_budget` nodes accepts
+    `mean_accepted` nodes on average (bisection on the grid; the tables are monotone in a)."""
+    budget = min(MAX_TREE_NODES, max(1, round(mean_budget)))
+    low, high = 0, GRID
+    while low < high:
+        middle = (low + high) // 2
+        if _tree_cumulative(middle)[budget] < mean_accepted:
+            low = middle + 1
+        else:
+            high = middle
+    return low / GRID
+
+
+class AcceptanceEstimator:
+    """Per-request acceptance a_i as exponentially weighted counts, seeded by a global prior.
+    A request's counts live on the request (SpecState.acceptance, under this estimator's
+    name: one estimator per proposer); the global prior lives here.
+
+    Chains: a drafted chain is a run of Bernoulli(a) trials stopped at the first rejection or
+    after k drafts, so m accepted of k drafted is m successes in m + 1 trials (m < k) or k in k;
+    a = EMA(successes) / EMA(trials) (accepted/drafted would be biased low by the truncation).
+    Trees: EMAs of accepted length and node budget, inverted through the rank model.
+    The global prior is the same estimate over all requests, clamped so it cannot collapse.
+    """
+
+    def __init__(
+        self,
+        prior: float = 0.5,
+        tree: bool = False,
+        decay: float = 0.9,
+        global_decay: float = 0.99,
+        prior_weight: float = 2.0,
+        prior_bounds: tuple[float, float] = (0.1, 0.95),
+        name: str = "",
+    ) -> None:
+        if not 0.0 <= prior <= 1.0:
+            raise ValueError(f"acceptance prior must be in [0, 1], got {prior}")
+        self.name = name  # the proposer whose drafts it estimates ("": the only one)
+        self.tree = tree
+        self.decay = decay
+        self.global_decay = global_decay
+        self.prior_weight = prior_weight
+        self.prior_bounds = prior_bounds
+        self._global = self._seed(prior)
+
+    def _seed(self, a: float) -> list[float]:
+        # Pseudo-counts worth prior_weight observations: chains [successes, trials],
+        # trees [accepted, budget, observations] as if budget-1 trees accepted a of them.
+        w = self.prior_weight
+        return [a * w, w, w] if self.tree else [a * w, w]
+
+    def _rate(self, counts: list[float]) -> float:
+        if self.tree:
+            return tree_acceptance(counts[0] / counts[2], counts[1] / counts[2])
+        return counts[0] / counts[1] if counts[1] > 0.0 else 0.0
+
+    def prior(self) -> float:
+        low, high = self.prior_bounds
+        return min(high, max(low, self._rate(self._global)))
+
+    def rate(self, spec: SpecState) -> float:
+        """The request's estimate (the prior until its drafts were verified)."""
+        counts = spec.acceptance.get(self.name)
+        return self.prior() if counts is None else self._rate(counts)
+
+    def update(self, result: SpecResult) -> None:
+        drafted, accepted = result.num_draft_tokens, result.num_accepted_tokens
+        if drafted <= 0:
+            return
+        if self.tree:
+            sample = [accepted, drafted, 1.0]
+        else:
+            sample = [accepted, accepted + 1 if accepted < drafted else drafted]
+        counts = result.spec.acceptance.setdefault(self.name, self._seed(self.prior()))
+        for i, value in enumerate(sample):
+            counts[i] = self.decay * counts[i] + value
+            self._global[i] = self.global_decay * self._global[i] + value

@@ -1,0 +1,344 @@
+"""Step-time cost model: how many seconds one engine step takes, predicted from its shape.
+
+The goodput policy divides expected emitted tokens by this prediction (DESIGN §6, SmartSpec
+arXiv 2406.14066), so a prediction must be positive, cheap (hundreds per step) and follow drift.
+The model is linear in a few shape features plus a piecewise-linear term in batched rows (one
+ramp per segment between the knots of step_features.ROW_KNOTS, so a measured jump between two
+row counts, or the change from memory-bound to compute-bound matmuls, is representable), fixed
+costs per speculating request, per draft-model pass and per eager (non-graph) step, refitted on
+the last `window` steps by weighted ridge least squares:
+
+    theta = argmin  sum_t w_t (x_t . theta - seconds_t)^2 + ridge |theta - prior|^2,  theta >= 0
+
+w_t = forgetting^age x a Huber-style weight from a few reweighting passes, so a step stalled by
+something else (a busy core, GC) cannot drag the fit. theta >= 0: work never makes a step
+faster, which keeps the policy's marginal costs sane. Directions the window does not excite
+(draft steps while nobody speculates) rest at the prior: the start-up profile's fit.
+
+The profile's own samples stay in every refit as anchors, at ANCHOR_WEIGHT each (the window's
+~100 effective samples outweigh them ~4:1 where both speak): live traffic fills the window from
+a narrow region (a batch with a few speculating requests, noisy prefills), and a window alone
+then extrapolates the shapes it never sees, such as every request speculating, by collinear
+accidents (on an H200 the refit priced 16 speculating requests at 1.7x their measured time, so
+goodput stopped speculating on chat under load; docs/benchmarks.md §4e).
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import json
+import os
+import statistics
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from engine.speculation.control.step_features import (
+    FEATURE_NAMES,
+    ROW_KNOTS,
+    StepFeatures,
+    profile_grid,
+)
+
+# Fixed feature scales keep the normal equations well conditioned; coefficients() undoes them.
+_SCALES = (1.0, 256.0, *(1.0,) * (len(ROW_KNOTS) - 1), 16.0, 16384.0, 64.0, 4.0, 16.0, 1.0, 256.0)
+_NUM_RAMPS = len(ROW_KNOTS) - 1
+
+
+def row_ramps(rows: int) -> list[float]:
+    """How far `rows` has crossed each segment between consecutive knots, in [0, 1]."""
+    return [min(1.0, max(0.0, (rows - lo) / (hi - lo))) for lo, hi in zip(ROW_KNOTS, ROW_KNOTS[1:])]
+
+
+def _split_rows(f: StepFeatures) -> tuple[int, int]:
+    """(rows of an eager step, rows of any other step): a step that leaves the CUDA-graph path
+    pays per row on its own term, so that prefill chunks (eager, hundreds of rows) do not set
+    the row ramps that price replayed verification (tens of rows, nearly free)."""
+    rows = f.num_batched_tokens
+    return (rows, 0) if f.num_eager_steps else (0, rows)
+
+
+OUTLIER_FACTOR = 3.0  # log errors beyond this many times the median one are down-weighted
+ANCHOR_WEIGHT = 0.2  # weight of each profile sample in a refit (a window sample's is <= 1)
+
+
+class StepCostModel(Protocol):
+    num_observations: int
+
+    def predict(self, features: StepFeatures) -> float: ...  # seconds, > 0
+
+    def observe(self, features: StepFeatures, measured_seconds: float) -> None: ...
+
+    @property
+    def fitted(self) -> bool: ...
+
+    def accuracy(self) -> float | None: ...  # recent median |predicted - measured| / measured
+
+
+class OnlineLinearCostModel:
+    """Linear step-time model refitted online; see the module docstring for the objective."""
+
+    def __init__(
+        self,
+        window: int = 256,
+        forgetting: float = 0.99,
+        ridge: float = 1e-3,
+        min_seconds: float = 1e-6,
+        refit_every: int = 1,
+    ) -> None:
+        """refit_every: observations between refits of the window when predicting (a refit
+        costs ~0.4 ms, a tenth of a batch-1 step on the AVX-512 kernels; the engine uses 8)."""
+        if not 0.0 < forgetting <= 1.0 or window < 1 or refit_every < 1:
+            raise ValueError(
+                "need 0 < forgetting <= 1, window >= 1 and refit_every >= 1, got "
+                f"{forgetting}, {window}, {refit_every}"
+            )
+        self.forgetting = forgetting
+        self.ridge = ridge
+        self.min_seconds = min_seconds
+        self.num_observations = 0
+        self._samples: deque[tuple[StepFeatures, float]] = deque(maxlen=window)
+        # The same window as a ring buffer: slot i holds observation i mod window.
+        self._x = np.zeros((window, len(FEATURE_NAMES)))  # scaled features
+        self._y = np.zeros(window)  # seconds
+        self._robust = np.ones(window)  # outlier weights, refreshed at every refit
+        self._count = 0  # observations ever written to the ring
+        self._errors: deque[float] = deque(maxlen=64)  # relative, for accuracy()
+        self._prior = np.zeros(len(FEATURE_NAMES))
+        self._anchors: list[tuple[StepFeatures, float]] = []  # the profile's samples
+        self._anchor_x = np.zeros((0, len(FEATURE_NAMES)))
+        self._anchor_y = np.zeros(0)
+        self._set_theta(self._prior)
+        self._ever_solved = False  # the prior is not a fit
+        self._seeded = False  # profiled or loaded: trust it before num_observations is large
+        self.refit_every = refit_every
+        self._pending = 0  # observations since the last refit
+
+    def _vector(self, f: StepFeatures) -> tuple[float, ...]:
+        eager_rows, rows = _split_rows(f)
+        raw = (1, rows, *row_ramps(rows), f.num_requests, f.num_kv_tokens)
+        raw += (f.num_draft_tokens, f.num_draft_steps, f.num_spec_requests, f.num_eager_steps)
+        raw += (eager_rows,)
+        return tuple(value / scale for value, scale in zip(raw, _SCALES, strict=True))
+
+    def predict(self, features: StepFeatures) -> float:
+        if self._dirty and (self._pending >= self.refit_every or not self._ever_solved):
+            self._solve()
+        # Written out (not _vector): the policy calls this hundreds of times per step.
+        c, f = self._coefficients, features
+        eager_rows, rows = _split_rows(f)
+        seconds = self._row_seconds(rows)
+        tail = c[2 + _NUM_RAMPS :]
+        seconds += tail[0] * f.num_requests + tail[1] * f.num_kv_tokens
+        seconds += tail[2] * f.num_draft_tokens + tail[3] * f.num_draft_steps
+        seconds += tail[4] * f.num_spec_requests + tail[5] * f.num_eager_steps
+        seconds += tail[6] * eager_rows
+        return max(self.min_seconds, seconds)
+
+    def _row_seconds(self, rows: int) -> float:
+        """Intercept + linear + piecewise-linear row cost, from the ramps' running sums."""
+        c = self._coefficients
+        seconds = c[0] + c[1] * rows
+        if rows <= ROW_KNOTS[0]:
+            return seconds
+        if rows >= ROW_KNOTS[-1]:
+            return seconds + self._ramp_sums[-1]
+        segment = bisect.bisect_right(ROW_KNOTS, rows) - 1
+        lo, hi = ROW_KNOTS[segment], ROW_KNOTS[segment + 1]
+        return seconds + self._ramp_sums[segment] + c[2 + segment] * (rows - lo) / (hi - lo)
+
+    def observe(self, features: StepFeatures, measured_seconds: float) -> None:
+        if measured_seconds <= 0.0:
+            return
+        # Out-of-sample error, predicted before this observation is used. With speculation off
+        # nothing else predicts, and a refit per step cost ~1.3 ms of a 23 ms batch-1 step: then
+        # only every 16th observation pays for one.
+        if self.fitted and (not self._dirty or self._count % 16 == 0):
+            error = abs(self.predict(features) - measured_seconds) / measured_seconds
+            self._errors.append(error)
+        self._append(features, measured_seconds)
+        self._dirty = True
+        self._pending += 1
+
+    def _append(self, features: StepFeatures, seconds: float) -> None:
+        slot = self._count % len(self._y)
+        self._samples.append((features, seconds))
+        self._x[slot], self._y[slot], self._robust[slot] = self._vector(features), seconds, 1.0
+        self._count += 1
+        self.num_observations += 1
+
+    def _solve(self, passes: int = 1, fresh: bool = False) -> None:
+        """Refit the window. Each pass first re-derives the outlier weights from the current
+        fit (Huber-style, on the log error around its median, so a constant misfit is corrected
+        rather than mistaken for outliers), then solves; one pass per step amortises IRLS.
+        fresh: no fit to derive weights from yet, so the first pass is unweighted."""
+        n = min(self._count, len(self._y))
+        if n == 0:
+            return self._set_theta(self._prior)
+        x = np.concatenate([self._x[:n], self._anchor_x])
+        y = np.concatenate([self._y[:n], self._anchor_y])
+        ages = (self._count - 1 - np.arange(n)) % len(self._y)
+        base = np.concatenate([self.forgetting**ages, np.full(len(self._anchor_y), ANCHOR_WEIGHT)])
+        robust = np.ones(len(y))
+        theta = np.asarray(self._theta)
+        for i in range(passes):
+            if self.fitted and not (fresh and i == 0):
+                log_errors = np.log(y / np.maximum(x @ theta, self.min_seconds))
+                deviations = np.abs(log_errors - np.median(log_errors))
+                bound = OUTLIER_FACTOR * max(float(np.median(deviations)), 0.01)
+                robust = np.minimum(1.0, bound / np.maximum(deviations, 1e-12))
+                self._robust[:n] = robust[:n]
+            theta = _nonnegative_ridge(x, y, base * robust, self.ridge, self._prior)
+        self._set_theta(theta)
+
+    def _set_samples(self, samples: Iterable[tuple[StepFeatures, float]]) -> None:
+        samples = list(samples)
+        self._samples.clear()
+        self._count = self.num_observations = 0
+        for features, seconds in samples:
+            self._append(features, seconds)
+        self._dirty = True
+
+    def _set_theta(self, theta: np.ndarray) -> None:
+        self._theta = tuple(float(v) for v in theta)  # in scaled feature units
+        self._coefficients = tuple(v / scale for v, scale in zip(self._theta, _SCALES, strict=True))
+        ramps = self._coefficients[2 : 2 + _NUM_RAMPS]
+        self._ramp_sums = [float(v) for v in np.concatenate([[0.0], np.cumsum(ramps)])]
+        self._dirty = False
+        self._pending = 0
+        self._ever_solved = True
+
+    @property
+    def fitted(self) -> bool:
+        return self._seeded or self.num_observations >= len(FEATURE_NAMES)
+
+    def accuracy(self) -> float | None:
+        return statistics.median(self._errors) if self._errors else None
+
+    def coefficients(self) -> dict[str, float]:
+        """Seconds per unit of each feature (the intercept in seconds)."""
+        if self._dirty:
+            self._solve()
+        return dict(zip(FEATURE_NAMES, self._coefficients, strict=True))
+
+    def profile(
+        self,
+        run_step: Callable[[StepFeatures], float],
+        budget_seconds: float,
+        grid: Sequence[StepFeatures] | None = None,
+    ) -> int:
+        """Seed the fit by timing synthetic steps; returns the number of steps measured.
+
+        `run_step` executes a dummy batch of the given shape and returns its seconds. The grid
+        is visited in a shuffled order so that a short budget still spans every feature, and
+        the fit becomes the ridge prior.
+        """
+        grid = list(grid) if grid is not None else profile_grid()
+        run_step(grid[0])  # warm-up (allocator, thread pool, caches); not measured
+        samples: list[tuple[StepFeatures, float]] = []
+        deadline = time.perf_counter() + budget_seconds
+        while len(samples) < 4 * len(grid) and time.perf_counter() < deadline:
+            features = grid[len(samples) % len(grid)]
+            samples.append((features, run_step(features)))
+        if not samples:
+            return 0  # no time to measure anything: stay unfitted and learn online
+        self.fit(samples)
+        return len(samples)
+
+    def fit(self, samples: Sequence[tuple[StepFeatures, float]]) -> None:
+        """Refit on `samples` (replacing the window); the fit becomes the prior."""
+        samples = [(f, seconds) for f, seconds in samples if seconds > 0.0]
+        if not samples:
+            raise ValueError("fit needs at least one (features, seconds > 0) sample")
+        self._set_samples(samples)
+        self._solve(passes=4, fresh=True)
+        self._prior = np.asarray(self._theta)
+        self._set_anchors(samples)
+        self._seeded = True
+
+    def _set_anchors(self, samples: Sequence[tuple[StepFeatures, float]]) -> None:
+        self._anchors = list(samples)
+        self._anchor_x = np.array([self._vector(f) for f, _ in samples]).reshape(
+            len(samples), len(FEATURE_NAMES)
+        )
+        self._anchor_y = np.array([seconds for _, seconds in samples], dtype=float)
+
+    def to_params(self) -> dict[str, Any]:
+        if self._dirty:
+            self._solve()
+        return {
+            "features": list(FEATURE_NAMES),
+            "theta": list(self._theta),
+            "prior": self._prior.tolist(),
+            "samples": [[*dataclasses.astuple(f), s] for f, s in self._samples],
+            "anchors": [[*dataclasses.astuple(f), s] for f, s in self._anchors],
+            "num_observations": self.num_observations,
+        }
+
+    def load_params(self, params: dict[str, Any]) -> None:
+        """Restore a saved fit (its window and prior)."""
+        if params.get("features") != list(FEATURE_NAMES):
+            raise ValueError(f"cost model params are for features {params.get('features')}")
+        self._prior = np.asarray(params["prior"], dtype=float)
+        self._set_samples((StepFeatures(*map(int, row[:-1])), row[-1]) for row in params["samples"])
+        rows = params.get("anchors", [])  # absent in caches written before anchors existed
+        self._set_anchors([(StepFeatures(*map(int, row[:-1])), row[-1]) for row in rows])
+        self.num_observations = int(params["num_observations"])
+        self._set_theta(np.asarray(params["theta"], dtype=float))
+        self._seeded = True
+
+
+def _nonnegative_ridge(
+    x: np.ndarray, y: np.ndarray, weights: np.ndarray, ridge: float, prior: np.ndarray
+) -> np.ndarray:
+    """argmin sum w (x.theta - y)^2 + ridge |theta - prior|^2 with theta >= 0, by a small
+    active-set pass: drop negative coefficients and re-solve (exact NNLS is not needed here)."""
+    hessian = x.T @ (weights[:, None] * x) + ridge * np.eye(x.shape[1])
+    target = x.T @ (weights * y) + ridge * prior
+    free = np.ones(x.shape[1], dtype=bool)
+    theta = np.zeros(x.shape[1])
+    for _ in range(x.shape[1]):
+        theta[:] = 0.0
+        theta[free] = np.linalg.solve(hessian[np.ix_(free, free)], target[free])
+        if (theta >= 0.0).all():
+            break
+        free &= theta > 0.0
+    return np.maximum(theta, 0.0)
+
+
+def cache_key(model: str, device: str, dtype: str, threads: int | None) -> str:
+    return f"{model}|{device}|{dtype}|{threads if threads is not None else 'default'}"
+
+
+class CostModelCache:
+    """A JSON file of fitted cost models keyed by (model, device, dtype, threads)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path).expanduser()
+
+    def _read(self) -> dict[str, Any]:
+        try:
+            data = json.loads(self.path.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return {}  # a missing or corrupt cache only costs a re-profile
+        return data if isinstance(data, dict) else {}
+
+    def load(self, key: str | tuple) -> dict[str, Any] | None:
+        return self._read().get(_key_text(key))
+
+    def save(self, key: str | tuple, params: dict[str, Any]) -> None:
+        data = self._read()
+        data[_key_text(key)] = params
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        partial = self.path.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(json.dumps(data))
+        os.replace(partial, self.path)  # atomic: a concurrent reader sees old or new, never half
+
+
+def _key_text(key: str | tuple) -> str:
+    return key if isinstance(key, str) else cache_key(*key)

@@ -1,0 +1,176 @@
+"""GoodputPolicy: a draft count per request, every step, maximising expected emitted tokens per
+second of step time (DESIGN §6; SmartSpec, arXiv 2406.14066, picks one count per batch, we
+pick one per request).
+
+Per request, the acceptance estimate (acceptance.py) gives the gain of each further draft:
+chains a^j, trees the path probability of the j-th best node. The cost model predicts the
+step's seconds from its features; search.py finds the counts. Until the cost model is fitted,
+k cycles through 0..max so the model sees the draft direction, and a request idle for
+`explore_interval` plans is given one draft, so an estimate that fell to ~0 can recover.
+
+Proposer choice (issue #12): with several proposers the policy keeps one acceptance estimate
+per request and proposer, gives the search one option per proposer (search.py), and writes
+the chosen proposer of each candidate on its record (SpecState.proposer; "" when it does not
+speculate). Exploration is per (request, proposer): a proposer not run on a request for
+`explore_interval` plans is forced (one draft) now and then, so estimates of proposers that
+lost do not freeze. Everything per request lives on the request's SpecState.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from engine.outputs import SpecPlan
+from engine.request import SpecState
+from engine.speculation.control.acceptance import (
+    GRID,
+    MAX_TREE_NODES,
+    AcceptanceEstimator,
+    tree_gains,
+)
+from engine.speculation.control.cost_model import StepCostModel
+from engine.speculation.control.policy import SpecCandidate, SpecPolicy, SpecResult
+from engine.speculation.control.search import SearchProblem, SearchSlot, best_lengths
+from engine.speculation.control.step_features import StepFeatures
+from engine.speculation.control.tree_shape import TreeShapeEstimator
+from engine.speculation.proposers.proposer import DRAFT_PROPOSER
+from kernels.graph_shapes import NO_GRAPHS, GraphShapes
+
+
+class GoodputPolicy(SpecPolicy):
+    """Per-request speculation lengths maximising predicted goodput.
+
+    Non-candidate requests in `base` (prefill chunks) are counted as emitting nothing. Until
+    the cost model is fitted, k cycles through 0..max_draft_tokens so the model sees the draft direction.
+    A request that has not speculated for `explore_interval` plans may be given one draft (one
+    such request per plan), so an acceptance estimate that fell to ~0 can recover.
+    """
+
+    def __init__(
+        self,
+        cost_model: StepCostModel,
+        max_draft_tokens: int,
+        prior: float = 0.5,
+        tree: bool = False,
+        draft_model: bool = False,
+        explore_interval: int = 16,
+        token_budget: int | None = None,
+        decay: float = 0.9,
+        graphs: GraphShapes = NO_GRAPHS,
+        tree_shape: TreeShapeEstimator | None = None,
+        proposers: Sequence[str] = (),
+        propose_seconds: dict[str, float] | None = None,
+    ) -> None:
+        """proposers: the names to choose among (proposer choice); `draft` runs draft-model
+        passes. Empty or one name: that proposer only, with draft_model saying whether it
+        runs passes (the single-proposer policy). propose_seconds: CPU seconds per request of
+        the model-free proposers, a live mapping its owner (ProposerSet) keeps measuring."""
+        if max_draft_tokens < 0 or (tree and max_draft_tokens > MAX_TREE_NODES):
+            raise ValueError(
+                f"max_draft_tokens must be in 0..{MAX_TREE_NODES if tree else 'inf'}: {max_draft_tokens}"
+            )
+        self.cost_model = cost_model
+        self.max_draft_tokens = max_draft_tokens
+        self.tree = tree
+        self.draft_model = draft_model
+        self.graphs = graphs  # the step shapes the runner replays as CUDA graphs
+        self.tree_shape = tree_shape  # trees: node gains from the learned shape
+        self.explore_interval = explore_interval
+        self.token_budget = token_budget
+        self.proposers = tuple(proposers) or ("",)
+        # One estimate per request and proposer, each with its own global prior.
+        self.estimators = {
+            name: AcceptanceEstimator(prior, tree=tree, decay=decay, name=name)
+            for name in self.proposers
+        }
+        self.acceptance = self.estimators[self.proposers[0]]
+        self.propose_seconds = propose_seconds if propose_seconds is not None else {}
+        self._num_plans = 0
+        self.last_predicted_step_time: float | None = None  # for metrics
+
+    @property
+    def choice(self) -> bool:
+        return len(self.proposers) > 1
+
+    def _slot(self, candidate: SpecCandidate, proposer: str) -> SearchSlot:
+        cap = max(0, min(self.max_draft_tokens, candidate.max_draft_tokens))
+        a = self.estimators[proposer].rate(candidate.spec)
+        # A draft model runs one pass per chain position, and one per node it expands in a
+        # tree (a pass expands one node of every request), so k drafts cost k passes.
+        gains = self._gains(a, cap, self.estimators[proposer])
+        if not self.choice:
+            return SearchSlot(gains, range(1, cap + 1), cap)
+        seconds = self.propose_seconds.get(proposer, 0.0)
+        draft = proposer == DRAFT_PROPOSER
+        return SearchSlot(gains, range(1, cap + 1), cap, 0, proposer, draft, seconds)
+
+    def _gains(self, a: float, cap: int, acceptance: AcceptanceEstimator) -> Sequence[float]:
+        """Chains: a^j. Trees: the learned shape's node path probabilities, scaled by how this
+        request's acceptance compares with everyone's (rank model, acceptance.py)."""
+        if not self.tree:
+            return [a**j for j in range(1, cap + 1)]
+        if self.tree_shape is None:
+            return tree_gains(round(a * GRID))[0]
+        scale = min(2.0, a / max(acceptance.prior(), 1e-3))
+        scores = self.tree_shape.template(cap)[1]
+        return [min(1.0, scale * p) for p in scores] + [0.0] * (cap - len(scores))
+
+    def _explore(
+        self, candidates: Sequence[SpecCandidate], options: list[list[SearchSlot]]
+    ) -> None:
+        """Give one draft to the (request, proposer) idle longest, once idle for
+        explore_interval plans (past four candidates, for four plans per candidate, so that
+        under load the retries stay about one per four plans: each is a verify row every
+        request in the step waits for): that request gets only that option. One per plan, so
+        that under load the retries do not all land on the same step."""
+        interval = self.explore_interval
+        if len(candidates) > 4:
+            interval = max(interval, 4 * len(candidates))
+        idle = []
+        for i, candidate in enumerate(candidates):
+            for j, name in enumerate(self.proposers):
+                # the plan that last ran it on this request (or first saw the request)
+                last = candidate.spec.last_run.setdefault(name, self._num_plans)
+                if options[i][j].cap > 0 and self._num_plans - last >= interval:
+                    idle.append((last, i, j))
+        if idle:
+            _, i, j = min(idle)
+            options[i] = [options[i][j]]
+            options[i][0].floor = 1
+
+    def plan(self, candidates: Sequence[SpecCandidate], base: StepFeatures) -> SpecPlan:
+        self._num_plans += 1
+        options = [[self._slot(c, name) for name in self.proposers] for c in candidates]
+        self._explore(candidates, options)
+        if self.cost_model.fitted:
+            problem = SearchProblem(
+                options, base, self.cost_model, self.draft_model, self.graphs, self.token_budget
+            )
+            result = best_lengths(problem)
+            ks, chosen = result.ks, problem.chosen(result.picks)
+            self.last_predicted_step_time = result.predicted_seconds
+        else:
+            warmup_k = self._num_plans % (self.max_draft_tokens + 1)
+            # Warm-up: proposers in turn, so the cost model sees each one's cost.
+            chosen = [o[self._num_plans % len(o)] for o in options]
+            ks = tuple(max(s.floor, min(warmup_k, s.cap)) for s in chosen)
+            self.last_predicted_step_time = None
+        plan = {c.request_id: k for c, k in zip(candidates, ks) if k > 0}
+        for candidate, slot, k in zip(candidates, chosen, ks):
+            name = slot.proposer or self.proposers[0]
+            candidate.spec.proposer = name if k > 0 and self.choice else ""
+            if k > 0:
+                candidate.spec.last_run[name] = self._num_plans
+        return plan
+
+    def observe(
+        self, results: Sequence[SpecResult], features: StepFeatures, step_seconds: float
+    ) -> None:
+        self.cost_model.observe(features, step_seconds)
+        for result in results:
+            self.estimators.get(result.proposer, self.acceptance).update(result)
+
+    def rate(self, spec: SpecState, proposer: str = "") -> float:
+        """A request's acceptance estimate for a proposer (chains: per draft token; trees:
+        rank-1); "" or a name it does not choose among: its first estimate."""
+        return self.estimators.get(proposer, self.acceptance).rate(spec)

@@ -1,0 +1,75 @@
+"""Speculation-length policies: how many draft tokens (or tree nodes) each request gets this step.
+
+The engine calls `plan` before scheduling, with the running requests that have caught up
+(decoding) and could speculate, and `observe` after verification with what was accepted and
+how long the step took. A request missing from the plan (or planned 0) does not speculate;
+an empty plan means the engine runs no proposer at all this step. What a policy learns about a
+request lives on the request (SpecCandidate.spec, SpecResult.spec: its SpecState), so a policy
+has nothing to forget when a request finishes.
+
+Policies: `off`, `fixed:K` (here) and `goodput` (engine/speculation/control/goodput.py);
+engine/speculation/build.py parses the `--spec-policy` string.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from engine.outputs import SpecPlan
+from engine.request import SpecState
+from engine.speculation.control.step_features import StepFeatures
+
+
+@dataclass(frozen=True)
+class SpecCandidate:
+    """One running, caught-up request that could speculate this step."""
+
+    request_id: str
+    context_len: int  # tokens already in the KV cache
+    max_draft_tokens: int  # cap from the remaining output tokens, the context length and the config
+    spec: SpecState  # the request's speculation record; a policy choosing proposers writes it
+
+
+@dataclass(frozen=True)
+class SpecResult:
+    """One request's verification outcome."""
+
+    request_id: str
+    num_draft_tokens: int  # drafts verified (tree: nodes)
+    num_accepted_tokens: int  # drafts accepted (tree: length of the accepted path)
+    proposer: str = ""  # the proposer that drafted them (proposer choice; "" = the only one)
+    spec: SpecState = field(kw_only=True)  # the request's speculation record
+
+
+class SpecPolicy:
+    """The policy interface, with no-op defaults: never speculate, learn nothing (`off`)."""
+
+    # For metrics: the cost model's step time for the last plan (None without a model).
+    last_predicted_step_time: float | None = None
+
+    def plan(self, candidates: Sequence[SpecCandidate], base: StepFeatures) -> SpecPlan:
+        return {}
+
+    def observe(
+        self, results: Sequence[SpecResult], features: StepFeatures, step_seconds: float
+    ) -> None:
+        return None
+
+
+class OffPolicy(SpecPolicy):
+    """Never speculate."""
+
+
+class FixedPolicy(SpecPolicy):
+    """The same number of draft tokens for every candidate (capped by its max_draft_tokens):
+    classic speculation (`fixed:K`)."""
+
+    def __init__(self, num_draft_tokens: int) -> None:
+        if num_draft_tokens < 0:
+            raise ValueError(f"fixed speculation length must be >= 0, got {num_draft_tokens}")
+        self.num_draft_tokens = num_draft_tokens
+
+    def plan(self, candidates: Sequence[SpecCandidate], base: StepFeatures) -> SpecPlan:
+        plan = {c.request_id: min(self.num_draft_tokens, c.max_draft_tokens) for c in candidates}
+        return {request_id: n for request_id, n in plan.items() if n > 0}

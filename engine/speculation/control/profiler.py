@@ -1,0 +1,230 @@
+"""Start-up profile of the step-time cost model (DESIGN §6: "seeded by a short profile").
+
+`seed_cost_model` loads a cached fit for (model, device, dtype, threads), or has the runner time
+synthetic steps for `spec_profile_seconds` (a StepTimer: engine/runner/step_timer.py, which
+holds the safety invariant: it runs before any real request, on borrowed free blocks), fits
+`OnlineLinearCostModel` to them and caches the result, so only the first start on a machine
+pays for the profile. This module only chooses the shapes and fits: it runs nothing itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from engine.config import SchedulerConfig, SpecConfig
+from engine.speculation.control.cost_model import CostModelCache, OnlineLinearCostModel, cache_key
+from engine.speculation.control.step_features import StepFeatures, profile_grid
+from kernels.graph_shapes import NO_GRAPHS, GraphShapes
+
+logger = logging.getLogger(__name__)
+
+# Grid extents: a few seconds must span the features on a CPU, so the largest shapes stay
+# moderate; the linear model (with its hinge) extrapolates, and online refits correct it.
+PROFILE_MAX_BATCHED_TOKENS = 256
+PROFILE_MAX_SEQS = 16
+PROFILE_MAX_CONTEXT = 512
+
+# (context_len, num_new_tokens, num_draft_tokens) of one request, as in StepFeatures.from_shapes
+Shape = tuple[int, int, int]
+# The draft proposer's passes over a synthetic step's requests (DraftModelProposer.time_passes).
+DraftPasses = Callable[..., float]
+
+
+class StepTimer(Protocol):
+    """The runner's timer of synthetic steps (engine/runner/step_timer.py)."""
+
+    num_blocks: int
+    block_size: int
+    max_model_len: int
+
+    @property
+    def identity(self) -> tuple[str, str, str, int]: ...  # (model, device, dtype, threads)
+
+    def __call__(
+        self, shapes: Sequence[Shape], num_draft_passes: int = 0, draft_passes=None
+    ) -> float: ...
+
+
+def shapes_for(features: StepFeatures) -> list[Shape]:
+    """Per-request shapes whose `StepFeatures.from_shapes` gives back `features` (drafts
+    ignored for num_draft_steps): totals split as evenly as integers allow, drafts over the
+    first num_spec_requests requests."""
+    num_requests = features.num_requests
+    num_spec_requests = min(features.num_spec_requests, num_requests)
+    num_draft_tokens = features.num_draft_tokens
+    num_new = features.num_batched_tokens - num_draft_tokens
+    num_context = features.num_kv_tokens - features.num_batched_tokens
+    if (
+        num_requests == 0
+        or num_new < num_requests
+        or num_context < 0
+        or num_draft_tokens < num_spec_requests
+    ):
+        raise ValueError(f"no batch has these features: {features}")
+    if num_draft_tokens and not num_spec_requests:
+        raise ValueError(f"no batch has these features (drafts, no spec requests): {features}")
+    return [
+        (
+            _share(num_context, num_requests, i),
+            _share(num_new, num_requests, i),
+            _share(num_draft_tokens, num_spec_requests, i) if i < num_spec_requests else 0,
+        )
+        for i in range(num_requests)
+    ]
+
+
+def _share(total: int, parts: int, index: int) -> int:
+    return total // parts + (index < total % parts)
+
+
+def fit_to_pool(
+    grid: Sequence[StepFeatures],
+    num_blocks: int,
+    block_size: int,
+    max_model_len: int,
+    draft_model: bool = False,
+    graphs: GraphShapes = NO_GRAPHS,
+) -> list[StepFeatures]:
+    """The grid with contexts shrunk so each batch fits the KV pool and the context length;
+    points that cannot fit at all are dropped, duplicates removed (order kept)."""
+    fitted: dict[StepFeatures, None] = {}
+    for features in grid:
+        shapes = shapes_for(features)
+        per_request = min(num_blocks // len(shapes) * block_size, max_model_len)
+        clipped = [(min(c, per_request - n - k), n, k) for c, n, k in shapes]
+        if all(c >= 0 for c, _, _ in clipped):
+            fitted[StepFeatures.from_shapes(clipped, draft_model, graphs)] = None
+    return list(fitted)
+
+
+def startup_grid(
+    scheduler_config: SchedulerConfig,
+    max_draft_tokens: int,
+    num_blocks: int,
+    block_size: int,
+    max_model_len: int,
+    seed: int = 0,
+    draft_model: bool = False,
+    graphs: GraphShapes = NO_GRAPHS,
+) -> list[StepFeatures]:
+    """Profile shapes for this engine, cheapest first (profile() warms up on grid[0]); with a
+    draft model, steps with k drafts include k draft passes; each step is marked eager or not
+    as the runner's graphs (`graphs`) will run it."""
+    grid = profile_grid(
+        max_num_batched_tokens=min(
+            scheduler_config.max_num_batched_tokens, PROFILE_MAX_BATCHED_TOKENS
+        ),
+        max_num_seqs=min(scheduler_config.max_num_seqs, PROFILE_MAX_SEQS),
+        max_draft_tokens=max(1, max_draft_tokens),
+        max_context=min(max_model_len, PROFILE_MAX_CONTEXT),
+        draft_model=draft_model,
+        seed=seed,
+        graphs=graphs,
+    )
+    grid = fit_to_pool(grid, num_blocks, block_size, max_model_len, draft_model, graphs)
+    cheapest = min(range(len(grid)), key=lambda i: (grid[i].num_kv_tokens, i), default=0)
+    return grid[cheapest : cheapest + 1] + grid[:cheapest] + grid[cheapest + 1 :]
+
+
+@dataclass(frozen=True)
+class SeedReport:
+    source: str  # "profile" | "cache" | "skipped" | "failed"
+    key: str = ""
+    num_steps: int = 0
+    seconds: float = 0.0
+    cache_path: str | None = None
+
+
+def seed_cost_model(
+    cost_model: OnlineLinearCostModel,
+    timer: StepTimer,
+    spec_config: SpecConfig,
+    scheduler_config: SchedulerConfig,
+    max_draft_tokens: int,
+    draft_passes: DraftPasses | None = None,
+    graphs: GraphShapes = NO_GRAPHS,
+) -> SeedReport:
+    """Load the cached fit, or profile and cache it; logs one line saying which. `graphs`:
+    the step shapes replayed as CUDA graphs, as the speculation driver sees them;
+    `draft_passes`: the draft model's passes, timed with each step that drafts."""
+    if spec_config.spec_profile_seconds <= 0:
+        logger.info("cost model: no start-up profile (spec_profile_seconds=0); learning online")
+        return SeedReport("skipped")
+    key = cache_key(*timer.identity)
+    if graphs.enabled:  # which steps replay graphs changes the costs
+        key += f"|graphs={graphs.describe()}"
+    if draft_passes is not None:  # its passes are part of the fit
+        key += f"|draft={spec_config.draft_model}"
+    path = spec_config.cost_cache_path
+    cache = CostModelCache(path) if path else None
+    if cache is not None and _load_cached(cost_model, cache, key):
+        return SeedReport("cache", key, cache_path=str(cache.path))
+    grid = startup_grid(
+        scheduler_config,
+        max_draft_tokens,
+        timer.num_blocks,
+        timer.block_size,
+        timer.max_model_len,
+        draft_model=draft_passes is not None,
+        graphs=graphs,
+    )
+
+    def run_step(features: StepFeatures) -> float:
+        return timer(shapes_for(features), features.num_draft_steps, draft_passes)
+
+    start = time.perf_counter()
+    try:
+        num_steps = cost_model.profile(run_step, spec_config.spec_profile_seconds, grid)
+    except Exception:  # a failed profile must not stop the engine: it learns online instead
+        logger.exception("cost model: start-up profile failed; learning online")
+        return SeedReport("failed", key)
+    seconds = time.perf_counter() - start
+    saved = cache is not None and num_steps > 0 and _save(cache, key, cost_model)
+    logger.info(
+        "cost model: profiled %d steps (%d shapes) in %.1f s, median in-sample error %.0f%%%s",
+        num_steps,
+        len(grid),
+        seconds,
+        100 * _median_fit_error(cost_model),
+        f"; cached in {cache.path}" if saved else "",
+    )
+    return SeedReport("profile", key, num_steps, seconds, str(cache.path) if saved else None)
+
+
+def _save(cache: CostModelCache, key: str, cost_model: OnlineLinearCostModel) -> bool:
+    try:
+        cache.save(key, cost_model.to_params())
+    except OSError as exc:  # e.g. a read-only home in a container: profile again next start
+        logger.warning("cost model: cannot write the cache %s (%s)", cache.path, exc)
+        return False
+    return True
+
+
+def _load_cached(cost_model: OnlineLinearCostModel, cache: CostModelCache, key: str) -> bool:
+    try:
+        params = cache.load(key)
+    except OSError as exc:
+        logger.warning("cost model: cannot read the cache %s (%s); profiling", cache.path, exc)
+        return False
+    if params is None:
+        return False
+    try:
+        cost_model.load_params(params)
+    except (ValueError, KeyError, TypeError, IndexError) as exc:
+        logger.warning("cost model: cache entry for %s unusable (%s); profiling", key, exc)
+        return False
+    logger.info("cost model: loaded from cache %s (%s)", cache.path, key)
+    return True
+
+
+def _median_fit_error(cost_model: OnlineLinearCostModel) -> float:
+    samples = cost_model.to_params()["samples"]
+    errors = sorted(
+        abs(cost_model.predict(StepFeatures(*map(int, row[:-1]))) - row[-1]) / row[-1]
+        for row in samples
+    )
+    return errors[len(errors) // 2] if errors else 0.0

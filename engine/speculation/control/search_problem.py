@@ -1,0 +1,140 @@
+"""The goodput search's problem (search.py solves it): per candidate request, one option per
+proposer (a SearchSlot: the gains of drafts 1..cap, the draft-model passes each needs, its
+CPU cost), the step's base features and the cost model; a plan is a k and an option per slot.
+Options another of the same kind dominates are dropped up front, so choosing among model-free
+proposers costs the search about one option.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from engine.speculation.control.cost_model import StepCostModel
+from engine.speculation.control.step_features import StepFeatures
+from kernels.graph_shapes import NO_GRAPHS, GraphShapes
+
+
+@dataclass
+class SearchSlot:
+    """One candidate (or one proposer option of a candidate): marginal gains of drafts
+    1..cap, the draft-model passes each needs."""
+
+    gains: Sequence[float]
+    depths: Sequence[int]
+    cap: int
+    floor: int = 0  # a forced minimum (exploration of an idle request)
+    proposer: str = ""  # the option's proposer (proposer choice)
+    draft: bool | None = None  # runs draft-model passes; None: the problem's draft_model
+    propose_seconds: float = 0.0  # CPU seconds of proposing for this request, when k > 0
+    cumulative: list[float] = field(init=False)
+    negated: list[float] | None = field(init=False)  # -gains, when gains never increase
+
+    def __post_init__(self) -> None:
+        total, self.cumulative = 0.0, [0.0]
+        for gain in self.gains[: self.cap]:
+            total += gain
+            self.cumulative.append(total)
+        negated = [-g for g in self.gains[: self.cap]]
+        self.negated = negated if all(x <= y for x, y in zip(negated, negated[1:])) else None
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    ks: tuple[int, ...]
+    predicted_seconds: float
+    goodput: float  # expected emitted tokens per second
+    picks: tuple[int, ...] = ()  # the option chosen per slot (index into its options)
+
+
+@dataclass(frozen=True)
+class SearchProblem:
+    slots: Sequence[SearchSlot | Sequence[SearchSlot]]  # one option, or one per proposer
+    base: StepFeatures
+    cost_model: StepCostModel
+    draft_model: bool = False
+    graphs: GraphShapes = NO_GRAPHS
+    token_budget: int | None = None
+
+    @cached_property
+    def options(self) -> tuple[tuple[SearchSlot, ...], ...]:
+        """Each slot's options, less those another option of the same kind dominates."""
+        return tuple(
+            (s,) if isinstance(s, SearchSlot) else self._undominated(tuple(s)) for s in self.slots
+        )
+
+    def _undominated(self, options: tuple[SearchSlot, ...]) -> tuple[SearchSlot, ...]:
+        """Drop an option when another of the same kind (draft model or not) gains at least as
+        much at every k, reaches as far and costs no more CPU: any plan using the dropped one
+        does at least as well with the other (same features, no fewer tokens). Typically the
+        model-free proposers reduce to the best of them."""
+        kinds = [self.runs_draft(o) for o in options]
+        kept = []
+        for i, option in enumerate(options):
+            rivals = ((j, p) for j, p in enumerate(options) if j != i and kinds[j] == kinds[i])
+            if not any(_dominates(p, option, kinds[i], j < i) for j, p in rivals):
+                kept.append(option)
+        return tuple(kept)
+
+    def runs_draft(self, slot: SearchSlot) -> bool:
+        return self.draft_model if slot.draft is None else slot.draft
+
+    @cached_property
+    def draft_flags(self) -> tuple[tuple[bool, ...], ...]:
+        """runs_draft of every option, aligned with options."""
+        return tuple(tuple(map(self.runs_draft, options)) for options in self.options)
+
+    @cached_property
+    def any_draft(self) -> bool:
+        return any(any(flags) for flags in self.draft_flags)
+
+    @cached_property
+    def any_free(self) -> bool:
+        """Some option runs no draft-model pass (only asked when some option does)."""
+        return not all(all(flags) for flags in self.draft_flags)
+
+    def chosen(self, picks: Sequence[int] | None) -> list[SearchSlot]:
+        if picks is None:
+            return [options[0] for options in self.options]
+        return [options[p] for options, p in zip(self.options, picks)]
+
+    def chosen_flags(self, picks: Sequence[int] | None) -> list[bool]:
+        """runs_draft of each slot's chosen option."""
+        if picks is None:
+            return [flags[0] for flags in self.draft_flags]
+        return [flags[p] for flags, p in zip(self.draft_flags, picks)]
+
+    def features(self, ks: Sequence[int], picks: Sequence[int] | None = None) -> StepFeatures:
+        slots, flags = self.chosen(picks), self.chosen_flags(picks)
+        steps = max(
+            (s.depths[k - 1] for s, k, draft in zip(slots, ks, flags) if k > 0 and draft),
+            default=0,
+        )
+        return self.base.with_drafts(sum(ks), sum(1 for k in ks if k > 0), steps, self.graphs)
+
+    def evaluate(self, ks: Sequence[int], picks: Sequence[int] | None = None) -> SearchResult:
+        slots = self.chosen(picks)
+        emitted = sum(1.0 + s.cumulative[k] for s, k in zip(slots, ks))
+        seconds = self.cost_model.predict(self.features(ks, picks))
+        seconds += sum(s.propose_seconds for s, k in zip(slots, ks) if k > 0)
+        picks = tuple(picks) if picks is not None else (0,) * len(slots)
+        return SearchResult(tuple(ks), seconds, emitted / seconds, picks)
+
+    def fits(self, ks: Sequence[int]) -> bool:
+        budget = self.token_budget
+        return budget is None or self.base.num_batched_tokens + sum(ks) <= budget
+
+
+def _dominates(p: SearchSlot, o: SearchSlot, draft: bool, earlier: bool) -> bool:
+    """p is as good as o for every k (fewer or equal passes too, for draft options); on an
+    exact tie the earlier option stays."""
+    if p.floor != o.floor or p.cap < o.cap or p.propose_seconds > o.propose_seconds:
+        return False
+    ks = range(1, o.cap + 1)
+    if any(p.cumulative[k] < o.cumulative[k] for k in ks):
+        return False
+    if draft and any(p.depths[k - 1] > o.depths[k - 1] for k in ks):
+        return False
+    tie = p.cap == o.cap and p.propose_seconds == o.propose_seconds
+    return earlier or not (tie and all(p.cumulative[k] == o.cumulative[k] for k in ks))

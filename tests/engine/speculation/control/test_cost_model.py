@@ -1,0 +1,296 @@
+"""The step-time cost model: features, online fit, profile seeding, cache."""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+import time
+
+import pytest
+
+from engine.speculation.control.cost_model import CostModelCache, OnlineLinearCostModel, cache_key
+from engine.speculation.control.step_features import StepFeatures, profile_grid
+from kernels.graph_shapes import NO_GRAPHS, GraphShapes
+
+# Seconds per unit of each feature (raw units); "jump" is a step of cost between 5 and 6
+# batched rows (this CPU's few-row matmul path ends there), "steep" a compute-bound slope.
+BATCH_SIZES = (1, 2, 4, 8)
+DECODE_GRAPHS = GraphShapes(BATCH_SIZES, 1)  # decode steps replayed, verification eager
+VERIFY_GRAPHS = GraphShapes(BATCH_SIZES, 5)  # chains of up to 4 drafts replayed too
+VERIFY_16 = GraphShapes((*BATCH_SIZES, 16), 5)
+TRUE = {
+    "intercept": 0.01,
+    "batched_tokens": 2e-4,
+    "jump": 5e-3,
+    "steep": 1e-3,
+    "requests": 5e-4,
+    "kv_tokens": 1e-6,
+    "draft_tokens": 1e-4,
+    "draft_steps": 2e-3,
+    "spec_requests": 3e-4,
+    "eager_steps": 4e-3,
+    "eager_rows": 3e-4,
+}
+
+
+def true_seconds(f: StepFeatures, coefficients: dict = TRUE) -> float:
+    """An eager step pays per row on its own slope, as the model assumes (cost_model._split_rows)."""
+    eager_rows = f.num_batched_tokens if f.num_eager_steps else 0
+    rows = f.num_batched_tokens - eager_rows
+    values = {
+        "intercept": 1,
+        "batched_tokens": rows,
+        "jump": float(rows >= 6),
+        "steep": max(0, rows - 128),
+        "requests": f.num_requests,
+        "kv_tokens": f.num_kv_tokens,
+        "draft_tokens": f.num_draft_tokens,
+        "draft_steps": f.num_draft_steps,
+        "spec_requests": f.num_spec_requests,
+        "eager_steps": f.num_eager_steps,
+        "eager_rows": eager_rows,
+    }
+    return sum(coefficients[name] * value for name, value in values.items())
+
+
+def random_features(rng: random.Random) -> StepFeatures:
+    shapes = []
+    for _ in range(rng.choice([1, 1, 2, 3, rng.randint(1, 24)])):
+        if rng.random() < 0.15:
+            shapes.append((rng.randint(0, 512), rng.randint(8, 96), 0))  # a prefill chunk
+        else:
+            shapes.append((rng.randint(8, 2048), 1, rng.randint(0, 6)))
+    draft_model, graphs = rng.random() < 0.5, rng.random() < 0.5
+    graphs = DECODE_GRAPHS if graphs else NO_GRAPHS
+    return StepFeatures.from_shapes(shapes, draft_model=draft_model, graphs=graphs)
+
+
+def test_from_shapes_counts_every_feature():
+    f = StepFeatures.from_shapes([(100, 1, 3), (50, 1, 0), (0, 32, 0)], draft_model=True)
+    assert f == StepFeatures(
+        num_batched_tokens=4 + 1 + 32,
+        num_requests=3,
+        num_kv_tokens=104 + 51 + 32,
+        num_draft_tokens=3,
+        num_draft_steps=3,
+        num_spec_requests=1,
+    )
+    assert StepFeatures.from_shapes([(100, 1, 3)]).num_draft_steps == 0  # model-free proposer
+    assert f.num_eager_steps == 0
+    decode = [(100, 1, 0)] * 2
+    assert StepFeatures.from_shapes(decode, graphs=DECODE_GRAPHS).num_eager_steps == 0  # replayed
+    assert StepFeatures.from_shapes([(100, 1, 1)], graphs=DECODE_GRAPHS).num_eager_steps == 1
+    base = StepFeatures.from_shapes(decode, graphs=DECODE_GRAPHS)
+    assert base.with_drafts(1, 1, graphs=DECODE_GRAPHS).num_eager_steps == 1
+
+
+def test_verify_graphs_keep_chains_up_to_their_rows_on_the_graph_path():
+    """With verification captured up to 1 + 4 rows, a step is eager only past that: a longer
+    query (prefill chunk), a batch past the largest graph, or a tree (decode-only view)."""
+    replayed = [[(100, 1, 4)], [(100, 1, 0), (7, 1, 2)], [(0, 5, 0)], [(10, 1, 1)] * 8]
+    for shapes in replayed:
+        assert StepFeatures.from_shapes(shapes, graphs=VERIFY_GRAPHS).num_eager_steps == 0
+    eager = [[(100, 1, 5)], [(0, 6, 0), (9, 1, 0)], [(10, 1, 0)] * 9]
+    for shapes in eager:
+        assert StepFeatures.from_shapes(shapes, graphs=VERIFY_GRAPHS).num_eager_steps == 1
+    trees = VERIFY_GRAPHS.decode_only()
+    assert StepFeatures.from_shapes([(100, 1, 2)], graphs=trees).num_eager_steps == 1
+    base = StepFeatures.from_shapes([(100, 1, 0)] * 2, graphs=VERIFY_GRAPHS)
+    assert base.with_drafts(4, 2, graphs=VERIFY_GRAPHS).num_eager_steps == 0
+    assert base.with_drafts(4, 2, graphs=trees).num_eager_steps == 1
+
+
+def test_with_drafts_adds_tokens_and_keeps_the_largest_draft_step_count():
+    base = StepFeatures.from_shapes([(10, 1, 0), (20, 1, 0)])
+    f = base.with_drafts(num_draft_tokens=5, num_spec_requests=2, num_draft_steps=3)
+    assert (f.num_batched_tokens, f.num_kv_tokens, f.num_draft_tokens) == (7, 37, 5)
+    assert (f.num_spec_requests, f.num_draft_steps, f.num_requests) == (2, 3, 2)
+
+
+def test_recovers_known_costs_from_noisy_observations():
+    rng = random.Random(0)
+    model = OnlineLinearCostModel()
+    for _ in range(600):
+        f = random_features(rng)
+        model.observe(f, true_seconds(f) * rng.gauss(1.0, 0.02))
+    fitted = model.coefficients()
+    # Requests are nearly collinear with rows in decode batches, and a first speculating
+    # request often comes with an eager step: check what stays identifiable.
+    for name in ("kv_tokens", "draft_steps"):
+        assert fitted[name] == pytest.approx(TRUE[name], rel=0.25), name
+    fixed = fitted["spec_requests"] + fitted["eager_steps"]
+    assert fixed == pytest.approx(TRUE["spec_requests"] + TRUE["eager_steps"], rel=0.25)
+    five, six = (StepFeatures(num_batched_tokens=n, num_requests=1) for n in (5, 6))
+    assert model.predict(six) - model.predict(five) == pytest.approx(TRUE["jump"], rel=0.25)
+    held_out = [random_features(rng) for _ in range(200)]
+    errors = [abs(model.predict(f) - true_seconds(f)) / true_seconds(f) for f in held_out]
+    assert statistics.median(errors) < 0.02
+    assert model.accuracy() is not None and model.accuracy() < 0.05  # noise is 2%
+
+
+def test_stalled_steps_do_not_drag_the_fit():
+    # One step in ten is stalled 5x by something unrelated (a busy core); least squares would
+    # inflate every prediction by ~40%, the bounded-influence weights keep the typical step.
+    rng = random.Random(4)
+    model = OnlineLinearCostModel()
+    for i in range(400):
+        f = random_features(rng)
+        model.observe(f, true_seconds(f) * (5.0 if i % 10 == 9 else rng.gauss(1.0, 0.02)))
+    held_out = [random_features(rng) for _ in range(200)]
+    errors = [abs(model.predict(f) - true_seconds(f)) / true_seconds(f) for f in held_out]
+    assert statistics.median(errors) < 0.05
+
+
+def test_predictions_stay_positive_and_costs_non_negative():
+    # A workload where more drafts look *cheaper* (noise, collinearity) must not yield a
+    # negative marginal cost, or the policy would speculate without bound.
+    model = OnlineLinearCostModel()
+    rng = random.Random(1)
+    for _ in range(50):
+        f = random_features(rng)
+        model.observe(f, max(1e-4, 0.02 + 1e-4 * f.num_batched_tokens - 1e-3 * f.num_draft_tokens))
+    assert all(value >= 0.0 for value in model.coefficients().values())
+    assert model.predict(StepFeatures(num_draft_tokens=1000)) > 0.0
+    assert OnlineLinearCostModel().predict(StepFeatures()) > 0.0  # unfitted
+
+
+def test_stable_with_few_observations():
+    model = OnlineLinearCostModel()
+    f = StepFeatures.from_shapes([(100, 1, 2)] * 4)
+    model.observe(f, 0.02)
+    model.observe(f, 0.021)
+    assert not model.fitted and model.accuracy() is None
+    assert model.predict(f) == pytest.approx(0.0205, rel=0.1)
+    assert 0.0 < model.predict(StepFeatures.from_shapes([(100, 1, 2)] * 8)) < 1.0
+
+
+def test_forgetting_follows_a_change_in_step_time():
+    rng = random.Random(2)
+    model = OnlineLinearCostModel(forgetting=0.95)
+    for _ in range(200):
+        f = random_features(rng)
+        model.observe(f, true_seconds(f))
+    slower = {name: 2.0 * value for name, value in TRUE.items()}
+    for _ in range(150):
+        f = random_features(rng)
+        model.observe(f, true_seconds(f, coefficients=slower))
+    f = random_features(rng)
+    assert model.predict(f) == pytest.approx(true_seconds(f, coefficients=slower), rel=0.05)
+
+
+def test_profile_seeds_the_fit_with_its_jumps():
+    grid = profile_grid(
+        max_num_batched_tokens=512, max_num_seqs=64, max_draft_tokens=4, draft_model=True
+    )
+    model = OnlineLinearCostModel()
+    measured = model.profile(true_seconds, budget_seconds=5.0, grid=grid)
+    assert measured == 4 * len(grid)  # the synthetic step is instant: the grid bound stops it
+    assert model.fitted
+    f = StepFeatures.from_shapes([(300, 1, 3)] * 40, draft_model=True)
+    assert model.predict(f) == pytest.approx(true_seconds(f), rel=0.03)
+    for rows in (5, 6):  # below and above the jump, as a verify step of one request runs
+        f = StepFeatures.from_shapes([(300, 1, rows - 1)], draft_model=True)
+        assert model.predict(f) == pytest.approx(true_seconds(f), rel=0.05), rows
+
+
+def test_profile_respects_its_time_budget():
+    def slow_step(f: StepFeatures) -> float:
+        time.sleep(0.01)
+        return true_seconds(f)
+
+    started = time.perf_counter()
+    measured = OnlineLinearCostModel().profile(slow_step, budget_seconds=0.05)
+    assert 1 <= measured <= 8
+    assert time.perf_counter() - started < 0.5
+    unprofiled = OnlineLinearCostModel()
+    assert unprofiled.profile(slow_step, budget_seconds=0.0) == 0 and not unprofiled.fitted
+
+
+def test_grid_respects_the_token_budget_and_spans_drafts():
+    grid = profile_grid(max_num_batched_tokens=64, max_num_seqs=16, max_draft_tokens=4)
+    assert all(f.num_batched_tokens <= 64 for f in grid)
+    assert {f.num_draft_tokens > 0 for f in grid} == {True, False}
+    assert max(f.num_requests for f in grid) == 16
+
+
+def test_cache_round_trip(tmp_path):
+    rng = random.Random(3)
+    model = OnlineLinearCostModel()
+    for _ in range(40):
+        f = random_features(rng)
+        model.observe(f, true_seconds(f))
+    cache = CostModelCache(tmp_path / "sub" / "cost.json")
+    key = ("smollm2", "cpu", "float32", 2)
+    assert cache.load(key) is None
+    cache.save(key, model.to_params())
+    cache.save(("other", "cuda", "bfloat16", None), {"unrelated": True})
+
+    restored = OnlineLinearCostModel()
+    restored.load_params(CostModelCache(tmp_path / "sub" / "cost.json").load(key))
+    assert restored.fitted
+    f = random_features(rng)
+    assert restored.predict(f) == pytest.approx(model.predict(f), rel=1e-9)
+    assert cache.load(cache_key("smollm2", "cpu", "float32", 2)) is not None  # same key as text
+
+
+def test_cache_tolerates_a_corrupt_file_and_rejects_foreign_params(tmp_path):
+    path = tmp_path / "cost.json"
+    path.write_text("{not json")
+    assert CostModelCache(path).load("any") is None
+    params = OnlineLinearCostModel().to_params() | {"features": ["intercept"]}
+    with pytest.raises(ValueError, match="features"):
+        OnlineLinearCostModel().load_params(json.loads(json.dumps(params)))
+
+
+def gpu_like_seconds(f: StepFeatures) -> float:
+    """A replayed step is nearly flat in its rows; an eager one (a prefill chunk) costs ~10 ms
+    more and much more per row (the shape measured on an H200, docs/benchmarks.md §4e)."""
+    seconds = 2.7e-3 + 1e-6 * f.num_batched_tokens + 1.5e-5 * f.num_spec_requests
+    seconds += 2e-8 * f.num_kv_tokens
+    if f.num_eager_steps:
+        seconds += 10e-3 + 4e-5 * f.num_batched_tokens
+    return seconds
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_live_traffic_does_not_distort_shapes_only_the_profile_saw(seed):
+    """After a profile, hundreds of live steps from a narrow region (10-16 requests, a few
+    speculating, one noisy prefill in ten) fill the window. Every request speculating is a
+    shape only the profile measured; its price must stay near the truth. Without the profile's
+    anchors, and with prefill rows on the shared row ramps, it rose 1.2-2.7x (so goodput would
+    refuse speculation that costs ~nothing)."""
+    rng = random.Random(seed)
+    model = OnlineLinearCostModel(refit_every=8)
+    grid = profile_grid(256, 16, 4, 512, graphs=VERIFY_16)
+    model.fit([(f, gpu_like_seconds(f) * rng.gauss(1, 0.02)) for f in grid * 3])
+    for _ in range(400):
+        shapes = [(rng.randint(100, 700), 1, 0) for _ in range(rng.randint(10, 16))]
+        for i in rng.sample(range(len(shapes)), rng.randint(0, 3)):
+            shapes[i] = (shapes[i][0], 1, rng.randint(1, 4))
+        if rng.random() < 0.1:
+            shapes.append((0, rng.randint(100, 300), 0))
+        f = StepFeatures.from_shapes(shapes, graphs=VERIFY_16)
+        noise = rng.gauss(1, 0.3) if f.num_eager_steps else rng.gauss(1, 0.03)
+        model.observe(f, gpu_like_seconds(f) * noise)
+    for k in (0, 4):
+        f = StepFeatures.from_shapes([(600, 1, k)] * 16, graphs=VERIFY_16)
+        assert model.predict(f) == pytest.approx(gpu_like_seconds(f), rel=0.12), k
+
+
+def test_anchors_survive_the_cache_and_follow_drift():
+    """The profile's samples travel with the cached params; live steps still move the fit
+    (a 30% slowdown shows as most of it)."""
+    rng = random.Random(1)
+    model = OnlineLinearCostModel(refit_every=8)
+    grid = profile_grid(256, 16, 4, 512, graphs=VERIFY_16)
+    model.fit([(f, gpu_like_seconds(f)) for f in grid])
+    restored = OnlineLinearCostModel(refit_every=8)
+    restored.load_params(json.loads(json.dumps(model.to_params())))
+    assert len(restored.to_params()["anchors"]) == len(grid)
+    probe = StepFeatures.from_shapes([(400, 1, 2)] * 8, graphs=VERIFY_16)
+    for _ in range(300):
+        shapes = [(rng.randint(100, 700), 1, rng.choice([0, 0, 2, 4])) for _ in range(8)]
+        f = StepFeatures.from_shapes(shapes, graphs=VERIFY_16)
+        restored.observe(f, 1.3 * gpu_like_seconds(f))
+    assert 1.15 < restored.predict(probe) / gpu_like_seconds(probe) < 1.31

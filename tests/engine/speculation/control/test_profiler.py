@@ -1,0 +1,251 @@
+"""The goodput start-up profile: the runner's synthetic steps (StepTimer), pool safety, and the
+cost-model cache.
+
+Engines run a tiny random Llama on one thread with a sub-second profile budget.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+
+import pytest
+
+from engine.arg_utils import add_engine_arguments, config_from_args
+from engine.config import EngineConfig
+from engine.front.llm import LLM
+from engine.llm_engine import LLMEngine
+from engine.request import Request
+from engine.runner.step_timer import StepTimer
+from engine.sampling_params import SamplingParams
+from engine.speculation.control.cost_model import cache_key
+from engine.speculation.control.profiler import fit_to_pool, shapes_for, startup_grid
+from engine.speculation.control.step_features import StepFeatures, profile_grid
+
+GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+PROMPTS = [[5, 6, 7, 8, 9] * 8, [20, 21, 22, 23] * 9 + [40, 41], [30 + i % 13 for i in range(50)]]
+NUM_BLOCKS = 64
+
+
+def engine_config(model_dir, tmp_path, **flat) -> EngineConfig:
+    base = dict(
+        model=str(model_dir),
+        num_kv_blocks=NUM_BLOCKS,
+        threads=1,  # a shared 2-core box: two spinning OpenMP threads can be 100x slower
+        speculative_proposer="ngram",
+        spec_profile_seconds=0.3,
+        spec_cost_cache=str(tmp_path / "cost_models.json"),
+    )
+    return EngineConfig.from_flat({**base, **flat})
+
+
+def pool_state(engine: LLMEngine) -> tuple:
+    manager = engine.scheduler.block_manager
+    ref_counts = [manager.ref_count(b) for b in range(manager.num_total_blocks)]
+    return manager.free_block_ids(), manager.num_cached_blocks, ref_counts
+
+
+# ---- shapes -------------------------------------------------------------------------------
+def test_shapes_for_inverts_from_shapes():
+    rng = random.Random(0)
+    cases = profile_grid(max_num_batched_tokens=512, max_num_seqs=64, max_draft_tokens=6)
+    for _ in range(200):  # uneven batches: prefill chunks, decodes with and without drafts
+        shapes = [
+            (rng.randint(0, 900), rng.choice([1, 1, rng.randint(2, 300)]), rng.randint(0, 5))
+            for _ in range(rng.randint(1, 20))
+        ]
+        cases.append(StepFeatures.from_shapes(shapes))
+    for features in cases:
+        shapes = shapes_for(features)
+        assert StepFeatures.from_shapes(shapes) == features
+        assert all(context >= 0 and new >= 1 and k >= 0 for context, new, k in shapes)
+
+
+@pytest.mark.parametrize(
+    "features",
+    [
+        StepFeatures(num_batched_tokens=3, num_requests=4, num_kv_tokens=3),  # < 1 token each
+        StepFeatures(num_batched_tokens=4, num_requests=2, num_kv_tokens=3),  # kv < batched
+        StepFeatures(num_batched_tokens=6, num_requests=2, num_kv_tokens=6, num_draft_tokens=2),
+        StepFeatures(),
+    ],
+)
+def test_shapes_for_rejects_impossible_features(features):
+    with pytest.raises(ValueError, match="features"):
+        shapes_for(features)
+
+
+def test_fit_to_pool_clips_contexts_and_drops_what_cannot_fit():
+    grid = profile_grid(
+        max_num_batched_tokens=512, max_num_seqs=64, max_draft_tokens=4, max_context=2048
+    )
+    fitted = fit_to_pool(grid, num_blocks=40, block_size=16, max_model_len=300)
+    assert fitted and len(set(fitted)) == len(fitted)
+    for features in fitted:
+        shapes = shapes_for(features)
+        assert sum(-(-(c + n + k) // 16) for c, n, k in shapes) <= 40
+        assert all(c + n + k <= 300 for c, n, k in shapes)
+    # Large decode batches keep their size with shorter contexts; 64 requests never fit.
+    assert max(f.num_requests for f in fitted) == 32
+    assert any(f.num_requests == 8 and f.num_kv_tokens > 8 * 16 for f in fitted)
+
+
+# ---- dummy batches on a real (tiny) runner ------------------------------------------------
+@pytest.fixture(scope="module")
+def bare_engine(tiny_model_dir, tmp_path_factory) -> LLMEngine:
+    tmp = tmp_path_factory.mktemp("bare")
+    return LLMEngine.from_config(engine_config(tiny_model_dir, tmp, spec_profile_seconds=0))
+
+
+def test_dummy_steps_leave_every_block_free_and_the_prefix_cache_empty(bare_engine):
+    engine = bare_engine
+    before = pool_state(engine)
+    timer = StepTimer(engine.runner, engine.scheduler.block_manager)
+    grid = startup_grid(engine.scheduler.config, 4, NUM_BLOCKS, 16, 1024)
+    seconds = [timer(shapes_for(features)) for features in grid]
+    assert all(s > 0 for s in seconds) and timer.num_steps == len(grid)
+    free_ids, num_cached, ref_counts = pool_state(engine)
+    assert (free_ids, num_cached, ref_counts) == before  # untouched, order included
+    assert len(free_ids) == NUM_BLOCKS and num_cached == 0 and not any(ref_counts)
+    assert not engine.has_unfinished_requests()
+
+
+def test_dummy_steps_refuse_a_pool_in_use(bare_engine):
+    manager = bare_engine.scheduler.block_manager
+    timer = StepTimer(bare_engine.runner, manager)
+    request = Request("live", [1, 2, 3], GREEDY)
+    assert manager.allocate_slots(request, 0, 3) == []
+    try:
+        with pytest.raises(RuntimeError, match="idle KV pool"):
+            timer([(16, 1, 0)])
+    finally:
+        manager.trim(request, 0)
+    assert manager.num_free_blocks == NUM_BLOCKS
+
+
+def test_startup_grid_fits_the_pool_and_warms_up_on_the_cheapest_shape(bare_engine):
+    grid = startup_grid(bare_engine.scheduler.config, 4, 20, 16, 1024)
+    assert grid[0].num_kv_tokens == min(f.num_kv_tokens for f in grid)
+    assert max(f.num_draft_tokens for f in grid) > 0 and min(f.num_draft_tokens for f in grid) == 0
+    for features in grid:
+        assert sum(-(-(c + n + k) // 16) for c, n, k in shapes_for(features)) <= 20
+
+
+# ---- the engine start-up: profile, cache, output unchanged ---------------------------------
+def test_profiled_engine_output_equals_an_unprofiled_one(tiny_model_dir, tmp_path):
+    """The garbage K/V of the dummy batches is never read: same greedy tokens as an engine
+    that never profiled and never speculated, prefix caching on."""
+    off = LLM(config=engine_config(tiny_model_dir, tmp_path, spec_policy="off"))
+    profiled = LLM(config=engine_config(tiny_model_dir, tmp_path))
+    report = profiled.engine.spec.seed_report
+    assert report.source == "profile" and report.num_steps > 0
+    reference = [o.output_token_ids for o in off.generate(PROMPTS, GREEDY, use_tqdm=False)]
+    outputs = profiled.generate(PROMPTS, GREEDY, use_tqdm=False)
+    assert [o.output_token_ids for o in outputs] == reference
+    [again] = profiled.generate(PROMPTS[0], GREEDY, use_tqdm=False)
+    assert again.output_token_ids == reference[0]
+    assert again.num_cached_tokens > 0  # served from the prefix cache the profile left empty
+
+
+def test_cache_round_trips_through_the_engine(tiny_model_dir, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="engine.speculation.control.profiler")
+    first = LLMEngine.from_config(engine_config(tiny_model_dir, tmp_path))
+    assert first.spec.seed_report.source == "profile"
+    assert "cost model: profiled" in caplog.text
+    key = cache_key(*StepTimer(first.runner, first.scheduler.block_manager).identity)
+    assert key == first.spec.seed_report.key and "|float32/dense|1" in key
+    assert key in json.loads((tmp_path / "cost_models.json").read_text())
+    caplog.clear()
+    second = LLMEngine.from_config(engine_config(tiny_model_dir, tmp_path))
+    assert second.spec.seed_report.source == "cache"
+    assert "cost model: loaded from cache" in caplog.text
+    assert second.spec.cost_model.coefficients() == first.spec.cost_model.coefficients()
+    assert second.spec.cost_model.fitted
+
+
+def test_a_corrupt_cache_entry_is_profiled_again(tiny_model_dir, tmp_path):
+    config = engine_config(tiny_model_dir, tmp_path)
+    key = LLMEngine.from_config(config).spec.seed_report.key
+    (tmp_path / "cost_models.json").write_text(json.dumps({key: {"features": ["other"]}}))
+    engine = LLMEngine.from_config(config)
+    assert engine.spec.seed_report.source == "profile" and engine.spec.cost_model.fitted
+    assert json.loads((tmp_path / "cost_models.json").read_text())[key]["features"] != ["other"]
+
+
+def test_an_unwritable_cache_only_costs_a_warning(tiny_model_dir, tmp_path, caplog):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the cache directory should be")
+    config = engine_config(tiny_model_dir, tmp_path, spec_cost_cache=str(blocker / "c.json"))
+    engine = LLMEngine.from_config(config)
+    report = engine.spec.seed_report
+    assert report.source == "profile" and report.cache_path is None
+    assert engine.spec.cost_model.fitted and "cannot write the cache" in caplog.text
+
+
+def test_zero_seconds_skips_profile_and_cache(tiny_model_dir, tmp_path):
+    engine = LLMEngine.from_config(engine_config(tiny_model_dir, tmp_path, spec_profile_seconds=0))
+    assert engine.spec.seed_report.source == "skipped"
+    assert not engine.spec.cost_model.fitted
+    assert not (tmp_path / "cost_models.json").exists()
+
+
+def test_no_cache_still_profiles(tiny_model_dir, tmp_path):
+    engine = LLMEngine.from_config(engine_config(tiny_model_dir, tmp_path, spec_cost_cache="none"))
+    report = engine.spec.seed_report
+    assert report.source == "profile" and report.cache_path is None
+    assert engine.spec.cost_model.fitted and not list(tmp_path.iterdir())
+
+
+# ---- config -------------------------------------------------------------------------------
+@pytest.mark.parametrize("seconds", [-1.0, 601.0, float("nan"), "3"])
+def test_config_rejects_bad_profile_seconds(seconds):
+    with pytest.raises(ValueError, match="spec_profile_seconds"):
+        EngineConfig.from_flat({"spec_profile_seconds": seconds})
+
+
+def test_flags_reach_the_spec_config():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    add_engine_arguments(parser)
+    args = parser.parse_args(["--spec-profile-seconds", "1.5", "--spec-cost-cache", "none"])
+    spec = config_from_args(args).spec
+    assert spec.spec_profile_seconds == 1.5 and spec.cost_cache_path is None
+    default = EngineConfig().spec
+    assert default.spec_profile_seconds == 3.0
+    assert default.cost_cache_path == "~/.cache/goodspeed/cost_models.json"
+
+
+def test_a_draft_model_profile_times_its_passes(tiny_model_dir, tmp_path):
+    """With a draft model the grid has draft steps, the dummy steps run the draft's passes
+    (more passes, more seconds), and the cache keys the fit by the draft."""
+    flat = dict(speculative_proposer="draft", draft_model="self:1", spec_profile_seconds=1.0)
+    llm = LLM(config=engine_config(tiny_model_dir, tmp_path, **flat))
+    driver, engine = llm.engine.spec, llm.engine
+    assert driver.seed_report.source == "profile" and "draft=self:1" in driver.seed_report.key
+    assert not engine.has_unfinished_requests()
+    timer = StepTimer(engine.runner, engine.scheduler.block_manager)
+    passes = driver.proposer.time_passes
+    one, four = (StepFeatures.from_shapes([(32, 1, k)] * 2, draft_model=True) for k in (1, 4))
+    assert one.num_draft_steps == 1 and four.num_draft_steps == 4
+
+    def never(*args):
+        raise AssertionError("a step without draft passes ran the draft model")
+
+    timer(shapes_for(one), 0, never)  # no passes: the draft model is not asked
+    times = {
+        f.num_draft_steps: min(timer(shapes_for(f), f.num_draft_steps, passes) for _ in range(3))
+        for f in (one, four)
+    }
+    assert times[4] > times[1]
+    assert pool_state(engine) == (list(range(NUM_BLOCKS)), 0, [0] * NUM_BLOCKS)
+
+
+def test_the_cache_key_names_the_weight_format(tiny_model_dir, tmp_path):
+    """A fit measured on float32 weights must not be reused for the quantized kernels."""
+    engine = LLMEngine.from_config(engine_config(tiny_model_dir, tmp_path))
+    timer = StepTimer(engine.runner, engine.scheduler.block_manager)
+    dense = cache_key(*timer.identity)
+    engine.runner.weight_format = "gguf:0123abcd"
+    assert cache_key(*timer.identity) == dense.replace("/dense|", "/gguf:0123abcd|")

@@ -1,8 +1,9 @@
 """Batch-1 decode beside busy processes: how the compute threads' wait policy holds up when the
 cores are shared (issue: shared cores and overload).
 
-For each thread-policy variant (environment settings read when the OpenMP runtime starts, e.g.
-`OMP_WAIT_POLICY=passive`, `GOMP_SPINCOUNT=20000`), and each number of CPU-bound "hog"
+For each thread-policy variant (the engine's default adaptive policy, `--thread-policy static`,
+one thread, or environment settings read when the OpenMP runtime starts, e.g.
+`OMP_WAIT_POLICY=passive`), and each number of CPU-bound "hog"
 processes running beside (0, 1, 2), a fresh Python process loads the model, warms up and
 decodes --tokens tokens greedily at batch 1 (in process, no HTTP); decode tok/s is reported.
 Variants and hog counts are interleaved round by round; medians of --rounds. The ratios that
@@ -25,22 +26,24 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = {
-    "default": {},
-    "passive": {"OMP_WAIT_POLICY": "passive"},
-    "spin20k": {"GOMP_SPINCOUNT": "20000"},
-    "spin100k": {"GOMP_SPINCOUNT": "100000"},
-    "threads1": {"THREADS": "1"},  # one compute thread: what the adaptive policy falls back to
+    "default": {},  # the engine's defaults: the adaptive thread policy
+    "static": {"POLICY": "static"},  # always --threads compute threads
+    "passive": {"OMP_WAIT_POLICY": "passive", "POLICY": "static"},
+    "spin20k": {"GOMP_SPINCOUNT": "20000", "POLICY": "static"},
+    "threads1": {"THREADS": "1", "POLICY": "static"},  # one compute thread throughout
 }
 PROBE = """
 import sys, time
 from engine.config import EngineConfig
 from engine.front.llm import LLM
 from engine.sampling_params import SamplingParams
-model, threads, tokens = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-llm = LLM(config=EngineConfig.from_flat(dict(model=model, threads=threads, num_kv_blocks=64)))
+model, threads, tokens, policy = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+flat = dict(model=model, threads=threads, num_kv_blocks=64, thread_policy=policy)
+llm = LLM(config=EngineConfig.from_flat(flat))
 params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
 prompt = llm.tokenizer.encode("The history of the printing press in Europe")
-llm.generate([prompt], SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)
+# Warm-up long enough (~1-2 s) for the adaptive policy's readings, as a running server has had.
+llm.generate([prompt], SamplingParams(temperature=0, max_tokens=128, ignore_eos=True), use_tqdm=False)
 marks = []
 llm.generate([prompt], params, use_tqdm=False, on_output=lambda o: marks.append(time.perf_counter()))
 print((len(marks) - 1) / (marks[-1] - marks[0]))
@@ -52,7 +55,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--tokens", type=int, default=128)
-    parser.add_argument("--variants", default="default,passive,spin20k")
+    parser.add_argument("--variants", default="default,static,threads1,passive")
     parser.add_argument("--hogs", default="0,1,2")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=None)
@@ -75,8 +78,9 @@ def hogs(count: int, seconds: float = 600.0):
 def decode_tok_s(variant: str, args: argparse.Namespace) -> float:
     settings = dict(VARIANTS[variant])
     threads = settings.pop("THREADS", str(args.threads))
+    policy = settings.pop("POLICY", "adaptive")
     env = {**os.environ, **settings, "PYTHONPATH": str(ROOT)}
-    command = [sys.executable, "-c", PROBE, args.model, threads, str(args.tokens)]
+    command = [sys.executable, "-c", PROBE, args.model, threads, str(args.tokens), policy]
     out = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
     if out.returncode != 0:
         raise RuntimeError(f"{variant}: probe failed\n{out.stderr[-2000:]}")

@@ -46,6 +46,11 @@ _FLAGS: tuple[tuple[str, type, str], ...] = (
     ("--spec-cost-cache", str, "cost-model cache JSON, none = off (default ~/.cache/goodspeed/)"),
     ("--device", str, "cpu | cuda | cuda:N"),
     ("--threads", int, "torch intra-op threads"),
+    (
+        "--thread-policy",
+        str,
+        "adaptive (default: fewer compute threads while other processes hold cores) | static",
+    ),
     ("--attention-backend", str, "auto | reference | cpu | flashinfer"),
 )
 

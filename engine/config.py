@@ -193,6 +193,9 @@ class SpecConfig:
 class DeviceConfig:
     device: str = "cpu"  # cpu | cuda | cuda:N
     threads: int | None = None  # torch intra-op threads; None: torch's default
+    # adaptive: the CPU kernels run as many of `threads` as the cores other processes leave
+    # free (kernels/cpu/thread_policy.py); static: always `threads`.
+    thread_policy: str = "adaptive"
     attention_backend: str = "auto"
     # Capture decode steps as CUDA graphs (FlashInfer backend on CUDA only; no effect
     # elsewhere). False = eager, like vLLM's --enforce-eager.
@@ -205,6 +208,10 @@ class DeviceConfig:
         )
         _check(
             self.threads is None or self.threads >= 1, f"threads must be >= 1, got {self.threads}"
+        )
+        _check(
+            self.thread_policy in ("adaptive", "static"),
+            f"thread_policy must be adaptive or static, got {self.thread_policy!r}",
         )
 
 

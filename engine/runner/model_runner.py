@@ -26,6 +26,7 @@ from engine.runner.input_batch import ModelInput, build_model_input, slot_of
 from engine.sample.batch_verify import BatchVerifier, Verified
 from engine.sample.sampler import Sampler
 from kernels.attention import KVCacheSpec
+from kernels.cpu.thread_policy import ThreadPolicy
 from kernels.graph_shapes import GraphShapes
 from kernels.registry import make_attention_backend
 
@@ -66,6 +67,20 @@ class ModelRunner:
     def _set_threads(self) -> None:
         if self.config.device.threads is not None:
             torch.set_num_threads(self.config.device.threads)
+        self.thread_policy = None
+        if self.config.device.thread_policy == "adaptive" and self.device.type == "cpu":
+            self.thread_policy = ThreadPolicy(torch.get_num_threads())
+            torch.set_num_threads(self.thread_policy.current)
+
+    def _follow_free_cores(self) -> None:
+        """The compute threads for this step (kernels/cpu/thread_policy.py): one fewer while
+        another process holds a core, so no thread waits at a barrier for a descheduled one."""
+        if self.thread_policy is None:
+            return
+        threads = self.thread_policy.threads()
+        if threads != torch.get_num_threads():
+            logger.info("compute threads: %d -> %d (cores free)", torch.get_num_threads(), threads)
+            torch.set_num_threads(threads)
         torch.manual_seed(self.config.model.seed)
 
     def _allocate_kv_cache(self) -> int:
@@ -109,6 +124,7 @@ class ModelRunner:
     # ---- the step ----------------------------------------------------------------------
     @torch.inference_mode()
     def execute(self, scheduler_output: SchedulerOutput, drafts: Drafts) -> ModelOutput:
+        self._follow_free_cores()
         start = time.perf_counter()
         self._copy_blocks(scheduler_output.block_copies)
         model_input = build_model_input(scheduler_output, drafts, self.block_size)

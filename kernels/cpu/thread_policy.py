@@ -9,7 +9,9 @@ one to wait for. So the count follows what is free:
     limit   = min(threads asked for, CPUs in this process's affinity, the cgroup CPU quota)
     others  = busy time of the affinity's CPUs, less this process's own CPU time, per second
               (read from /proc every `interval` seconds; our own spinning counts as ours)
-    target  = clamp(round(len(affinity) - others), 1, limit)
+    taken   = floor(others + 1 - TAKEN_AT)     (a core is taken once others use 3/4 of it, so
+                                               background blips on an idle machine take none)
+    target  = clamp(len(affinity) - taken, 1, limit)
 
 A change is applied after `patience` consecutive readings agree, so a short burst next door
 does not flap the count. `ThreadPolicy.threads()` is called before each step by the model
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+TAKEN_AT = 0.75
 
 
 @dataclass(frozen=True)
@@ -119,7 +122,8 @@ class ThreadPolicy:
         elapsed = now - self._last_time
         others = (sample.system_busy - self._last.system_busy) - (sample.own - self._last.own)
         self._last, self._last_time = sample, now
-        target = int(len(self.cpus) - max(0.0, others) / elapsed + 0.5)
+        taken = int(max(0.0, others) / elapsed + 1.0 - TAKEN_AT)  # cores other processes hold
+        target = len(self.cpus) - taken
         self._follow(min(self.limit, max(1, target)))
         return self.current
 

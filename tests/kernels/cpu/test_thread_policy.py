@@ -69,6 +69,13 @@ def test_a_short_burst_next_door_does_not_flap_the_count() -> None:
     assert set(run(machine, policy, 3.0)) == {2}
 
 
+def test_background_blips_keep_every_thread() -> None:
+    machine = Machine()
+    machine.others, machine.own = 0.6, 1.4  # a fraction of a core, e.g. a log shipper
+    policy = policy_on(machine)
+    assert set(run(machine, policy, 3.0)) == {2}
+
+
 def test_two_busy_processes_leave_one_thread_never_zero() -> None:
     machine = Machine()
     machine.others, machine.own = 2.0, 0.7

@@ -26,6 +26,11 @@ _FLAGS: tuple[tuple[str, type, str], ...] = (
     ("--block-size", int, "KV cache block size in tokens (default 16)"),
     ("--num-kv-blocks", int, "KV cache blocks (wins over --kv-cache-memory)"),
     ("--kv-cache-memory", str, "KV cache size, e.g. 512MiB or 2GiB (default 1GiB)"),
+    (
+        "--kv-cache-dtype",
+        str,
+        "auto (the model's dtype) | float32 | float16 | bfloat16: what the KV cache stores",
+    ),
     ("--max-num-batched-tokens", int, "token budget of one step (default 512)"),
     ("--max-num-seqs", int, "running requests at once (default 64)"),
     (

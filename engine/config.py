@@ -70,12 +70,18 @@ class ModelConfig:
         )
 
 
+KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
+
+
 @dataclass(frozen=True)
 class CacheConfig:
     block_size: int = 16
     num_kv_blocks: int | None = None  # wins over kv_cache_memory when set
     kv_cache_memory: str = "1GiB"
     enable_prefix_caching: bool = True
+    # What the KV cache stores: auto (the model's dtype), float32, float16 or bfloat16. The CPU
+    # kernels read 16-bit caches directly (half the bytes per token); FlashInfer needs --dtype's.
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         _check(
@@ -87,6 +93,10 @@ class CacheConfig:
             f"num_kv_blocks must be >= 2, got {self.num_kv_blocks}",
         )
         parse_size(self.kv_cache_memory)
+        _check(
+            self.kv_cache_dtype in KV_CACHE_DTYPES,
+            f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}",
+        )
 
     @property
     def kv_cache_bytes(self) -> int:

@@ -38,17 +38,24 @@ logger = logging.getLogger(__name__)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def _kv_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
+    return model_dtype if name == "auto" else _DTYPES[name]
+
+
 class ModelRunner:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.device = torch.device(config.device.device)
         self.dtype = _DTYPES[config.model.dtype]
+        self.kv_dtype = _kv_dtype(config.cache.kv_cache_dtype, self.dtype)
         self.block_size = config.cache.block_size
         self._set_threads()
         self.model_path = resolve_model_path(config.model.model)
         self.backend = make_attention_backend(
             config.device.attention_backend, self.device, dtype=self.dtype
         )
+        if getattr(self.backend, "name", "") == "flashinfer" and self.kv_dtype != self.dtype:
+            raise ValueError("FlashInfer attention keeps the KV cache in --dtype's type")
         self.model, self.arch = load_model(
             self.model_path, self.dtype, self.device, self.backend, config.model.weights
         )
@@ -91,7 +98,7 @@ class ModelRunner:
             self.block_size,
             arch.num_kv_heads,
             arch.head_dim,
-            self.dtype,
+            self.kv_dtype,
             self.device,
         )
         num_blocks = self.config.cache.num_kv_blocks or max(
@@ -103,15 +110,16 @@ class ModelRunner:
             self.block_size,
             arch.num_kv_heads,
             arch.head_dim,
-            self.dtype,
+            self.kv_dtype,
             self.device,
         )
         self.backend.allocate(spec)
         logger.info(
-            "KV cache: %d blocks x %d tokens (%.1f MiB, %s)",
+            "KV cache: %d blocks x %d tokens (%.1f MiB, %s, %s)",
             num_blocks,
             self.block_size,
             num_blocks * probe.bytes_per_block / 2**20,
+            str(self.kv_dtype).removeprefix("torch."),
             getattr(self.backend, "name", type(self.backend).__name__),
         )
         return num_blocks

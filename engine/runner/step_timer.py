@@ -50,8 +50,8 @@ class StepTimer:
 
     @property
     def identity(self) -> tuple[str, str, str, int]:
-        """What the timings depend on, the profile cache's key: (model, device, dtype and
-        weight format, threads). The model by file name and architecture, so a rebuilt copy
+        """What the timings depend on, the profile cache's key: (model, device, dtype,
+        weight format and KV dtype, threads). The model by file name and architecture, so a rebuilt copy
         of the same model in another directory shares the entry; the weight format names the
         native kernels' build, so new kernels get a new profile."""
         runner, arch = self.runner, self.runner.arch
@@ -61,6 +61,9 @@ class StepTimer:
         backend = getattr(runner.backend, "name", type(runner.backend).__name__)
         dtype = str(runner.dtype).removeprefix("torch.")
         dtype += f"/{getattr(runner, 'weight_format', 'dense')}"
+        kv_dtype = getattr(runner, "kv_dtype", runner.dtype)
+        if kv_dtype != runner.dtype:
+            dtype += f"/kv-{str(kv_dtype).removeprefix('torch.')}"
         return model, f"{runner.device}/{backend}", dtype, torch.get_num_threads()
 
     def check_pristine(self) -> None:

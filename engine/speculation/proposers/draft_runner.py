@@ -98,7 +98,9 @@ class DraftRunner:
         weights = target.config.model.weights
         model, arch = load_model(path, target.dtype, target.device, backend, weights)
         backend.allocate(
-            model.kv_cache_spec(target.num_blocks, target.block_size, target.dtype, target.device)
+            model.kv_cache_spec(
+                target.num_blocks, target.block_size, target.kv_dtype, target.device
+            )
         )
         return cls(model, backend, arch, target.block_size, target.device, False)
 

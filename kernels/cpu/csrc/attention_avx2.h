@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "kv_elements.h"
 #include "vec_math.h"
 
 namespace goodspeed {
@@ -26,9 +27,21 @@ GS_AVX2_FMA inline float hsum8(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
 }
 
-// The cache lines of one head's row of D floats.
-inline void prefetch_row(const float* row, int64_t D) {
-  for (int64_t d = 0; d < D; d += 16) _mm_prefetch((const char*)(row + d), _MM_HINT_T0);
+// The cache lines of one head's row of D elements.
+template <typename E>
+inline void prefetch_row(const E* row, int64_t D) {
+  const char* bytes = (const char*)row;
+  for (int64_t b = 0; b < D * (int64_t)sizeof(E); b += 64) _mm_prefetch(bytes + b, _MM_HINT_T0);
+}
+
+// Eight cache elements widened to float32 (exact).
+GS_AVX2_FMA inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+GS_AVX2_FMA inline __m256 load8(const Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p));
+}
+GS_AVX2_FMA inline __m256 load8(const BFloat16* p) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
 }
 
 // Keys ahead of the scores' pass, and the values the weighted sum will read: the cache rows of
@@ -37,7 +50,8 @@ inline void prefetch_row(const float* row, int64_t D) {
 constexpr int64_t kPrefetchKeys = 16;
 
 // scores[p] = q . k_p * scale for the keys the query sees, -inf for the others (p < n).
-GS_AVX2_FMA inline void attention_scores(const Paged& c, const QueryTask& task, int64_t g,
+template <typename E>
+GS_AVX2_FMA inline void attention_scores(const PagedT<E>& c, const QueryTask& task, int64_t g,
                                          float scale, int64_t n, float* scores) {
   for (int64_t p0 = 0; p0 < n; p0 += 4) {
     for (int64_t p = p0 + kPrefetchKeys; p < std::min(n, p0 + kPrefetchKeys + 4); ++p) {
@@ -46,13 +60,13 @@ GS_AVX2_FMA inline void attention_scores(const Paged& c, const QueryTask& task, 
     for (int64_t p = p0; p < std::min(n, p0 + 4); ++p) {
       prefetch_row(c.key(task.table, p, g) + c.v_shift(), c.D);
     }
-    const float* k[4];
+    const E* k[4];
     for (int j = 0; j < 4; ++j) k[j] = c.key(task.table, std::min(p0 + j, n - 1), g);
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
                      _mm256_setzero_ps()};
     for (int64_t d = 0; d < c.D; d += 8) {
       const __m256 qv = _mm256_loadu_ps(task.q + d);
-      for (int j = 0; j < 4; ++j) acc[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[j] + d), acc[j]);
+      for (int j = 0; j < 4; ++j) acc[j] = _mm256_fmadd_ps(qv, load8(k[j] + d), acc[j]);
     }
     // Key j's sum is ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)) in every slot j.
     const __m256 s = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
@@ -101,23 +115,24 @@ GS_AVX2_FMA inline float softmax_avx2(const QueryTask& task, float* s, int64_t n
 }
 
 // out[0 .. 8V) = inv * sum over p of w_p * v_p[d0 .. d0 + 8V), keys in position order.
-template <int V>
-GS_AVX2_FMA inline void weighted_values(const Paged& c, const QueryTask& task, int64_t g,
+template <int V, typename E>
+GS_AVX2_FMA inline void weighted_values(const PagedT<E>& c, const QueryTask& task, int64_t g,
                                         const float* w, int64_t n, int64_t d0, float inv) {
   __m256 acc[V];
   for (int i = 0; i < V; ++i) acc[i] = _mm256_setzero_ps();
   for (int64_t p = 0; p < n; ++p) {
     if (w[p] == 0.0f) continue;
-    const float* v = c.key(task.table, p, g) + c.v_shift() + d0;
+    const E* v = c.key(task.table, p, g) + c.v_shift() + d0;
     const __m256 wp = _mm256_set1_ps(w[p]);
-    for (int i = 0; i < V; ++i) acc[i] = _mm256_fmadd_ps(wp, _mm256_loadu_ps(v + 8 * i), acc[i]);
+    for (int i = 0; i < V; ++i) acc[i] = _mm256_fmadd_ps(wp, load8(v + 8 * i), acc[i]);
   }
   const __m256 scale = _mm256_set1_ps(inv);
   for (int i = 0; i < V; ++i) _mm256_storeu_ps(task.out + d0 + 8 * i, _mm256_mul_ps(acc[i], scale));
 }
 
 // scores: room for 2 (n + 8) floats.
-GS_AVX2_FMA inline void attend_avx2(const Paged& c, const QueryTask& task, int64_t g, float scale,
+template <typename E>
+GS_AVX2_FMA inline void attend_avx2(const PagedT<E>& c, const QueryTask& task, int64_t g, float scale,
                                     float* scores) {
   const int64_t n = task.hist + task.q_len;
   for (int64_t p = 0; p < std::min(n, kPrefetchKeys); ++p) prefetch_row(c.key(task.table, p, g), c.D);

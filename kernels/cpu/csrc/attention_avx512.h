@@ -19,7 +19,7 @@
 
 #include "attention_avx2.h"
 
-#define GS_AVX512 __attribute__((target("avx512f,avx512dq,avx512vl,avx2,fma")))
+#define GS_AVX512 __attribute__((target("avx512f,avx512dq,avx512vl,avx2,fma,f16c")))
 
 namespace goodspeed {
 
@@ -28,7 +28,8 @@ constexpr int64_t kMaxGroupHeads = 8;
 
 inline bool avx512_attention() {
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma");
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma") &&
+         __builtin_cpu_supports("f16c");
 }
 
 // The lane sums of a0 .. a3, in one fixed order: halves added, then the AVX2 hadd pattern.
@@ -41,6 +42,16 @@ GS_AVX512 inline __m128 sum4x16(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
   return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
 }
 
+// Sixteen cache elements widened to float32 (exact).
+GS_AVX512 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+GS_AVX512 inline __m512 load16(const Half* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
+}
+GS_AVX512 inline __m512 load16(const BFloat16* p) {
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+
 // The query heads of one task: head i's query q[i] and output out[i], each [D].
 struct HeadGroup {
   const float* q[kMaxGroupHeads];
@@ -48,8 +59,8 @@ struct HeadGroup {
 };
 
 // scores[h * stride + p] = q_h . k_p * scale for the keys the token sees, -inf for the others.
-template <int G>
-GS_AVX512 inline void group_scores(const Paged& c, const QueryTask& task, const HeadGroup& heads,
+template <int G, typename E>
+GS_AVX512 inline void group_scores(const PagedT<E>& c, const QueryTask& task, const HeadGroup& heads,
                                    int64_t g, float scale, int64_t n, float* scores,
                                    int64_t stride) {
   const int64_t V = c.D / 16;
@@ -62,7 +73,7 @@ GS_AVX512 inline void group_scores(const Paged& c, const QueryTask& task, const 
     for (int64_t p = p0; p < std::min(n, p0 + 4); ++p) {
       prefetch_row(c.key(task.table, p, g) + c.v_shift(), c.D);
     }
-    const float* k[4];
+    const E* k[4];
     bool seen[4];
     for (int j = 0; j < 4; ++j) {
       k[j] = c.key(task.table, std::min(p0 + j, n - 1), g);
@@ -74,7 +85,7 @@ GS_AVX512 inline void group_scores(const Paged& c, const QueryTask& task, const 
       for (int64_t v = 0; v < V; ++v) {
         const __m512 qv = _mm512_loadu_ps(heads.q[h] + 16 * v);
         for (int j = 0; j < 4; ++j) {
-          acc[j] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k[j] + 16 * v), acc[j]);
+          acc[j] = _mm512_fmadd_ps(qv, load16(k[j] + 16 * v), acc[j]);
         }
       }
       alignas(16) float sums[4];
@@ -93,8 +104,8 @@ template <int G>
 constexpr int kValueVectors = std::min(8, (31 - G) / G);
 
 // out_h[d0 .. d0 + 16 nv) = inv_h * sum over seen p of w_h[p] * v_p[...], keys in order.
-template <int G>
-GS_AVX512 inline void group_values(const Paged& c, const QueryTask& task, const HeadGroup& heads,
+template <int G, typename E>
+GS_AVX512 inline void group_values(const PagedT<E>& c, const QueryTask& task, const HeadGroup& heads,
                                    int64_t g, const float* w, int64_t stride, int64_t n,
                                    int64_t d0, int nv, const float* inv) {
   constexpr int VC = kValueVectors<G>;
@@ -104,12 +115,12 @@ GS_AVX512 inline void group_values(const Paged& c, const QueryTask& task, const 
   }
   for (int64_t p = 0; p < n; ++p) {
     if (!task.visible(p)) continue;  // weight 0 for every head of this token
-    const float* v = c.key(task.table, p, g) + c.v_shift() + d0;
+    const E* v = c.key(task.table, p, g) + c.v_shift() + d0;
     __m512 wp[G];
     for (int h = 0; h < G; ++h) wp[h] = _mm512_set1_ps(w[h * stride + p]);
     for (int i = 0; i < VC; ++i) {
       if (i >= nv) break;
-      const __m512 vv = _mm512_loadu_ps(v + 16 * i);
+      const __m512 vv = load16(v + 16 * i);
       for (int h = 0; h < G; ++h) acc[h][i] = _mm512_fmadd_ps(wp[h], vv, acc[h][i]);
     }
   }
@@ -122,8 +133,8 @@ GS_AVX512 inline void group_values(const Paged& c, const QueryTask& task, const 
 }
 
 // One token's attention for the G query heads of KV head g. scores: room for G (2 n + 16).
-template <int G>
-GS_AVX512 inline void attend_group(const Paged& c, const QueryTask& task, const HeadGroup& heads,
+template <int G, typename E>
+GS_AVX512 inline void attend_group(const PagedT<E>& c, const QueryTask& task, const HeadGroup& heads,
                                    int64_t g, float scale, float* scores) {
   const int64_t n = task.hist + task.q_len, stride = n + 8;
   for (int64_t p = 0; p < std::min(n, kPrefetchKeys); ++p) prefetch_row(c.key(task.table, p, g), c.D);
@@ -139,7 +150,8 @@ GS_AVX512 inline void attend_group(const Paged& c, const QueryTask& task, const 
 }
 
 // Dispatch on the group size (1 .. kMaxGroupHeads).
-inline void attend_group_any(int64_t G, const Paged& c, const QueryTask& task,
+template <typename E>
+inline void attend_group_any(int64_t G, const PagedT<E>& c, const QueryTask& task,
                              const HeadGroup& heads, int64_t g, float scale, float* scores) {
   switch (G) {
     case 1: attend_group<1>(c, task, heads, g, scale, scores); break;

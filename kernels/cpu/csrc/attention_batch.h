@@ -32,4 +32,27 @@ inline AttentionBatch attention_batch(const at::Tensor& slots, const at::Tensor&
                         T};
 }
 
+// f(PagedT<E>) over a layer's cache [blocks, 2, block_size, kv_heads, D], E its element type.
+inline bool is_kv_cache(const at::Tensor& cache, int64_t kv_heads, int64_t D) {
+  const auto type = cache.scalar_type();
+  return cache.is_contiguous() && cache.dim() == 5 && cache.size(3) == kv_heads &&
+         cache.size(4) == D && (type == at::kFloat || type == at::kHalf || type == at::kBFloat16);
+}
+
+template <typename F>
+inline void with_paged(const at::Tensor& cache, int64_t kv_heads, int64_t D, F&& f) {
+  TORCH_CHECK(is_kv_cache(cache, kv_heads, D),
+              "a KV cache is a contiguous float32, float16 or bfloat16 [blocks, 2, block_size, "
+              "kv_heads, D] tensor");
+  const int64_t block_size = cache.size(2);
+  void* data = cache.data_ptr();
+  switch (cache.scalar_type()) {
+    case at::kHalf: f(PagedT<Half>(static_cast<Half*>(data), block_size, kv_heads, D)); break;
+    case at::kBFloat16:
+      f(PagedT<BFloat16>(static_cast<BFloat16*>(data), block_size, kv_heads, D));
+      break;
+    default: f(PagedT<float>(static_cast<float*>(data), block_size, kv_heads, D)); break;
+  }
+}
+
 }  // namespace goodspeed

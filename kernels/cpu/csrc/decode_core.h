@@ -18,11 +18,16 @@
 #include <limits>
 #include <vector>
 
+#include "kv_elements.h"
 #include "vec_math.h"
 
 namespace goodspeed {
 
-inline bool avx2_fma() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
+// AVX2 paths also widen float16 KV with F16C, which every AVX2 CPU has.
+inline bool avx2_fma() {
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+         __builtin_cpu_supports("f16c");
+}
 
 // A [rows, cols] float32 matrix with contiguous rows, `stride` floats apart.
 struct Mat {
@@ -98,20 +103,22 @@ inline void silu_mul_rows(Mat gate_up, Mat out, int64_t T, int64_t I) {
 }
 
 // ---- paged attention ----
-struct Paged {
-  float* cache;  // [blocks, 2, block_size, kv_heads, D]
+// The cache of one layer, elements E (kv_elements.h): [blocks, 2, block_size, kv_heads, D].
+template <typename E>
+struct PagedT {
+  E* cache;
   int64_t block_size, kv_heads, D;
   int shift;  // log2(block_size) when it is a power of two, else -1
-  Paged(float* cache_, int64_t block_size_, int64_t kv_heads_, int64_t D_)
+  PagedT(E* cache_, int64_t block_size_, int64_t kv_heads_, int64_t D_)
       : cache(cache_), block_size(block_size_), kv_heads(kv_heads_), D(D_), shift(-1) {
     if ((block_size & (block_size - 1)) == 0) shift = __builtin_ctzll((unsigned long long)block_size);
   }
-  float* k_of(int32_t block, int64_t offset, int64_t head) const {
+  E* k_of(int32_t block, int64_t offset, int64_t head) const {
     return cache + ((block * 2 * block_size + offset) * kv_heads + head) * D;
   }
   int64_t v_shift() const { return block_size * kv_heads * D; }  // V sits block_size rows on
   // Key p of a request (its block table), KV head g.
-  const float* key(const int32_t* table, int64_t p, int64_t g) const {
+  const E* key(const int32_t* table, int64_t p, int64_t g) const {
     if (shift >= 0) return k_of(table[p >> shift], p & (block_size - 1), g);
     return k_of(table[p / block_size], p % block_size, g);
   }
@@ -144,23 +151,24 @@ inline float softmax_(float* s, int64_t n) {
 }
 
 // The portable path (no AVX2, or D % 8 != 0): plain loops in position order.
-inline void attend_scalar(const Paged& c, const QueryTask& task, int64_t g, float scale,
+template <typename E>
+inline void attend_scalar(const PagedT<E>& c, const QueryTask& task, int64_t g, float scale,
                           float* scores) {
   const int64_t n = task.hist + task.q_len, D = c.D;
   for (int64_t p = 0; p < n; ++p) {
     scores[p] = -std::numeric_limits<float>::infinity();
     if (!task.visible(p)) continue;
-    const float* k = c.key(task.table, p, g);
+    const E* k = c.key(task.table, p, g);
     float acc = 0.0f;
-    for (int64_t d = 0; d < D; ++d) acc += task.q[d] * k[d];
+    for (int64_t d = 0; d < D; ++d) acc += task.q[d] * to_float(k[d]);
     scores[p] = acc * scale;
   }
   const float inv = softmax_(scores, n);
   for (int64_t d = 0; d < D; ++d) task.out[d] = 0.0f;
   for (int64_t p = 0; p < n; ++p) {
     if (scores[p] == 0.0f) continue;
-    const float* v = c.key(task.table, p, g) + c.v_shift();
-    for (int64_t d = 0; d < D; ++d) task.out[d] += scores[p] * v[d];
+    const E* v = c.key(task.table, p, g) + c.v_shift();
+    for (int64_t d = 0; d < D; ++d) task.out[d] += scores[p] * to_float(v[d]);
   }
   for (int64_t d = 0; d < D; ++d) task.out[d] *= inv;
 }
@@ -212,17 +220,18 @@ inline QueryTask query_task(Heads q, const AttentionBatch& b, int64_t t, int64_t
 
 // q [T, H, D] and k, v [T, Hkv, D]; out [T, H, D] contiguous. Writes k/v into the cache, then
 // attends each (token, KV head) pair.
-inline void paged_attention(const Paged& c, Heads q, Heads k, Heads v, int64_t H,
+template <typename E>
+inline void paged_attention(const PagedT<E>& c, Heads q, Heads k, Heads v, int64_t H,
                             const AttentionBatch& b, float scale, float* out) {
   const int64_t D = c.D, Hkv = c.kv_heads;
   for (int64_t t = 0; t < b.T; ++t) {
     const int64_t block = b.slots[t] / c.block_size, offset = b.slots[t] % c.block_size;
-    float* k_dst = c.k_of((int32_t)block, offset, 0);
+    E* k_dst = c.k_of((int32_t)block, offset, 0);
     for (int64_t h = 0; h < Hkv; ++h) {
       const float* ks = k.at(t, h);
       const float* vs = v.at(t, h);
-      std::copy(ks, ks + D, k_dst + h * D);
-      std::copy(vs, vs + D, k_dst + c.v_shift() + h * D);
+      for (int64_t d = 0; d < D; ++d) store_kv(k_dst + h * D + d, ks[d]);
+      for (int64_t d = 0; d < D; ++d) store_kv(k_dst + c.v_shift() + h * D + d, vs[d]);
     }
   }
   const int64_t group = H / Hkv;

@@ -69,15 +69,14 @@ void paged_attention_out(const at::Tensor& q, const at::Tensor& k, const at::Ten
   check_float(q, 3, "q");
   check_float(k, 3, "k");
   check_float(v, 3, "v");
-  TORCH_CHECK(cache.is_contiguous() && cache.dim() == 5 && cache.scalar_type() == at::kFloat,
-              "cache must be a contiguous float32 [blocks, 2, block_size, kv_heads, D] tensor");
   TORCH_CHECK(out.is_contiguous() && out.sizes() == q.sizes(), "out must be contiguous like q");
   const int64_t T = q.size(0), H = q.size(1), D = q.size(2), Hkv = k.size(1);
-  TORCH_CHECK(H % Hkv == 0 && H / Hkv <= 64 && cache.size(3) == Hkv && cache.size(4) == D,
-              "head shapes (at most 64 query heads per KV head)");
+  TORCH_CHECK(H % Hkv == 0 && H / Hkv <= 64, "head shapes (at most 64 query heads per KV head)");
   const AttentionBatch batch = attention_batch(slots, block_tables, tokens, mask, T);
-  const Paged c{cache.data_ptr<float>(), cache.size(2), Hkv, D};
-  paged_attention(c, heads(q), heads(k), heads(v), H, batch, (float)scale, out.data_ptr<float>());
+  with_paged(cache, Hkv, D, [&](const auto& c) {
+    paged_attention(c, heads(q), heads(k), heads(v), H, batch, (float)scale,
+                    out.data_ptr<float>());
+  });
 }
 
 }  // namespace

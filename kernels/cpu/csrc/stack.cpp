@@ -151,10 +151,11 @@ class DecoderStack {
       rope_rows(qkv_data, QKV, D_, T, H_ + Hkv_, D_, pos, cos_.data_ptr<float>(),
                 sin_.data_ptr<float>());
       clock.lap(kRope);
-      const Paged cache{caches[i].data_ptr<float>(), caches[i].size(2), Hkv_, D_};
-      paged_attention(cache, Heads{qkv_data, QKV, D_}, Heads{qkv_data + H_ * D_, QKV, D_},
-                      Heads{qkv_data + (H_ + Hkv_) * D_, QKV, D_}, H_, batch, (float)scale,
-                      attended.data_ptr<float>());
+      with_paged(caches[i], Hkv_, D_, [&](const auto& cache) {
+        paged_attention(cache, Heads{qkv_data, QKV, D_}, Heads{qkv_data + H_ * D_, QKV, D_},
+                        Heads{qkv_data + (H_ + Hkv_) * D_, QKV, D_}, H_, batch, (float)scale,
+                        attended.data_ptr<float>());
+      });
       clock.lap(kAttention);
       linear(layer.o, mat(attended), om, T);
       clock.lap(kO);
@@ -206,9 +207,9 @@ class DecoderStack {
                 "num_layers out of range, or too few caches");
     for (int64_t i = 0; i < num_layers; ++i) {
       const at::Tensor& c = caches[i];
-      TORCH_CHECK(c.is_contiguous() && c.dim() == 5 && c.scalar_type() == at::kFloat &&
-                      c.size(3) == Hkv_ && c.size(4) == D_,
-                  "caches must be contiguous float32 [blocks, 2, block_size, kv_heads, D]");
+      TORCH_CHECK(is_kv_cache(c, Hkv_, D_),
+                  "caches must be contiguous float32, float16 or bfloat16 [blocks, 2, "
+                  "block_size, kv_heads, D]");
     }
     TORCH_CHECK(positions.scalar_type() == at::kLong && positions.is_contiguous() &&
                     positions.numel() == T,

@@ -3,7 +3,7 @@
 
 #include <immintrin.h>
 
-#define GS_AVX2_FMA __attribute__((target("avx2,fma")))
+#define GS_AVX2_FMA __attribute__((target("avx2,fma,f16c")))
 
 namespace goodspeed {
 

@@ -33,12 +33,14 @@ def attention_isa(request, native):
     native.set_attention_isa_cap(2)
 
 
-def backends(num_kv_heads: int, head_dim: int, block_size: int):
+# What the cache stores: float32, or 16-bit floats the kernels widen on load.
+KV_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def backends(num_kv_heads: int, head_dim: int, block_size: int, kv_dtype=torch.float32):
     from kernels.cpu.paged_attention import CpuPagedBackend
 
-    spec = KVCacheSpec(
-        NUM_LAYERS, NUM_BLOCKS, block_size, num_kv_heads, head_dim, torch.float32, "cpu"
-    )
+    spec = KVCacheSpec(NUM_LAYERS, NUM_BLOCKS, block_size, num_kv_heads, head_dim, kv_dtype, "cpu")
     fast, slow = CpuPagedBackend(), ReferenceBackend()
     fast.allocate(spec)
     slow.allocate(spec)
@@ -56,8 +58,22 @@ def qkv(n: int, heads: int, kv_heads: int, head_dim: int, generator: torch.Gener
 @pytest.mark.parametrize("block_size", [4, 16])
 @pytest.mark.parametrize("seed", range(3))
 def test_matches_reference(kind, heads, kv_heads, head_dim, block_size, seed) -> None:
+    check_against_reference(kind, heads, kv_heads, head_dim, block_size, seed, torch.float32)
+
+
+@pytest.mark.parametrize("kv_dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("heads, kv_heads, head_dim", SHAPES)
+@pytest.mark.parametrize("seed", range(2))
+def test_a_16_bit_cache_matches_reference(kv_dtype, heads, kv_heads, head_dim, seed) -> None:
+    """Both backends read the same rounded keys and values: the outputs agree as closely as
+    with a float32 cache, and the kernel rounds what it writes exactly as torch does."""
+    dtype = KV_DTYPES[kv_dtype]
+    check_against_reference("mixed", heads, kv_heads, head_dim, 16, seed, dtype)
+
+
+def check_against_reference(kind, heads, kv_heads, head_dim, block_size, seed, kv_dtype) -> None:
     rng, generator = random.Random(seed), torch.Generator().manual_seed(seed)
-    fast, slow = backends(kv_heads, head_dim, block_size)
+    fast, slow = backends(kv_heads, head_dim, block_size, kv_dtype)
     cases = random_cases(rng, rng.randint(1, 6), KINDS[kind])
     metadata, _ = make_metadata(rng, cases, block_size, NUM_BLOCKS)
     fast.plan(metadata)
@@ -75,10 +91,58 @@ def test_matches_reference(kind, heads, kv_heads, head_dim, block_size, seed) ->
         assert torch.equal(fast.kv_caches[layer], slow.kv_caches[layer])
 
 
-def run_alone_and_batched(cases: list[RequestCase], seed: int):
+@pytest.mark.parametrize("kv_dtype", ["float16", "bfloat16"])
+def test_writes_round_like_torch_at_the_edges(kv_dtype: str) -> None:
+    """Ties, overflow, subnormals, signed zeros, infinities: the kernel's store gives torch's
+    bits (NaN stays NaN)."""
+    dtype = KV_DTYPES[kv_dtype]
+    fast, _ = backends(1, 16, 16, dtype)
+    tiny, big = torch.finfo(dtype).tiny, torch.finfo(dtype).max
+    eps = torch.finfo(dtype).eps
+    edges = [
+        0.0,
+        -0.0,
+        1.0 + eps / 2,
+        1.0 + 1.5 * eps,
+        -(1.0 + eps / 2),
+        big,
+        big * 1.0001,
+        -big * 1.001,
+        tiny / 2,
+        tiny / 3,
+        tiny * 0.75,
+        -tiny / 1024,
+        1e-30,
+        65519.0,
+        65520.0,
+        float("inf"),
+        float("-inf"),
+        3.0e38,
+        1.0 / 3.0,
+        -2.5e-8,
+        6.0e-8,
+        1.0e-45,
+    ]
+    values = torch.tensor(edges + [0.0] * (-len(edges) % 16), dtype=torch.float32).view(-1, 1, 16)
+    n = values.shape[0]
+    metadata, _ = make_metadata(random.Random(0), [RequestCase(0, n)], 16, NUM_BLOCKS)
+    fast.plan(metadata)
+    fast.forward(0, torch.zeros(n, 1, 16), values, values, 1.0)
+    slots = metadata.slot_mapping.long()
+    written = fast.kv_caches[0].view(-1, 2, 16, 1, 16)  # [blocks, k|v, slot, head, D]
+    keys = written[slots // 16, 0, slots % 16, 0]
+    assert torch.equal(keys.view(torch.int16), values[:, 0].to(dtype).view(torch.int16))
+    nan = fast.kv_caches[0].clone()
+    fast.plan(metadata)
+    fast.forward(0, torch.zeros(n, 1, 16), torch.full_like(values, float("nan")), values, 1.0)
+    assert fast.kv_caches[0].view(-1, 2, 16, 1, 16)[slots // 16, 0, slots % 16, 0].isnan().all()
+    assert not torch.equal(nan, fast.kv_caches[0])
+
+
+def run_alone_and_batched(cases: list[RequestCase], seed: int, kv_dtype=torch.float32):
     """Each request's output alone (one plan per request) and inside the whole batch."""
     rng, generator = random.Random(seed), torch.Generator().manual_seed(seed)
-    fast, _ = backends(3, 64, 16)
+    fast, _ = backends(3, 64, 16, kv_dtype)
     metadata, _ = make_metadata(rng, cases, 16, NUM_BLOCKS)
     fast.kv_caches[0].copy_(torch.randn(fast.kv_caches[0].shape, generator=generator))
     q, k, v = qkv(metadata.num_tokens, 9, 3, 64, generator)
@@ -109,18 +173,20 @@ def single_request(metadata, i: int, rows: slice):
     )
 
 
+@pytest.mark.parametrize("kv_dtype", sorted(KV_DTYPES))
 @pytest.mark.parametrize("seed", range(4))
-def test_a_request_is_bitwise_the_same_alone_and_in_a_batch(seed: int) -> None:
+def test_a_request_is_bitwise_the_same_alone_and_in_a_batch(seed: int, kv_dtype: str) -> None:
     cases = random_cases(random.Random(100 + seed), 6, KINDS["mixed"])
-    for batched, alone in run_alone_and_batched(cases, seed):
+    for batched, alone in run_alone_and_batched(cases, seed, KV_DTYPES[kv_dtype]):
         assert torch.equal(batched, alone)
 
 
-def test_a_chain_token_gets_the_output_of_a_decode_step() -> None:
+@pytest.mark.parametrize("kv_dtype", sorted(KV_DTYPES))
+def test_a_chain_token_gets_the_output_of_a_decode_step(kv_dtype: str) -> None:
     """Verify a 5-token chain after 37 tokens of history, then decode each of those tokens on
     its own over the same cache: the outputs are bitwise equal."""
     generator = torch.Generator().manual_seed(7)
-    fast, _ = backends(3, 64, 16)
+    fast, _ = backends(3, 64, 16, KV_DTYPES[kv_dtype])
     fast.kv_caches[0].copy_(torch.randn(fast.kv_caches[0].shape, generator=generator))
     history, chain = 37, 5
     cases = [RequestCase(history, chain)]
@@ -136,7 +202,8 @@ def test_a_chain_token_gets_the_output_of_a_decode_step() -> None:
         assert torch.equal(decoded[0], verified[j])
 
 
-def test_a_tree_node_gets_the_output_of_decoding_its_path() -> None:
+@pytest.mark.parametrize("kv_dtype", sorted(KV_DTYPES))
+def test_a_tree_node_gets_the_output_of_decoding_its_path(kv_dtype: str) -> None:
     """Verify a tree (root + six nodes, unseen siblings between a node and its ancestors), then,
     on a copy of the cache, decode one path's tokens one by one at consecutive positions (as
     after acceptance): each gets bitwise its node's verified output (the softmax sums the seen
@@ -144,7 +211,8 @@ def test_a_tree_node_gets_the_output_of_decoding_its_path() -> None:
     from kernels.attention import AttentionMetadata
 
     generator = torch.Generator().manual_seed(11)
-    tree, decode = backends(3, 64, 16)[0], backends(3, 64, 16)[0]
+    dtype = KV_DTYPES[kv_dtype]
+    tree, decode = backends(3, 64, 16, dtype)[0], backends(3, 64, 16, dtype)[0]
     initial = torch.randn(tree.kv_caches[0].shape, generator=generator)
     tree.kv_caches[0].copy_(initial)
     decode.kv_caches[0].copy_(initial)

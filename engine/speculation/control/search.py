@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from engine.speculation.control.search_problem import SearchProblem, SearchResult, SearchSlot
+from engine.speculation.control.step_features import ROW_KNOTS, StepFeatures
 
 __all__ = ["SearchProblem", "SearchResult", "SearchSlot", "best_lengths"]
 
@@ -53,7 +54,8 @@ def best_lengths(problem: SearchProblem) -> SearchResult:
         best = _best_uniform(problem, best, picks)
     max_cap = max((o.cap for options in problem.options for o in options), default=0)
     if problem.any_draft:
-        caps = range(0 if problem.any_free else 1, _max_draft_cap(problem) + 1)
+        lowest = max(0 if problem.any_free else 1, _forced_passes(problem))
+        caps = range(lowest, _max_draft_cap(problem) + 1)
     else:
         caps = range(max_cap, max_cap + 1)
     start = best
@@ -61,27 +63,47 @@ def best_lengths(problem: SearchProblem) -> SearchResult:
         ks, picks = _dinkelbach(problem, cap, start)
         ks = _within_budget(problem, ks, picks)
         result = problem.evaluate(ks, picks)
-        if result.goodput > best.goodput * (1.0 + 1e-12):
+        if result.goodput > best.goodput * (1.0 + 1e-12) and _keeps_floors(problem, result):
             best = result
     return best
+
+
+def _forced_passes(problem: SearchProblem) -> int:
+    """The fewest draft-model passes every plan runs: a slot whose only options run the draft
+    model and that is forced to speculate (an exploration probe) needs `floor` of them."""
+    return max(
+        (
+            min(o.floor for o in options)
+            for options, flags in zip(problem.options, problem.draft_flags)
+            if all(flags)
+        ),
+        default=0,
+    )
+
+
+def _keeps_floors(problem: SearchProblem, result: SearchResult) -> bool:
+    slots = problem.chosen(result.picks)
+    return all(k >= s.floor for s, k in zip(slots, result.ks))
 
 
 def _floors_are_best(problem: SearchProblem, floors: SearchResult) -> bool:
     """Whether no plan beats the floors (every request at its floor, most often no drafts at
     all), checked in one pass: the common case under load at low acceptance, where the full
-    search cost ~1 ms a step. Exact when nothing is shared between requests (no draft-model
-    passes, no eager step): the step time is convex in the drafts (a linear model whose row
-    ramps are nonnegative), so every draft past the floors costs at least the first one does
-    without a new speculating request (`token`), and a newly speculating request at least the
-    model's per-request term (`request`). A plan beats the floors' goodput L only if some
-    request's extra expected tokens exceed L times that lower bound of its extra seconds."""
+    search cost ~1 ms a step. Only when nothing is shared between requests (no draft-model
+    passes, no eager step): then a plan's extra seconds are T(D) - T(0) for its D extra drafts
+    plus `request` per newly speculating request. The step time is piecewise linear in the
+    rows between the cost model's ROW_KNOTS, not convex (a jump where the few-row matmul path
+    ends), so the cheapest draft is priced at the least average cost of D drafts over every D,
+    (T(D) - T(0)) / D, which on each linear piece is least at one of its ends. A plan beats
+    the floors' goodput L only if some request's extra expected tokens exceed L times that
+    lower bound of its extra seconds, so "floors" is only returned at the optimum."""
     if problem.any_draft or problem.graphs.eager_on_drafts:
         return False
     predict = problem.cost_model.predict
     features = problem.features(floors.ks, floors.picks)
     seconds = predict(features)
+    token = _least_draft_seconds(problem, floors, features, seconds)
     one_more = features.with_drafts(1, 0)
-    token = max(0.0, predict(one_more) - seconds)
     request = max(0.0, predict(one_more.with_drafts(0, 1)) - predict(one_more))
     level = floors.goodput
     for options, floor_k in zip(problem.options, floors.ks):
@@ -92,6 +114,25 @@ def _floors_are_best(problem: SearchProblem, floors: SearchResult) -> bool:
                 if slot.cumulative[k] - base > level * (fixed + (k - floor_k) * token):
                     return False
     return True
+
+
+def _least_draft_seconds(
+    problem: SearchProblem, floors: SearchResult, features: StepFeatures, seconds: float
+) -> float:
+    """min over D of (T(D extra drafts) - T(floors)) / D, at D = 1, the most drafts, and the
+    D on either side of every row knot (the ends of the step time's linear pieces)."""
+    most = sum(max(o.cap for o in options) - k for options, k in zip(problem.options, floors.ks))
+    rows = features.num_batched_tokens
+    ds = {1, most} | {knot - rows + i for knot in ROW_KNOTS for i in (0, 1)}
+    predict = problem.cost_model.predict
+    return max(
+        0.0,
+        min(
+            (predict(features.with_drafts(d, 0)) - seconds) / d
+            for d in ds
+            if 1 <= d <= max(1, most)
+        ),
+    )
 
 
 def _one_request(problem: SearchProblem) -> SearchResult:
@@ -184,7 +225,9 @@ def _dinkelbach(
     goodput of `start`; (ks, picks)."""
     picks = list(start.picks)
     slots = problem.chosen(picks)
-    ks = [min(k, cap) if problem.runs_draft(s) else k for s, k in zip(slots, start.ks)]
+    ks = [
+        max(s.floor, min(k, cap)) if problem.runs_draft(s) else k for s, k in zip(slots, start.ks)
+    ]
     level, best_ks, best_picks, best_goodput = start.goodput, ks, picks, start.goodput
     for _ in range(MAX_ROUNDS):
         costs = _marginal_costs(problem, ks, picks, cap)

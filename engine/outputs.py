@@ -81,10 +81,16 @@ class DraftTree:
 
     token_ids: tuple[int, ...]
     parent_ids: tuple[int | None, ...]
+    # Per node, the rank of its token among the proposer's candidates after its parent (trees
+    # filled from a template, which may skip a rank); None: a node's index among its siblings
+    # is its rank. Tree-shape learning credits acceptance to these ranks.
+    ranks: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.parent_ids):
             raise ValueError("token_ids and parent_ids must have the same length")
+        if self.ranks is not None and len(self.ranks) != len(self.token_ids):
+            raise ValueError("ranks, when given, must have one entry per node")
         for i, parent in enumerate(self.parent_ids):
             if parent is not None and not 0 <= parent < i:
                 raise ValueError(f"node {i}: parent {parent} must precede it")

@@ -96,6 +96,7 @@ class DraftModelProposer:
     def propose(self, requests: Sequence[ProposeRequest]) -> Drafts:
         start = time.perf_counter()
         asks = [ask for ask in map(self._fit, requests) if ask is not None]
+        catchup = sum(self.catchup_tokens(ask.memos, len(ask.token_ids)) for ask in asks)
         drafts = Drafts()
         chains = [ask for ask in asks if not ask.tree]
         if chains:
@@ -103,7 +104,17 @@ class DraftModelProposer:
         trees = [ask for ask in asks if ask.tree]
         if trees:
             self._propose_trees(trees, drafts)
-        return dataclasses.replace(drafts, proposer_time=time.perf_counter() - start)
+        seconds = time.perf_counter() - start
+        return dataclasses.replace(drafts, proposer_time=seconds, num_catchup_tokens=catchup)
+
+    def catchup_tokens(self, memos: dict, num_tokens: int) -> int:
+        """Verified tokens the next catch-up feeds past the root (all since the draft last ran,
+        the whole context on a first run; 0 for a self-draft). Ignores a block id changed by
+        copy-on-write, which feeds a block more."""
+        if self.runner.shares_target_cache or num_tokens == 0:
+            return 0
+        state = memos.get(self.name)
+        return num_tokens - 1 - min(state.num_computed if state else 0, num_tokens - 1)
 
     def observe(self, observations: Sequence[Observation]) -> None:
         return None  # the next catch-up syncs from ProposeRequest.token_ids

@@ -93,6 +93,7 @@ class GoodputPolicy(SpecPolicy):
         # Seconds a plan takes (an exponential average of this policy's own plans): part of
         # every step's time, so the objective pays it like the step's fixed costs.
         self.plan_seconds = 0.0
+        self._catchup_per_token = 0.0  # the cost model's, refreshed every plan
 
     @property
     def choice(self) -> bool:
@@ -114,12 +115,14 @@ class GoodputPolicy(SpecPolicy):
 
     def _catchup_seconds(self, candidate: SpecCandidate) -> float:
         """The cost model's seconds for the draft model's catch-up on this request, paid when
-        it drafts for it (linear in the tokens, so priced per request like CPU time)."""
-        if candidate.num_catchup_tokens == 0:
-            return 0.0
-        predict = self.cost_model.predict
-        fed = StepFeatures(num_catchup_tokens=candidate.num_catchup_tokens)
-        return max(0.0, predict(fed) - predict(StepFeatures()))
+        it drafts for it (a linear term, so priced per request like CPU time)."""
+        return self._catchup_per_token * candidate.num_catchup_tokens
+
+    def _price_catchup(self) -> None:
+        """The cost model's seconds per catch-up token, once per plan."""
+        predict, tokens = self.cost_model.predict, 1024
+        fed = predict(StepFeatures(num_catchup_tokens=tokens)) - predict(StepFeatures())
+        self._catchup_per_token = max(0.0, fed) / tokens
 
     def _gains(self, a: float, cap: int, acceptance: AcceptanceEstimator) -> Sequence[float]:
         """Chains: a^j. Trees: the learned shape's node path probabilities, scaled by how this
@@ -165,6 +168,7 @@ class GoodputPolicy(SpecPolicy):
 
     def _plan(self, candidates: Sequence[SpecCandidate], base: StepFeatures) -> SpecPlan:
         self._num_plans += 1
+        self._price_catchup()
         options = [[self._slot(c, name) for name in self.proposers] for c in candidates]
         self._explore(candidates, options)
         if self.cost_model.fitted:

@@ -50,19 +50,24 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     for vocab in (49152, 151936):
         for rows in args.rows:
-            probs = torch.softmax(torch.randn(rows, vocab) * 3, dim=-1)
-            keys = torch.from_numpy(race_keys(range(rows), [0] * rows))
-            uniforms = torch.rand(rows, dtype=torch.float64)
-            cases = {
-                "noise native": lambda: race_uniforms(keys, vocab),
-                "noise torch": lambda: race_uniforms_torch(keys, vocab),
-                "race": lambda: sample_from_probs(probs, keys),
-                "inverse cdf": lambda: inverse_cdf(probs, uniforms),
-            }
+            timed = cases(vocab, rows)
             cells = [
-                f"{name} {median_ms(fn, args.repeats) / rows:6.3f}" for name, fn in cases.items()
+                f"{name} {median_ms(fn, args.repeats) / rows:6.3f}" for name, fn in timed.items()
             ]
             print(f"V={vocab:6d} rows={rows:2d}  ms/row: " + "  ".join(cells), flush=True)
+
+
+def cases(vocab: int, rows: int) -> dict:
+    """The timed calls on `rows` random rows of a `vocab`-token distribution."""
+    probs = torch.softmax(torch.randn(rows, vocab) * 3, dim=-1)
+    keys = torch.from_numpy(race_keys(range(rows), [0] * rows))
+    uniforms = torch.rand(rows, dtype=torch.float64)
+    return {
+        "noise native": lambda: race_uniforms(keys, vocab),
+        "noise torch": lambda: race_uniforms_torch(keys, vocab),
+        "race": lambda: sample_from_probs(probs, keys),
+        "inverse cdf": lambda: inverse_cdf(probs, uniforms),
+    }
 
 
 if __name__ == "__main__":

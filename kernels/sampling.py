@@ -39,6 +39,7 @@ _UNIFORM_BITS = 23  # float32 holds (bits + 0.5) / 2^23 exactly
 
 def race_uniforms(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """keys int64 [N] -> float32 [N, vocab_size] in (0, 1), on keys' device: u(key_i, x)."""
+    _check_keys(keys)
     if keys.device.type == "cpu":
         ops = load_native()
         if ops is not None:
@@ -48,10 +49,16 @@ def race_uniforms(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
 
 def race_uniforms_torch(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """race_uniforms in PyTorch on any device (the native kernel's twin, bit for bit)."""
+    _check_keys(keys)
     tokens = torch.arange(vocab_size, dtype=torch.int64, device=keys.device)
-    bits = _splitmix64(keys.to(torch.int64)[:, None] ^ (tokens * _GOLDEN))
+    bits = _splitmix64(keys[:, None] ^ (tokens * _GOLDEN))
     top = _shift_right(bits, 64 - _UNIFORM_BITS)
     return (top.float() + 0.5) * (1.0 / (1 << _UNIFORM_BITS))
+
+
+def _check_keys(keys: torch.Tensor) -> None:
+    if keys.dtype != torch.int64 or keys.dim() != 1:
+        raise ValueError(f"race keys must be int64 [N] (engine/sample/rng.py), got {keys.dtype}")
 
 
 def _shift_right(x: torch.Tensor, bits: int) -> torch.Tensor:

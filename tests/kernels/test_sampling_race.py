@@ -87,3 +87,10 @@ def test_raced_pairs_agree_at_least_as_often_as_the_coupling_bound():
             assert rate <= 1 - tv + 4 * error + 1e-9  # no coupling beats the optimum
             checked += 1
     assert checked == 30
+
+
+def test_keys_of_the_wrong_type_are_refused():
+    with pytest.raises(ValueError, match="int64"):
+        race_uniforms(torch.tensor([0.5], dtype=torch.float64), 8)
+    with pytest.raises(ValueError, match="int64"):
+        race_uniforms_torch(torch.tensor([0.5], dtype=torch.float64), 8)

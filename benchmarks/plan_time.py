@@ -1,23 +1,30 @@
-"""Milliseconds per GoodputPolicy.plan() (the goodput search) by batch size and proposers.
+"""Milliseconds per GoodputPolicy.plan() (the goodput search) by batch size and proposers,
+and their share of the step time the plan predicts.
 
 The cost model is an OnlineLinearCostModel fitted on synthetic step times over the start-up
 profile grid (draft passes included), each request has its own acceptance per proposer, and
 every plan is timed whole (slots, exploration, search), as the engine runs it each step, in
-CPU time of this process (the best of --repeats runs).
+CPU time of this process (the median over --repeats runs of --rounds plans each).
 
-    .venv/bin/python benchmarks/plan_time.py --requests 8 32 --k 4
+    .venv/bin/python benchmarks/plan_time.py --requests 8 32 64 --k 4
 """
 
 from __future__ import annotations
 
 import argparse
 import random
+import statistics
+import sys
 import time
+from pathlib import Path
 
-from engine.speculation.control.cost_model import OnlineLinearCostModel
-from engine.speculation.control.goodput import GoodputPolicy
-from engine.speculation.control.policy import SpecCandidate, SpecResult
-from engine.speculation.control.step_features import StepFeatures, profile_grid
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engine.request import SpecState  # noqa: E402
+from engine.speculation.control.cost_model import OnlineLinearCostModel  # noqa: E402
+from engine.speculation.control.goodput import GoodputPolicy  # noqa: E402
+from engine.speculation.control.policy import SpecCandidate, SpecResult  # noqa: E402
+from engine.speculation.control.step_features import StepFeatures, profile_grid  # noqa: E402
 
 PROPOSER_SETS = {
     "ngram": ("ngram",),
@@ -40,7 +47,10 @@ def fitted_model(k: int) -> OnlineLinearCostModel:
     return model
 
 
-def time_plans(names: tuple[str, ...], num_requests: int, k: int, rounds: int) -> float:
+def time_plans(
+    names: tuple[str, ...], num_requests: int, k: int, rounds: int
+) -> tuple[float, float]:
+    """(ms per plan, the plan's predicted step in ms)."""
     rng = random.Random(0)
     policy = GoodputPolicy(
         fitted_model(k),
@@ -48,33 +58,39 @@ def time_plans(names: tuple[str, ...], num_requests: int, k: int, rounds: int) -
         draft_model="draft" in names,
         proposers=names if len(names) > 1 else (),
     )
-    ids = [f"r{i}" for i in range(num_requests)]
-    for request_id in ids:
+    records = {f"r{i}": SpecState() for i in range(num_requests)}
+    for request_id, record in records.items():
         for name in names:
             accepted = rng.randint(0, k)
-            policy.observe([SpecResult(request_id, k, accepted, name)], StepFeatures(), 0.0)
-    candidates = [SpecCandidate(request_id, 500, k) for request_id in ids]
+            result = SpecResult(request_id, k, accepted, name, spec=record)
+            policy.observe([result], StepFeatures(), 0.0)
+    candidates = [SpecCandidate(r, 500, k, record) for r, record in records.items()]
     base = StepFeatures.from_shapes([(500, 1, 0)] * num_requests)
     start = time.process_time()  # CPU time: robust to other processes sharing the cores
     for _ in range(rounds):
         policy.plan(candidates, base)
-    return (time.process_time() - start) / rounds * 1e3
+    ms = (time.process_time() - start) / rounds * 1e3
+    return ms, (policy.last_predicted_step_time or 0.0) * 1e3
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--requests", type=int, nargs="+", default=[8, 32])
+    parser.add_argument("--requests", type=int, nargs="+", default=[8, 32, 64])
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     for num_requests in args.requests:
         for label, names in PROPOSER_SETS.items():
-            runs = (
+            runs = [
                 time_plans(names, num_requests, args.k, args.rounds) for _ in range(args.repeats)
+            ]
+            ms = statistics.median(ms for ms, _ in runs)
+            step = runs[0][1]
+            print(
+                f"{num_requests:4d} requests  {label:22s} {ms:7.3f} ms/plan"
+                f"  predicted step {step:6.1f} ms  ({100 * ms / step:4.1f}%)"
             )
-            ms = min(runs)
-            print(f"{num_requests:4d} requests  {label:22s} {ms:7.3f} ms/plan")
 
 
 if __name__ == "__main__":

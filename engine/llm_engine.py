@@ -139,7 +139,7 @@ class LLMEngine:
             return ModelOutput(outputs={})
         self._num_steps += 1
         out = execute_isolating(self.runner, sched, drafts)
-        self._last_step_time = out.step_time + drafts.proposer_time
+        self._last_step_time = out.step_time + drafts.proposer_time + self.spec.last_plan_time
         return out
 
     def _collect(

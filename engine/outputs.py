@@ -81,10 +81,16 @@ class DraftTree:
 
     token_ids: tuple[int, ...]
     parent_ids: tuple[int | None, ...]
+    # Per node, the rank of its token among the proposer's candidates after its parent (trees
+    # filled from a template, which may skip a rank); None: a node's index among its siblings
+    # is its rank. Tree-shape learning credits acceptance to these ranks.
+    ranks: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.parent_ids):
             raise ValueError("token_ids and parent_ids must have the same length")
+        if self.ranks is not None and len(self.ranks) != len(self.token_ids):
+            raise ValueError("ranks, when given, must have one entry per node")
         for i, parent in enumerate(self.parent_ids):
             if parent is not None and not 0 <= parent < i:
                 raise ValueError(f"node {i}: parent {parent} must precede it")
@@ -108,6 +114,8 @@ class Drafts:
     chains: dict[str, list[int]] = field(default_factory=dict)
     trees: dict[str, DraftTree] = field(default_factory=dict)
     proposer_time: float = 0.0  # seconds spent proposing (cost-model feature)
+    # Verified tokens a draft model fed to catch up before drafting (StepFeatures term).
+    num_catchup_tokens: int = 0
     # How many of the target's top token ids the proposer wants per emitted token (its
     # Proposer.target_topk; RequestStepOutput.target_topk_ids). 0: none.
     target_topk: int = 0
@@ -202,6 +210,7 @@ class EngineStats:
     spec_proposer_totals: tuple[tuple[str, int, int, int], ...] = ()
     last_step_time: float = 0.0  # seconds, measured
     last_predicted_step_time: float | None = None  # seconds, cost model's prediction
+    last_plan_time: float = 0.0  # seconds the speculation policy spent planning the last step
     last_goodput: float = 0.0  # emitted tokens / step time of the last step
     last_chosen_k: tuple[int, ...] = ()  # speculation lengths chosen in the last step
 

@@ -2,45 +2,100 @@
 
 Each op works on a batch of rows, every row independent of the others (batch invariance):
     filter_probs(probs, top_k, top_p, min_p) -> probs restricted to the kept tokens, renormalised
-    sample_from_probs(probs, uniforms)        -> one token id per row, by inverse CDF at its uniform
-    inverse_cdf(probs, uniforms)              -> the token whose CDF interval holds each uniform
-Sampling is by inverse CDF: one uniform u per row, token = first i with cdf(i) > u * sum(p), with
-the CDF in float64. It costs one random number per row (not one per vocabulary entry) and never
-returns a zero-probability token.
+    sample_from_probs(probs, keys)            -> one token id per row, by the exponential race
+    race_topk(probs, keys, k)                 -> each row's first k finishers of the same race
+    race_uniforms(keys, vocab_size)           -> the race's uniform of every token of each row
+Sampling is an exponential race (Gumbel-max): token x runs E(x) = -log u(x) with u(x) a
+counter-based uniform of (row key, x), the row key a hash of the request's seed and the token's
+position (engine/sample/rng.py), and the token with the largest p(x) / E(x) wins, which is
+argmax log p(x) + Gumbel(x): a sample of p. Masked tokens (p = 0) never win. The first k
+finishers are a sample of k tokens without replacement (Gumbel-top-k). Two distributions raced
+with the same noise pick the same token with probability >= (1 - TV) / (1 + TV) (Daliri, Musco
+& Suresh 2025): the coupling speculative verification relies on (engine/sample/verify.py).
+
+u(x) = (splitmix64(key ^ x * golden) >> 41 + 0.5) / 2^23, float32: the native CPU kernel
+(kernels/cpu/csrc/race.cpp) and the PyTorch twin here compute the same bits; CUDA tensors use
+the twin on the device.
 """
 
 from __future__ import annotations
 
 import torch
 
+from kernels.cpu.build import load_native
+
 # top-p looks at a row's best 256 tokens, then 4096, then the whole sorted row, stopping as soon
 # as the candidates reach top_p: on one CPU core a 49k-token row takes ~0.2 ms for topk(256)
 # against ~4-10 ms for a full sort, and peaked LLM rows rarely need more.
 TOP_P_CANDIDATES = (256, 4096)
 
+# SplitMix64 constants (Steele, Lea & Flood 2014) as int64 bit patterns: torch has no uint64
+# arithmetic, and int64 multiplication wraps like uint64's.
+_GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)
+_MIX1 = 0xBF58476D1CE4E5B9 - (1 << 64)
+_MIX2 = 0x94D049BB133111EB - (1 << 64)
+_UNIFORM_BITS = 23  # float32 holds (bits + 0.5) / 2^23 exactly
 
-def inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """probs [..., V] (each row needs positive mass, need not be normalised); uniforms [...] in [0, 1).
 
-    Returns int64 [...]. The scaled target is kept strictly below the total so the search never
-    runs past the last positive entry.
+def race_uniforms(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """keys int64 [N] -> float32 [N, vocab_size] in (0, 1), on keys' device: u(key_i, x)."""
+    _check_keys(keys)
+    if keys.device.type == "cpu":
+        ops = load_native()
+        if ops is not None:
+            return ops.race_uniforms(keys.contiguous(), vocab_size)
+    return race_uniforms_torch(keys, vocab_size)
+
+
+def race_uniforms_torch(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """race_uniforms in PyTorch on any device (the native kernel's twin, bit for bit)."""
+    _check_keys(keys)
+    tokens = torch.arange(vocab_size, dtype=torch.int64, device=keys.device)
+    bits = _splitmix64(keys[:, None] ^ (tokens * _GOLDEN))
+    top = _shift_right(bits, 64 - _UNIFORM_BITS)
+    return (top.float() + 0.5) * (1.0 / (1 << _UNIFORM_BITS))
+
+
+def _check_keys(keys: torch.Tensor) -> None:
+    if keys.dtype != torch.int64 or keys.dim() != 1:
+        raise ValueError(f"race keys must be int64 [N] (engine/sample/rng.py), got {keys.dtype}")
+
+
+def _shift_right(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift of int64 bit patterns (>> on int64 copies the sign bit)."""
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def _splitmix64(x: torch.Tensor) -> torch.Tensor:
+    x = x + _GOLDEN
+    x = (x ^ _shift_right(x, 30)) * _MIX1
+    x = (x ^ _shift_right(x, 27)) * _MIX2
+    return x ^ _shift_right(x, 31)
+
+
+def race_scores(probs: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """probs [N, V] (need not be normalised), keys int64 [N] -> float32 [N, V]: p(x) / E(x),
+    0 where p(x) = 0. Larger finishes first."""
+    uniforms = race_uniforms(keys.to(probs.device), probs.shape[-1])
+    return probs.float() / -torch.log(uniforms)
+
+
+def sample_from_probs(probs: torch.Tensor, keys: torch.Tensor | None) -> torch.Tensor:
+    """probs [N, V] -> [N] int64 token ids, without a host sync.
+
+    Row i is won by the race keyed keys[i] (int64 [N], engine/sample/rng.py); keys None (every
+    row greedy) takes each row's argmax. A point mass (a greedy row's one-hot) wins its own
+    race, so greedy and sampled rows can share one call.
     """
-    cdf = probs.double().cumsum(dim=-1)
-    total = cdf[..., -1:]
-    target = torch.minimum(uniforms.double()[..., None] * total, torch.nextafter(total, 0 * total))
-    return torch.searchsorted(cdf, target, right=True).squeeze(-1)
-
-
-def sample_from_probs(probs: torch.Tensor, uniforms: torch.Tensor | None) -> torch.Tensor:
-    """probs [N, V], normalised -> [N] int64 token ids, without a host sync.
-
-    Row i takes the inverse CDF at uniforms[i] (float64 [N] in [0, 1)); uniforms None (every
-    row greedy) takes each row's argmax. A point mass (a greedy row's one-hot) gives its token
-    at any uniform, so greedy and sampled rows can share one call.
-    """
-    if uniforms is None:
+    if keys is None:
         return probs.argmax(dim=-1)
-    return inverse_cdf(probs, uniforms)
+    return race_scores(probs, keys).argmax(dim=-1)
+
+
+def race_topk(probs: torch.Tensor, keys: torch.Tensor, k: int) -> torch.Tensor:
+    """The first k finishers of each row's race, first first: int64 [N, k] (Gumbel-top-k, a
+    sample without replacement; its first is sample_from_probs's token). k <= V."""
+    return race_scores(probs, keys).topk(k, dim=-1).indices
 
 
 def filter_probs(

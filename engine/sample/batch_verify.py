@@ -7,8 +7,8 @@ engine/runner/input_batch.py is one SampleRows). In one pass:
   1. each row's distribution p: Sampler.process over all rows at once, every row with its own
      penalty history (the drafts before it on its path, so p is exactly what the request would
      sample from at that position);
-  2. each row's target token: argmax for greedy requests, inverse CDF at uniform(seed, t) for
-     sampled ones (t = the position the row predicts; engine/sample/rng.py);
+  2. each row's target token: argmax for greedy requests, the winner of the race keyed
+     (seed, t) for sampled ones (t = the position the row predicts; engine/sample/rng.py);
   3. the one host sync: targets, and the target's top-k ids of every row when a proposer asked
      for them (Token Recycling);
   4. per request on the host: accept drafts equal to the target tokens (verify.py).
@@ -26,7 +26,7 @@ import torch
 
 from engine.outputs import DraftTree
 from engine.request import Request
-from engine.sample.rng import uniforms
+from engine.sample.rng import race_keys
 from engine.sample.sampler import Sampler, SamplingRow
 from engine.sample.tree import path_to
 from engine.sample.verify import VerifyResult, verify_chain, verify_tree
@@ -120,7 +120,7 @@ class BatchVerifier:
             targets, valid_rows = self.sampler.greedy_targets(step_logits)
         else:
             probs = self.sampler.process(step_logits, rows_params, bitmask)
-            targets = self.sampler.sample(probs, self._uniforms(sampling, device))
+            targets = self.sampler.sample(probs, self._race_keys(sampling, device))
             valid_rows = self.sampler.valid_rows(step_logits, probs)
         parts = [targets, valid_rows.long()]
         if target_topk > 0:
@@ -162,8 +162,8 @@ class BatchVerifier:
         ]
 
     @staticmethod
-    def _uniforms(sampling: Sequence[SampleRows], device: torch.device) -> torch.Tensor | None:
-        """u(seed, predicted position) per row of sampled requests; None when all are greedy."""
+    def _race_keys(sampling: Sequence[SampleRows], device: torch.device) -> torch.Tensor | None:
+        """key(seed, predicted position) per row; None when every request is greedy."""
         if all(rows.request.sampling_params.greedy for rows in sampling):
             return None
         seeds, positions = [], []
@@ -172,7 +172,7 @@ class BatchVerifier:
             for depth in _depths(rows):
                 seeds.append(request.seed or 0)
                 positions.append(request.num_tokens + depth)
-        return torch.from_numpy(uniforms(seeds, positions)).to(device)
+        return torch.from_numpy(race_keys(seeds, positions)).to(device)
 
     @staticmethod
     def _accept(rows: SampleRows, targets: list[int], topk: list[list[int]]) -> Verified:

@@ -1,16 +1,17 @@
-"""Counter-based random numbers: the uniform for a request's token at position t is a pure
-function of (seed, t) (DESIGN §5).
+"""Counter-based random numbers: the race key of a request's token at position t is a pure
+function of (seed, t) (DESIGN §5), and the race's noise for token x a pure function of
+(key, x) (kernels/sampling.py).
 
 Why: a sampled request's text must not depend on how it was scheduled. The token at position t
-is drawn by inverse CDF from the target's distribution with u = uniform(seed, t), whether that
-step decodes one token, verifies a chain of k drafts, verifies a tree, runs alone or batched.
-A draft model drafts position t with the same u (common random numbers), so its draft agrees
-with the target's token as often as their distributions allow. A per-request stateful
-generator cannot give this: a verify step would consume a different amount of it than a plain
-step, and the amount depends on k, which depends on load.
+is the winner of the exponential race over the target's distribution keyed by (seed, t),
+whether that step decodes one token, verifies a chain of k drafts, verifies a tree, runs alone
+or batched. A draft model drafts position t with the same key (the same noise), so its draft
+is the target's token as often as the coupling allows (>= (1 - TV) / (1 + TV)). A per-request
+stateful generator cannot give this: a verify step would consume a different amount of it
+than a plain step, and the amount depends on k, which depends on load.
 
-The hash is SplitMix64 (Steele, Lea & Flood 2014) applied to the seed, then to the seed's hash
-mixed with the position; the top 53 bits give a float64 in [0, 1).
+The key is SplitMix64 (Steele, Lea & Flood 2014) applied to the seed, then to the seed's hash
+mixed with the position; it is returned as the int64 with the same bits.
 """
 
 from __future__ import annotations
@@ -32,10 +33,10 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
-def uniforms(seeds: Sequence[int], positions: Sequence[int]) -> np.ndarray:
-    """float64 [n] in [0, 1): uniforms[i] = u(seeds[i], positions[i]). Seeds are taken mod 2**63."""
+def race_keys(seeds: Sequence[int], positions: Sequence[int]) -> np.ndarray:
+    """int64 [n]: race_keys[i] = key(seeds[i], positions[i]). Seeds are taken mod 2**63."""
     with np.errstate(over="ignore"):
         seed = np.array([s & _MASK63 for s in seeds], dtype=np.uint64)
         position = np.array(positions, dtype=np.uint64)
         bits = _splitmix64(_splitmix64(seed) ^ (position * _GOLDEN))
-    return (bits >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+    return bits.view(np.int64)

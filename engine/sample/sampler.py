@@ -13,8 +13,8 @@ process() applies, in this order (vLLM / OpenAI semantics):
        then top-k (clamped to the vocabulary), top-p, min-p.
 The result is float32 probabilities, the `p` that speculative verification compares drafts
 against. A row's result depends only on its own logits and parameters (batch invariance);
-sample() draws each row's token by inverse CDF at a uniform the caller derives from the
-request's seed and the token's position (engine/sample/rng.py). For valid SamplingParams and finite
+sample() draws each row's token by an exponential race (Gumbel-max) keyed by the request's seed
+and the token's position (engine/sample/rng.py, kernels/sampling.py). For valid SamplingParams and finite
 logits every row is a distribution; valid_rows() tells, per row and without a host sync,
 whether that held (a non-finite logit from the model breaks only its own row).
 """
@@ -109,12 +109,13 @@ class Sampler:
         total = probs.sum(dim=-1)
         return torch.isfinite(logits.amax(dim=-1)) & torch.isfinite(total) & (total > 0)
 
-    def sample(self, probs: torch.Tensor, uniforms: torch.Tensor | None) -> torch.Tensor:
-        """One token per row of process()'s output, on the device (no host sync): the inverse
-        CDF at uniforms[i] (float64 [N], engine/sample/rng.py), or the argmax when uniforms is None."""
-        if uniforms is not None and uniforms.shape[0] != probs.shape[0]:
-            raise ValueError(f"got {probs.shape[0]} rows but {uniforms.shape[0]} uniforms")
-        return sample_from_probs(probs, uniforms)
+    def sample(self, probs: torch.Tensor, keys: torch.Tensor | None) -> torch.Tensor:
+        """One token per row of process()'s output, on the device (no host sync): the winner
+        of the race keyed keys[i] (int64 [N], engine/sample/rng.py), or the argmax when keys
+        is None."""
+        if keys is not None and keys.shape[0] != probs.shape[0]:
+            raise ValueError(f"got {probs.shape[0]} rows but {keys.shape[0]} race keys")
+        return sample_from_probs(probs, keys)
 
     def logprobs(
         self, logits: torch.Tensor, token_ids: Sequence[int], num_top: Sequence[int]

@@ -5,19 +5,21 @@ Rows over a request's step are [root, drafts...] (chains) or [root, node 0, node
 (node n) predicts the token after it. For every row the target token is what the target would
 emit at that position with speculation off:
     greedy   the argmax of the processed logits;
-    sampled  inverse CDF of the processed distribution p at u = uniform(seed, t), where t is the
-             position of the predicted token (engine/sample/rng.py; rows at the same tree depth share t).
+    sampled  the winner of the exponential race over the processed distribution p keyed by
+             (seed, t), where t is the position of the predicted token (engine/sample/rng.py;
+             rows at the same tree depth share t).
 Verification accepts drafts while they equal the target token of the row before them and emits
 the target token of the last accepted row (the correction, or the bonus after a fully accepted
 chain). Every emitted token is therefore exactly the token plain decoding emits at that
-position with the same uniforms: lossless for greedy and sampled requests, and a seeded request
+position with the same race: lossless for greedy and sampled requests, and a seeded request
 gives the same text with speculation off, at any k, alone or batched.
 
 What a draft costs in acceptance: a deterministic proposer (n-gram, Token Recycling, a top-k
 draft tree) proposing x at a row with distribution p is accepted with probability p(x), as in
-rejection sampling with a point-mass q. A draft model that samples x from q with the same
-uniform (engine/speculation/proposers/draft_model.py) is accepted when the inverse CDFs of p and q agree
-at u, which is often but not always as likely as the 1 - TV(p, q) of Leviathan et al.'s rule.
+rejection sampling with a point-mass q. A draft model that races q with the same noise
+(engine/speculation/proposers/draft_model.py) is accepted with probability at least
+(1 - TV(p, q)) / (1 + TV(p, q)) (Daliri, Musco & Suresh 2025), measured at 0.75-0.99 of the
+1 - TV of Leviathan et al.'s rule; its tree children are the first finishers of q's race.
 
 Trees: from the root, move to the child whose token equals the current row's target token
 (siblings are distinct tokens; among equal ones the lower index wins), until no child matches.

@@ -72,6 +72,7 @@ class SpecDriver:
         self.policy = policy
         self.seed_report: SeedReport | None = None
         self.last_chosen_k: tuple[int, ...] = ()  # the last plan's lengths (metrics)
+        self.last_plan_time = 0.0  # seconds of the last policy.plan (part of the step's time)
         self._base = StepFeatures()
         # The engine's totals; its proposers are listed (at zero) before they first draft.
         names = config.proposers if self.enabled else ()
@@ -106,14 +107,25 @@ class SpecDriver:
             if caught_up and max_draft_tokens > 0:
                 candidates.append(
                     SpecCandidate(
-                        request.request_id, request.num_tokens, max_draft_tokens, request.spec
+                        request.request_id,
+                        request.num_tokens,
+                        max_draft_tokens,
+                        request.spec,
+                        self._catchup_tokens(request),
                     )
                 )
         shapes = self._step_shapes(running, waiting)
         self._base = StepFeatures.from_shapes(shapes, self.draft_model, self.graphs)
+        start = time.perf_counter()
         plan = self.policy.plan(candidates, self._base) if candidates else {}
+        self.last_plan_time = time.perf_counter() - start
         self.last_chosen_k = tuple(plan.values())
         return plan
+
+    def _catchup_tokens(self, request: Request) -> int:
+        """Tokens the draft model would feed to catch up before drafting for the request."""
+        catchup = getattr(self.proposer, "catchup_tokens", None) if self.draft_model else None
+        return catchup(request.spec.memos, request.num_tokens) if catchup is not None else 0
 
     def _cap(self, request: Request) -> int:
         """The engine's draft cap, lowered by the request's own (SamplingParams)."""
@@ -204,10 +216,14 @@ class SpecDriver:
             (s.start, s.num_new_tokens - s.num_draft_tokens, drafts.num_draft_tokens(s.request_id))
             for s in sched.scheduled
         ]
-        features = self._features(sched, shapes, drafts)
+        features = dataclasses.replace(
+            self._features(sched, shapes, drafts), num_catchup_tokens=drafts.num_catchup_tokens
+        )
         seconds = out.step_time + drafts.proposer_time
-        # Choice: model-free proposing is priced per request apart from the cost model.
+        # Choice: model-free proposing is priced per request apart from the cost model, and
+        # planning by the policy's own term (GoodputPolicy.plan_seconds), not by the model.
         model_seconds = seconds - (self.proposer.free_seconds if self.choice else 0.0)
+        seconds += self.last_plan_time
         emitted = sum(len(o.token_ids) for o in out.outputs.values())
         self.last_goodput = emitted / seconds if seconds > 0 else 0.0
         if self.enabled:
@@ -273,6 +289,7 @@ class SpecDriver:
                 for name, c in totals.by_proposer.items()
             ),
             last_predicted_step_time=getattr(self.policy, "last_predicted_step_time", None),
+            last_plan_time=self.last_plan_time,
             last_goodput=self.last_goodput,
             last_chosen_k=self.last_chosen_k,
         )

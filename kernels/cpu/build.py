@@ -39,6 +39,7 @@ SOURCES = (
     "qint_scalar.cpp",
     "decode_ops.cpp",
     "stack.cpp",
+    "race.cpp",
 )  # translation units; the headers are included
 # No FMA contraction outside explicit intrinsics: the scalar path's arithmetic stays as written.
 # -fopenmp: at::parallel_for is a header template that only fans out when the extension itself

@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from engine.request import Request, check_prompt, check_token_ids
 from engine.sample.batch_verify import sampling_row
+from engine.sample.rng import race_keys
 from engine.sample.sampler import Sampler
 from server.errors import APIError, from_validation_errors, from_value_error
 from server.openapi import json_body
@@ -64,7 +65,8 @@ def sample_or_refuse(request, prompts: list[list[int]], body) -> None:
         return
     row = sampling_row(Request("fuzz", prompts[0], params, eos_token_ids=(2,), seed=params.seed))
     probs = SAMPLER.process(LOGITS, [row])
-    token = int(SAMPLER.sample(probs, torch.tensor([0.5], dtype=torch.float64)))
+    keys = torch.from_numpy(race_keys([params.seed or 0], [len(prompts[0])]))
+    token = int(SAMPLER.sample(probs, keys))
     assert bool(SAMPLER.valid_rows(LOGITS, probs)[0]) and 0 <= token < VOCAB
     event("sampled")
 

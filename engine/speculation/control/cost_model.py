@@ -5,8 +5,8 @@ arXiv 2406.14066), so a prediction must be positive, cheap (hundreds per step) a
 The model is linear in a few shape features plus a piecewise-linear term in batched rows (one
 ramp per segment between the knots of step_features.ROW_KNOTS, so a measured jump between two
 row counts, or the change from memory-bound to compute-bound matmuls, is representable), fixed
-costs per speculating request, per draft-model pass and per eager (non-graph) step, refitted on
-the last `window` steps by weighted ridge least squares:
+costs per speculating request, per draft-model pass and per eager (non-graph) step, a term per
+token a draft model feeds to catch up (apart from its passes), refitted on the last `window` steps by weighted ridge least squares:
 
     theta = argmin  sum_t w_t (x_t . theta - seconds_t)^2 + ridge |theta - prior|^2,  theta >= 0
 
@@ -46,7 +46,8 @@ from engine.speculation.control.step_features import (
 )
 
 # Fixed feature scales keep the normal equations well conditioned; coefficients() undoes them.
-_SCALES = (1.0, 256.0, *(1.0,) * (len(ROW_KNOTS) - 1), 16.0, 16384.0, 64.0, 4.0, 16.0, 1.0, 256.0)
+_SCALES = (1.0, 256.0, *(1.0,) * (len(ROW_KNOTS) - 1), 16.0, 16384.0, 64.0, 4.0, 16.0, 1.0)
+_SCALES += (256.0, 256.0)  # eager rows, catch-up tokens
 _NUM_RAMPS = len(ROW_KNOTS) - 1
 
 
@@ -123,7 +124,7 @@ class OnlineLinearCostModel:
         eager_rows, rows = _split_rows(f)
         raw = (1, rows, *row_ramps(rows), f.num_requests, f.num_kv_tokens)
         raw += (f.num_draft_tokens, f.num_draft_steps, f.num_spec_requests, f.num_eager_steps)
-        raw += (eager_rows,)
+        raw += (eager_rows, f.num_catchup_tokens)
         return tuple(value / scale for value, scale in zip(raw, _SCALES, strict=True))
 
     def predict(self, features: StepFeatures) -> float:
@@ -137,7 +138,7 @@ class OnlineLinearCostModel:
         seconds += tail[0] * f.num_requests + tail[1] * f.num_kv_tokens
         seconds += tail[2] * f.num_draft_tokens + tail[3] * f.num_draft_steps
         seconds += tail[4] * f.num_spec_requests + tail[5] * f.num_eager_steps
-        seconds += tail[6] * eager_rows
+        seconds += tail[6] * eager_rows + tail[7] * f.num_catchup_tokens
         return max(self.min_seconds, seconds)
 
     def _row_seconds(self, rows: int) -> float:

@@ -18,6 +18,7 @@ lost do not freeze. Everything per request lives on the request's SpecState.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 from engine.outputs import SpecPlan
@@ -35,6 +36,8 @@ from engine.speculation.control.step_features import StepFeatures
 from engine.speculation.control.tree_shape import TreeShapeEstimator
 from engine.speculation.proposers.proposer import DRAFT_PROPOSER
 from kernels.graph_shapes import NO_GRAPHS, GraphShapes
+
+PLAN_DECAY = 0.9  # weight of the previous planning-time estimate
 
 
 class GoodputPolicy(SpecPolicy):
@@ -87,6 +90,10 @@ class GoodputPolicy(SpecPolicy):
         self.propose_seconds = propose_seconds if propose_seconds is not None else {}
         self._num_plans = 0
         self.last_predicted_step_time: float | None = None  # for metrics
+        # Seconds a plan takes (an exponential average of this policy's own plans): part of
+        # every step's time, so the objective pays it like the step's fixed costs.
+        self.plan_seconds = 0.0
+        self._catchup_per_token = 0.0  # the cost model's, refreshed every plan
 
     @property
     def choice(self) -> bool:
@@ -99,10 +106,23 @@ class GoodputPolicy(SpecPolicy):
         # tree (a pass expands one node of every request), so k drafts cost k passes.
         gains = self._gains(a, cap, self.estimators[proposer])
         if not self.choice:
-            return SearchSlot(gains, range(1, cap + 1), cap)
-        seconds = self.propose_seconds.get(proposer, 0.0)
+            seconds = self._catchup_seconds(candidate) if self.draft_model else 0.0
+            return SearchSlot(gains, range(1, cap + 1), cap, propose_seconds=seconds)
         draft = proposer == DRAFT_PROPOSER
+        seconds = self._catchup_seconds(candidate) if draft else 0.0
+        seconds += self.propose_seconds.get(proposer, 0.0)
         return SearchSlot(gains, range(1, cap + 1), cap, 0, proposer, draft, seconds)
+
+    def _catchup_seconds(self, candidate: SpecCandidate) -> float:
+        """The cost model's seconds for the draft model's catch-up on this request, paid when
+        it drafts for it (a linear term, so priced per request like CPU time)."""
+        return self._catchup_per_token * candidate.num_catchup_tokens
+
+    def _price_catchup(self) -> None:
+        """The cost model's seconds per catch-up token, once per plan."""
+        predict, tokens = self.cost_model.predict, 1024
+        fed = predict(StepFeatures(num_catchup_tokens=tokens)) - predict(StepFeatures())
+        self._catchup_per_token = max(0.0, fed) / tokens
 
     def _gains(self, a: float, cap: int, acceptance: AcceptanceEstimator) -> Sequence[float]:
         """Chains: a^j. Trees: the learned shape's node path probabilities, scaled by how this
@@ -139,12 +159,27 @@ class GoodputPolicy(SpecPolicy):
             options[i][0].floor = 1
 
     def plan(self, candidates: Sequence[SpecCandidate], base: StepFeatures) -> SpecPlan:
+        start = time.perf_counter()
+        plan = self._plan(candidates, base)
+        seconds = time.perf_counter() - start
+        old = self.plan_seconds
+        self.plan_seconds = seconds if old == 0.0 else PLAN_DECAY * old + (1 - PLAN_DECAY) * seconds
+        return plan
+
+    def _plan(self, candidates: Sequence[SpecCandidate], base: StepFeatures) -> SpecPlan:
         self._num_plans += 1
+        self._price_catchup()
         options = [[self._slot(c, name) for name in self.proposers] for c in candidates]
         self._explore(candidates, options)
         if self.cost_model.fitted:
             problem = SearchProblem(
-                options, base, self.cost_model, self.draft_model, self.graphs, self.token_budget
+                options,
+                base,
+                self.cost_model,
+                self.draft_model,
+                self.graphs,
+                self.token_budget,
+                self.plan_seconds,
             )
             result = best_lengths(problem)
             ks, chosen = result.ks, problem.chosen(result.picks)

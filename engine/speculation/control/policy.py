@@ -29,6 +29,9 @@ class SpecCandidate:
     context_len: int  # tokens already in the KV cache
     max_draft_tokens: int  # cap from the remaining output tokens, the context length and the config
     spec: SpecState  # the request's speculation record; a policy choosing proposers writes it
+    # Verified tokens a separate draft model must feed before drafting for this request (all
+    # since it last ran): a draft option pays them (StepFeatures.num_catchup_tokens).
+    num_catchup_tokens: int = 0
 
 
 @dataclass(frozen=True)

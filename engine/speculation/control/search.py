@@ -27,11 +27,19 @@ tried too, so the plan without the draft model competes.
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 
-from engine.speculation.control.search_problem import SearchProblem, SearchResult, SearchSlot
+import numpy as np
+
+from engine.speculation.control.search_problem import (
+    OptionTable,
+    SearchProblem,
+    SearchResult,
+    SearchSlot,
+)
+from engine.speculation.control.step_features import ROW_KNOTS, StepFeatures
 
 __all__ = ["SearchProblem", "SearchResult", "SearchSlot", "best_lengths"]
 
@@ -53,7 +61,8 @@ def best_lengths(problem: SearchProblem) -> SearchResult:
         best = _best_uniform(problem, best, picks)
     max_cap = max((o.cap for options in problem.options for o in options), default=0)
     if problem.any_draft:
-        caps = range(0 if problem.any_free else 1, _max_draft_cap(problem) + 1)
+        lowest = max(0 if problem.any_free else 1, _forced_passes(problem))
+        caps = range(lowest, _max_draft_cap(problem) + 1)
     else:
         caps = range(max_cap, max_cap + 1)
     start = best
@@ -61,27 +70,47 @@ def best_lengths(problem: SearchProblem) -> SearchResult:
         ks, picks = _dinkelbach(problem, cap, start)
         ks = _within_budget(problem, ks, picks)
         result = problem.evaluate(ks, picks)
-        if result.goodput > best.goodput * (1.0 + 1e-12):
+        if result.goodput > best.goodput * (1.0 + 1e-12) and _keeps_floors(problem, result):
             best = result
     return best
+
+
+def _forced_passes(problem: SearchProblem) -> int:
+    """The fewest draft-model passes every plan runs: a slot whose only options run the draft
+    model and that is forced to speculate (an exploration probe) needs `floor` of them."""
+    return max(
+        (
+            min(o.floor for o in options)
+            for options, flags in zip(problem.options, problem.draft_flags)
+            if all(flags)
+        ),
+        default=0,
+    )
+
+
+def _keeps_floors(problem: SearchProblem, result: SearchResult) -> bool:
+    slots = problem.chosen(result.picks)
+    return all(k >= s.floor for s, k in zip(slots, result.ks))
 
 
 def _floors_are_best(problem: SearchProblem, floors: SearchResult) -> bool:
     """Whether no plan beats the floors (every request at its floor, most often no drafts at
     all), checked in one pass: the common case under load at low acceptance, where the full
-    search cost ~1 ms a step. Exact when nothing is shared between requests (no draft-model
-    passes, no eager step): the step time is convex in the drafts (a linear model whose row
-    ramps are nonnegative), so every draft past the floors costs at least the first one does
-    without a new speculating request (`token`), and a newly speculating request at least the
-    model's per-request term (`request`). A plan beats the floors' goodput L only if some
-    request's extra expected tokens exceed L times that lower bound of its extra seconds."""
+    search cost ~1 ms a step. Only when nothing is shared between requests (no draft-model
+    passes, no eager step): then a plan's extra seconds are T(D) - T(0) for its D extra drafts
+    plus `request` per newly speculating request. The step time is piecewise linear in the
+    rows between the cost model's ROW_KNOTS, not convex (a jump where the few-row matmul path
+    ends), so the cheapest draft is priced at the least average cost of D drafts over every D,
+    (T(D) - T(0)) / D, which on each linear piece is least at one of its ends. A plan beats
+    the floors' goodput L only if some request's extra expected tokens exceed L times that
+    lower bound of its extra seconds, so "floors" is only returned at the optimum."""
     if problem.any_draft or problem.graphs.eager_on_drafts:
         return False
     predict = problem.cost_model.predict
     features = problem.features(floors.ks, floors.picks)
     seconds = predict(features)
+    token = _least_draft_seconds(problem, floors, features, seconds)
     one_more = features.with_drafts(1, 0)
-    token = max(0.0, predict(one_more) - seconds)
     request = max(0.0, predict(one_more.with_drafts(0, 1)) - predict(one_more))
     level = floors.goodput
     for options, floor_k in zip(problem.options, floors.ks):
@@ -92,6 +121,25 @@ def _floors_are_best(problem: SearchProblem, floors: SearchResult) -> bool:
                 if slot.cumulative[k] - base > level * (fixed + (k - floor_k) * token):
                     return False
     return True
+
+
+def _least_draft_seconds(
+    problem: SearchProblem, floors: SearchResult, features: StepFeatures, seconds: float
+) -> float:
+    """min over D of (T(D extra drafts) - T(floors)) / D, at D = 1, the most drafts, and the
+    D on either side of every row knot (the ends of the step time's linear pieces)."""
+    most = sum(max(o.cap for o in options) - k for options, k in zip(problem.options, floors.ks))
+    rows = features.num_batched_tokens
+    ds = {1, most} | {knot - rows + i for knot in ROW_KNOTS for i in (0, 1)}
+    predict = problem.cost_model.predict
+    return max(
+        0.0,
+        min(
+            (predict(features.with_drafts(d, 0)) - seconds) / d
+            for d in ds
+            if 1 <= d <= max(1, most)
+        ),
+    )
 
 
 def _one_request(problem: SearchProblem) -> SearchResult:
@@ -134,43 +182,55 @@ def _uniform_picks(problem: SearchProblem) -> list[list[int]]:
 
 
 def _best_uniform(problem: SearchProblem, best: SearchResult, picks: list[int]) -> SearchResult:
-    """The best m-requests-at-c plan (requests ranked by their first gain), each evaluated in
-    O(1) from running totals as the m-th request joins."""
+    """The best m-requests-at-c plan (requests ranked by their first gain): the totals of
+    every m as running sums over the ranked requests, the step predicted at the checked m."""
     slots, base, flags = problem.chosen(picks), problem.base, problem.chosen_flags(picks)
     order = sorted(range(len(slots)), key=lambda i: -slots[i].cumulative[min(1, slots[i].cap)])
-    floors = [s.floor for s in slots]
+    ranked = [(slots[i], flags[i]) for i in order]
+    floors = [s.floor for s, _ in ranked]
     floor_emitted = sum(1.0 + s.cumulative[s.floor] for s in slots)
+    floor_spec = sum(1 for k in floors if k > 0)
     floor_cpu = sum(s.propose_seconds for s in slots if s.floor > 0)
-    counts = _checked_counts(len(slots))
+    floor_steps = max((s.depths[s.floor - 1] for s, f in ranked if f and s.floor), default=0)
+    counts = sorted(_checked_counts(len(slots)))
+    room = None if problem.token_budget is None else problem.token_budget - base.num_batched_tokens
     for c in range(1, max((s.cap for s in slots), default=0) + 1):
-        ks, emitted, cpu = list(floors), floor_emitted, floor_cpu
-        drafts, spec = sum(floors), sum(1 for k in floors if k > 0)
-        steps = max((k for k, draft in zip(floors, flags) if draft), default=0)
-        for m, i in enumerate(order, start=1):
-            slot, k = slots[i], max(slots[i].floor, min(c, slots[i].cap))
-            emitted += slot.cumulative[k] - slot.cumulative[ks[i]]
-            drafts += k - ks[i]
-            spec += (k > 0) - (ks[i] > 0)
-            cpu += slot.propose_seconds * ((k > 0) - (ks[i] > 0))
-            if k > 0 and flags[i] and slot.depths[k - 1] > steps:
-                steps = slot.depths[k - 1]
-            ks[i] = k
-            budget = problem.token_budget
-            if budget is not None and base.num_batched_tokens + drafts > budget:
+        ks = [max(s.floor, min(c, s.cap)) for s, _ in ranked]
+        joins = [k > 0 and f == 0 for k, f in zip(ks, floors)]
+        emitted = accumulate(
+            (s.cumulative[k] - s.cumulative[f] for (s, _), k, f in zip(ranked, ks, floors)),
+            initial=floor_emitted,
+        )
+        drafts = accumulate((k - f for k, f in zip(ks, floors)), initial=sum(floors))
+        specs = accumulate(joins, initial=floor_spec)
+        cpu = accumulate(
+            (s.propose_seconds * j for (s, _), j in zip(ranked, joins)), initial=floor_cpu
+        )
+        steps = accumulate(
+            (s.depths[k - 1] if d and k else 0 for (s, d), k in zip(ranked, ks)),
+            max,
+            initial=floor_steps,
+        )
+        totals = list(zip(emitted, drafts, specs, cpu, steps))
+        for m in counts:
+            e, n_drafts, n_spec, seconds_cpu, n_steps = totals[m]
+            if room is not None and n_drafts > room:
                 break
-            if m not in counts:
-                continue
-            features = base.with_drafts(drafts, spec, steps, problem.graphs)
-            seconds = problem.cost_model.predict(features) + cpu
-            if emitted / seconds > best.goodput * (1.0 + 1e-12):
-                best = SearchResult(tuple(ks), seconds, emitted / seconds, tuple(picks))
+            features = base.with_drafts(n_drafts, n_spec, n_steps, problem.graphs)
+            seconds = problem.cost_model.predict(features) + seconds_cpu + problem.overhead_seconds
+            if e / seconds > best.goodput * (1.0 + 1e-12):
+                plan = [0] * len(slots)
+                for rank, i in enumerate(order):
+                    plan[i] = ks[rank] if rank < m else floors[rank]
+                best = SearchResult(tuple(plan), seconds, e / seconds, tuple(picks))
     return best
 
 
 def _checked_counts(n: int) -> set[int]:
-    """Every m up to 16, then about 1.5x apart: the best m of a large batch is found to within
-    a few requests, which the Dinkelbach rounds that follow then settle one by one."""
-    counts, m = set(range(1, min(n, 16) + 1)), 16
+    """Every m up to 8, then about 1.5x apart (and n): the best m of a large batch is found
+    to within a few requests, which the Dinkelbach rounds that follow then settle one by one;
+    each m checked is one cost-model prediction, most of a large batch's planning time."""
+    counts, m = set(range(1, min(n, 8) + 1)), 8
     while m < n:
         m = min(n, int(m * 1.5))
         counts.add(m)
@@ -184,15 +244,13 @@ def _dinkelbach(
     goodput of `start`; (ks, picks)."""
     picks = list(start.picks)
     slots = problem.chosen(picks)
-    ks = [min(k, cap) if problem.runs_draft(s) else k for s, k in zip(slots, start.ks)]
+    ks = [
+        max(s.floor, min(k, cap)) if problem.runs_draft(s) else k for s, k in zip(slots, start.ks)
+    ]
     level, best_ks, best_picks, best_goodput = start.goodput, ks, picks, start.goodput
     for _ in range(MAX_ROUNDS):
         costs = _marginal_costs(problem, ks, picks, cap)
-        chosen = [
-            _best_option(options, flags, cap, level, costs)
-            for options, flags in zip(problem.options, problem.draft_flags)
-        ]
-        new_ks, new_picks = [k for k, _ in chosen], [p for _, p in chosen]
+        new_ks, new_picks = _best_options(problem.table, cap, level, costs)
         result = problem.evaluate(new_ks, new_picks)
         if result.goodput > best_goodput:
             best_ks, best_picks, best_goodput = new_ks, new_picks, result.goodput
@@ -235,52 +293,25 @@ def _marginal_costs(
     return _Costs(per_token, per_request, per_request_free)
 
 
-def _best_option(
-    options: Sequence[SearchSlot], flags: Sequence[bool], cap: int, level: float, costs: _Costs
-) -> tuple[int, int]:
-    """(k, option index) maximising E(k) - level * seconds(k) over the slot's options."""
-    if len(options) == 1:
-        limit = min(cap, options[0].cap) if flags[0] else options[0].cap
-        return _best_k(options[0], limit, level, costs.per_token, costs.per_request)[0], 0
-    best_k, best_pick, best_value = options[0].floor, 0, -float("inf")
-    for pick, (slot, draft) in enumerate(zip(options, flags)):
-        limit = min(cap, slot.cap) if draft else slot.cap
-        fixed = (costs.per_request if draft else costs.per_request_free) + slot.propose_seconds
-        k, value = _best_k(slot, limit, level, costs.per_token, fixed)
-        if value > best_value:
-            best_k, best_pick, best_value = k, pick, value
-    return best_k, best_pick
-
-
-def _best_k(
-    slot: SearchSlot, cap: int, level: float, per_token: float, per_request: float
-) -> tuple[int, float]:
-    """argmax over k in [floor, cap] of E(k) - level * (per_token * k + per_request * [k > 0]),
-    and its value. Gains that never increase make E(k) - level * per_token * k concave past
-    k = 0: its best k > 0 is the number of gains above level * per_token, clamped."""
-    if slot.negated is not None:
-        return _best_k_concave(slot, cap, level * per_token, level * per_request)
-    best_k, best_value = slot.floor, -float("inf")
-    for k in range(slot.floor, cap + 1):
-        cost = level * (per_token * k + (per_request if k > 0 else 0.0))
-        value = slot.cumulative[k] - cost
-        if value > best_value:
-            best_k, best_value = k, value
-    return best_k, best_value
-
-
-def _best_k_concave(
-    slot: SearchSlot, cap: int, token_cost: float, request_cost: float
-) -> tuple[int, float]:
-    """_best_k for non-increasing gains (the first best k on ties, as its loop finds)."""
-    low = max(1, slot.floor)
-    if cap < low:  # only k = 0 is allowed, or nothing is (a floor above the cap)
-        return (0, 0.0) if slot.floor == 0 else (slot.floor, -float("inf"))
-    k = min(cap, max(low, bisect.bisect_left(slot.negated, -token_cost)))
-    value = slot.cumulative[k] - (token_cost * k + request_cost)
-    if slot.floor == 0 and value <= 0.0:
-        return 0, 0.0
-    return k, value
+def _best_options(
+    table: OptionTable, cap: int, level: float, costs: _Costs
+) -> tuple[list[int], list[int]]:
+    """Per slot, the (k, option) maximising E(k) - level * seconds(k) over its options, all
+    slots at once: k in [floor, cap] (draft options also <= the pass cap), seconds(k) =
+    per_token * k + (the option's fixed seconds when k > 0). The first best option, then the
+    first best k, on ties; a slot with no valid choice keeps its first option's floor."""
+    width = table.cumulative.shape[2]
+    k = np.arange(width)
+    limit = np.where(table.draft, np.minimum(table.caps, cap), table.caps)
+    valid = (k >= table.floors[..., None]) & (k <= limit[..., None])
+    fixed = np.where(table.draft, costs.per_request, costs.per_request_free) + table.seconds
+    cost = level * (costs.per_token * k + fixed[..., None] * (k > 0))
+    value = np.where(valid, table.cumulative - cost, -np.inf).reshape(len(valid), -1)
+    best = value.argmax(axis=1)
+    none = ~np.isfinite(value[np.arange(len(best)), best])
+    picks, ks = np.divmod(best, width)
+    ks = np.where(none, table.floors[:, 0], ks)
+    return ks.tolist(), np.where(none, 0, picks).tolist()
 
 
 def _within_budget(problem: SearchProblem, ks: list[int], picks: Sequence[int]) -> list[int]:

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
+import numpy as np
+
 from engine.speculation.control.cost_model import StepCostModel
 from engine.speculation.control.step_features import StepFeatures
 from kernels.graph_shapes import NO_GRAPHS, GraphShapes
@@ -29,15 +31,12 @@ class SearchSlot:
     draft: bool | None = None  # runs draft-model passes; None: the problem's draft_model
     propose_seconds: float = 0.0  # CPU seconds of proposing for this request, when k > 0
     cumulative: list[float] = field(init=False)
-    negated: list[float] | None = field(init=False)  # -gains, when gains never increase
 
     def __post_init__(self) -> None:
         total, self.cumulative = 0.0, [0.0]
         for gain in self.gains[: self.cap]:
             total += gain
             self.cumulative.append(total)
-        negated = [-g for g in self.gains[: self.cap]]
-        self.negated = negated if all(x <= y for x, y in zip(negated, negated[1:])) else None
 
 
 @dataclass(frozen=True)
@@ -56,6 +55,7 @@ class SearchProblem:
     draft_model: bool = False
     graphs: GraphShapes = NO_GRAPHS
     token_budget: int | None = None
+    overhead_seconds: float = 0.0  # paid by every plan: the planning itself
 
     @cached_property
     def options(self) -> tuple[tuple[SearchSlot, ...], ...]:
@@ -94,6 +94,11 @@ class SearchProblem:
         """Some option runs no draft-model pass (only asked when some option does)."""
         return not all(all(flags) for flags in self.draft_flags)
 
+    @cached_property
+    def table(self) -> OptionTable:
+        """The options as arrays, for choosing every slot's (option, k) at once."""
+        return OptionTable.of(self.options, self.draft_flags)
+
     def chosen(self, picks: Sequence[int] | None) -> list[SearchSlot]:
         if picks is None:
             return [options[0] for options in self.options]
@@ -116,7 +121,7 @@ class SearchProblem:
     def evaluate(self, ks: Sequence[int], picks: Sequence[int] | None = None) -> SearchResult:
         slots = self.chosen(picks)
         emitted = sum(1.0 + s.cumulative[k] for s, k in zip(slots, ks))
-        seconds = self.cost_model.predict(self.features(ks, picks))
+        seconds = self.cost_model.predict(self.features(ks, picks)) + self.overhead_seconds
         seconds += sum(s.propose_seconds for s, k in zip(slots, ks) if k > 0)
         picks = tuple(picks) if picks is not None else (0,) * len(slots)
         return SearchResult(tuple(ks), seconds, emitted / seconds, picks)
@@ -138,3 +143,36 @@ def _dominates(p: SearchSlot, o: SearchSlot, draft: bool, earlier: bool) -> bool
         return False
     tie = p.cap == o.cap and p.propose_seconds == o.propose_seconds
     return earlier or not (tie and all(p.cumulative[k] == o.cumulative[k] for k in ks))
+
+
+@dataclass(frozen=True)
+class OptionTable:
+    """Every slot's options padded to [slots, options, k]: cumulative[i, j, k] is option j's
+    E(k) - 1 (-inf past its cap or a missing option) and depths[i, j, k] the draft-model
+    passes of its first k drafts, with its floor, cap, CPU seconds and whether it runs the
+    draft model. Missing options have floor 1 > cap 0: never valid."""
+
+    cumulative: np.ndarray  # [num_slots, max_options, max_cap + 1] float64
+    depths: np.ndarray  # [num_slots, max_options, max_cap + 1] int
+    floors: np.ndarray  # [num_slots, max_options] int
+    caps: np.ndarray  # [num_slots, max_options] int
+    seconds: np.ndarray  # [num_slots, max_options] float64: propose_seconds
+    draft: np.ndarray  # [num_slots, max_options] bool
+
+    @classmethod
+    def of(
+        cls, options: Sequence[Sequence[SearchSlot]], flags: Sequence[Sequence[bool]]
+    ) -> OptionTable:
+        n, m = len(options), max(len(o) for o in options)
+        width = 1 + max(s.cap for o in options for s in o)
+        cumulative = np.full((n, m, width), -np.inf)
+        depths = np.zeros((n, m, width), dtype=np.int64)
+        floors, caps = np.ones((n, m), dtype=np.int64), np.zeros((n, m), dtype=np.int64)
+        seconds, draft = np.zeros((n, m)), np.zeros((n, m), dtype=bool)
+        for i, (slot_options, slot_flags) in enumerate(zip(options, flags)):
+            for j, (slot, runs) in enumerate(zip(slot_options, slot_flags)):
+                cumulative[i, j, : slot.cap + 1] = slot.cumulative
+                depths[i, j, 1 : slot.cap + 1] = slot.depths[: slot.cap]
+                floors[i, j], caps[i, j] = slot.floor, slot.cap
+                seconds[i, j], draft[i, j] = slot.propose_seconds, runs
+        return cls(cumulative, depths, floors, caps, seconds, draft)

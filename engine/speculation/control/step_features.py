@@ -24,6 +24,7 @@ FEATURE_NAMES = (
     "spec_requests",
     "eager_steps",
     "eager_rows",  # an eager step's rows: they cost it what the row terms cost a replayed one
+    "catchup_tokens",  # tokens a draft model feeds to catch up before drafting
 )
 
 
@@ -41,6 +42,10 @@ class StepFeatures:
     # chunk longer than the captured query rows, a tree, a batch past the largest graph: it
     # runs eagerly, several times a graph step on a GPU); 0 elsewhere.
     num_eager_steps: int = 0
+    # Verified tokens a separate draft model feeds before drafting (all it missed since it last
+    # ran, past each request's root): a term of its own, so that a probe after a long idle
+    # spell is not read as slow draft passes.
+    num_catchup_tokens: int = 0
 
     @classmethod
     def from_shapes(
@@ -88,6 +93,7 @@ class StepFeatures:
             num_draft_steps=max(self.num_draft_steps, num_draft_steps),
             num_spec_requests=self.num_spec_requests + num_spec_requests,
             num_eager_steps=int(eager),
+            num_catchup_tokens=self.num_catchup_tokens,
         )
 
 

@@ -50,14 +50,18 @@ class TreeShapeEstimator:
         return template[:num_nodes], scores[:num_nodes]
 
     def observe(self, tree: DraftTree, accepted_node_ids: Sequence[int]) -> None:
-        """One verified tree: offered ranks at every depth the accepted path reached."""
+        """One verified tree: offered ranks at every depth the accepted path reached. A node's
+        rank is the proposer's (tree.ranks), not its index among the siblings offered: a
+        skipped rank must not shift the later ones."""
         root_children, node_children = children(tree)
         offered, depth = root_children, 1
         path = list(accepted_node_ids)
         while offered and depth <= MAX_DEPTH:
             accepted = path[depth - 1] if depth <= len(path) else None
-            for rank, node in enumerate(offered[:MAX_RANK]):
-                self._count(depth, rank, node == accepted)
+            for index, node in enumerate(offered):
+                rank = index if tree.ranks is None else tree.ranks[node]
+                if rank < MAX_RANK:
+                    self._count(depth, rank, node == accepted)
             if accepted is None:
                 break
             offered, depth = node_children[accepted], depth + 1

@@ -13,11 +13,13 @@ Per step (DESIGN §1 step 3), for the requests given draft slots:
 
 Sampling: draft token j is drawn from q_j = Sampler.process(draft logits) with the request's
 own sampling row (engine.sample.batch_verify.sampling_row, with the drafts before j as
-history): greedy requests draft the argmax, sampled ones the inverse CDF of q_j at the very
-uniform the target uses for that position (engine/sample/rng.py), so the draft agrees with the
-target's token whenever the two inverse CDFs agree there. Trees add the draft's top-k
-candidates best-first. Verification accepts a draft iff it equals the target's token, which
-is lossless whatever the drafts are (engine/sample/verify.py).
+history): greedy requests draft the argmax, sampled ones the winner of q_j's exponential race
+run with the very noise the target's race uses at that position (engine/sample/rng.py,
+kernels/sampling.py), so the draft is the target's token with probability >= (1 - TV) /
+(1 + TV). Tree children: greedy requests the draft's top-k, sampled ones the first finishers
+of that race (Gumbel-top-k), each scored by its draft probability. Verification accepts a
+draft iff it equals the target's token, which is lossless whatever the drafts are
+(engine/sample/verify.py).
 
 Draft K/V state (own cache only; a self-draft shares the target's): the draft's K/V is valid
 for a request's first `num_computed` verified tokens, written through the block table seen
@@ -47,12 +49,13 @@ import torch
 from engine.config import SpecConfig
 from engine.outputs import Drafts, ScheduledRequest
 from engine.sample.batch_verify import sampling_row
-from engine.sample.rng import uniforms
+from engine.sample.rng import race_keys
 from engine.sample.sampler import Sampler, SamplingRow
 from engine.sampling_params import SamplingParams
 from engine.speculation.proposers.draft_runner import DraftQuery, DraftRunner
 from engine.speculation.proposers.proposer import Observation, ProposeRequest
 from engine.speculation.proposers.tree_builders import TreeBuilder
+from kernels.sampling import race_topk
 
 _GREEDY = SamplingParams(temperature=0, max_tokens=None)
 
@@ -96,6 +99,7 @@ class DraftModelProposer:
     def propose(self, requests: Sequence[ProposeRequest]) -> Drafts:
         start = time.perf_counter()
         asks = [ask for ask in map(self._fit, requests) if ask is not None]
+        catchup = sum(self.catchup_tokens(ask.memos, len(ask.token_ids)) for ask in asks)
         drafts = Drafts()
         chains = [ask for ask in asks if not ask.tree]
         if chains:
@@ -103,7 +107,17 @@ class DraftModelProposer:
         trees = [ask for ask in asks if ask.tree]
         if trees:
             self._propose_trees(trees, drafts)
-        return dataclasses.replace(drafts, proposer_time=time.perf_counter() - start)
+        seconds = time.perf_counter() - start
+        return dataclasses.replace(drafts, proposer_time=seconds, num_catchup_tokens=catchup)
+
+    def catchup_tokens(self, memos: dict, num_tokens: int) -> int:
+        """Verified tokens the next catch-up feeds past the root (all since the draft last ran,
+        the whole context on a first run; 0 for a self-draft). Ignores a block id changed by
+        copy-on-write, which feeds a block more."""
+        if self.runner.shares_target_cache or num_tokens == 0:
+            return 0
+        state = memos.get(self.name)
+        return num_tokens - 1 - min(state.num_computed if state else 0, num_tokens - 1)
 
     def observe(self, observations: Sequence[Observation]) -> None:
         return None  # the next catch-up syncs from ProposeRequest.token_ids
@@ -148,7 +162,8 @@ class DraftModelProposer:
             logits = self.runner.logits(queries)
             picked = [asks[i] for i in active]
             probs = self.sampler.process(logits, self._rows(picked, [histories[i] for i in active]))
-            tokens = self.sampler.sample(probs, self._uniforms(picked, histories, active)).tolist()
+            keys = self._race_keys(picked, [histories[i] for i in active])
+            tokens = self.sampler.sample(probs, keys).tolist()
             for row, i in enumerate(active):
                 histories[i].append(tokens[row])
             active = [i for i in active if len(histories[i]) < asks[i].num_draft_tokens]
@@ -164,16 +179,17 @@ class DraftModelProposer:
         for ask, chain in zip(asks, histories):
             drafts.chains[ask.request_id] = chain
 
-    def _uniforms(
-        self, picked: list[ProposeRequest], histories: list[list[int]], active: list[int]
+    def _race_keys(
+        self, asks: Sequence[ProposeRequest], histories: Sequence[list[int]]
     ) -> torch.Tensor | None:
-        """The target's own uniform for each drafted position (common random numbers: the
-        draft token agrees with the target's as often as the two distributions allow)."""
-        if all(_params(ask).greedy for ask in picked):
+        """The target's own race key for the position after each request's drafts so far (the
+        same noise: the draft's token is the target's as often as the coupling allows); None
+        when every request is greedy."""
+        if all(_params(ask).greedy for ask in asks):
             return None
-        seeds = [ask.seed or 0 for ask in picked]
-        positions = [len(ask.token_ids) + len(histories[i]) for ask, i in zip(picked, active)]
-        return torch.from_numpy(uniforms(seeds, positions)).to(self.runner.device)
+        seeds = [ask.seed or 0 for ask in asks]
+        positions = [len(ask.token_ids) + len(history) for ask, history in zip(asks, histories)]
+        return torch.from_numpy(race_keys(seeds, positions)).to(self.runner.device)
 
     # ---- trees ---------------------------------------------------------------------------
     def _propose_trees(self, asks: list[ProposeRequest], drafts: Drafts) -> None:
@@ -220,11 +236,19 @@ class DraftModelProposer:
         nodes: list[int | None],
         logits: torch.Tensor,
     ) -> None:
-        """Push the draft's top candidates after each node (None: the root) onto its frontier."""
+        """Push the draft's candidates after each node (None: the root) onto its frontier, with
+        their draft probabilities: a greedy request's top ones, a sampled request's first
+        finishers of the race the target runs at that position."""
         histories = [b.path(node) for b, node in zip(builders, nodes)]
         probs = self.sampler.process(logits, self._rows(asks, histories, for_scores=True))
         num_top = min(max(b.num_left for b in builders), probs.shape[-1])
-        values, token_ids = probs.topk(num_top, dim=-1)
+        token_ids = probs.topk(num_top, dim=-1).indices
+        keys = self._race_keys(asks, histories)
+        if keys is not None:
+            sampled = torch.tensor([not _params(ask).greedy for ask in asks], device=probs.device)
+            raced = race_topk(probs, keys, num_top)
+            token_ids = torch.where(sampled[:, None], raced, token_ids)
+        values = probs.gather(-1, token_ids)
         for builder, node, row_values, row_ids in zip(
             builders, nodes, values.tolist(), token_ids.tolist()
         ):

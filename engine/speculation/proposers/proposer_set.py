@@ -40,7 +40,7 @@ class ProposerSet:
     def propose(self, requests: Sequence[ProposeRequest]) -> Drafts:
         chains: dict = {}
         trees: dict = {}
-        total, self.free_seconds = 0.0, 0.0
+        total, self.free_seconds, catchup = 0.0, 0.0, 0
         for name, proposer in self.proposers.items():
             asks = [r for r in requests if r.proposer == name]
             if not asks:
@@ -50,11 +50,23 @@ class ProposerSet:
             seconds = time.perf_counter() - start
             chains.update(drafts.chains)
             trees.update(drafts.trees)
-            total += seconds
+            total, catchup = total + seconds, catchup + drafts.num_catchup_tokens
             if name != DRAFT_PROPOSER:
                 self.free_seconds += seconds
                 self._measure(name, seconds / len(asks))
-        return Drafts(chains, trees, proposer_time=total, target_topk=self.target_topk)
+        return Drafts(
+            chains,
+            trees,
+            proposer_time=total,
+            target_topk=self.target_topk,
+            num_catchup_tokens=catchup,
+        )
+
+    def catchup_tokens(self, memos: dict, num_tokens: int) -> int:
+        """The draft model's catch-up for a request (0 without a draft model)."""
+        draft = self.proposers.get(DRAFT_PROPOSER)
+        catchup = getattr(draft, "catchup_tokens", None)
+        return catchup(memos, num_tokens) if catchup is not None else 0
 
     def _measure(self, name: str, seconds: float) -> None:
         old = self.seconds_per_request.get(name)

@@ -140,8 +140,8 @@ class RecycleProposer:
         """Instantiate a template from the root: the learned one the engine passes
         (tree_shape.py), else the static one (see the module docstring)."""
         rows: dict[int, list[int]] = {}
-        # Per template slot: (token, parent node) of the surviving nodes, in template order.
-        kept: dict[int, tuple[int, int | None]] = {}
+        # Per template slot: (token, parent slot, rank) of the surviving nodes, in template order.
+        kept: dict[int, tuple[int, int | None, int]] = {}
         sibling_tokens: dict[int | None, set[int]] = {}
         for slot, (parent_slot, rank) in enumerate(template or self._template):
             if len(kept) >= num_nodes:
@@ -155,17 +155,18 @@ class RecycleProposer:
             if rank >= len(row) or row[rank] in sibling_tokens.setdefault(parent_slot, set()):
                 continue
             sibling_tokens[parent_slot].add(row[rank])
-            kept[slot] = (row[rank], parent_slot)
+            kept[slot] = (row[rank], parent_slot, rank)
         return _breadth_first(kept)
 
 
-def _breadth_first(kept: dict[int, tuple[int, int | None]]) -> DraftTree:
+def _breadth_first(kept: dict[int, tuple[int, int | None, int]]) -> DraftTree:
     """Renumber template slots into a DraftTree in breadth-first order (also topological).
 
-    Siblings keep template order, which is rank order (rank r scores above rank r+1).
+    Siblings keep template order; each node keeps its candidate rank (DraftTree.ranks), which
+    its sibling index is not where a rank was skipped (a duplicate or a short row).
     """
     children: dict[int | None, list[int]] = {}
-    for slot, (_, parent_slot) in kept.items():
+    for slot, (_, parent_slot, _) in kept.items():
         children.setdefault(parent_slot, []).append(slot)
     token_ids: list[int] = []
     parent_ids: list[int | None] = []
@@ -177,7 +178,8 @@ def _breadth_first(kept: dict[int, tuple[int, int | None]]) -> DraftTree:
             token_ids.append(kept[slot][0])
             parent_ids.append(None if parent_slot is None else node_of_slot[parent_slot])
             queue.append(slot)
-    return DraftTree(token_ids=tuple(token_ids), parent_ids=tuple(parent_ids))
+    ranks = tuple(kept[slot][2] for slot in sorted(node_of_slot, key=node_of_slot.get))
+    return DraftTree(tuple(token_ids), tuple(parent_ids), ranks)
 
 
 def _check_args(vocab_size: int, num_candidates: int, rank_prior: Sequence[float]) -> None:

@@ -154,6 +154,7 @@ def fill_template(
     _, node_children = children(candidates)
     root_children = children(candidates)[0]
     filled: dict[int, int] = {}  # template slot -> node of `candidates`
+    rank_of: dict[int, int] = {}  # node of `candidates` -> its rank among its siblings
     for slot, (parent_slot, rank) in enumerate(template):
         if len(filled) >= num_nodes:
             break
@@ -162,10 +163,12 @@ def fill_template(
         offered = root_children if parent_slot is None else node_children[filled[parent_slot]]
         if rank < len(offered):
             filled[slot] = offered[rank]
+            rank_of[offered[rank]] = rank
     kept = sorted(filled.values())  # candidate order is topological: parents first
     index = {node: i for i, node in enumerate(kept)}
     parents = [candidates.parent_ids[node] for node in kept]
     return DraftTree(
         tuple(candidates.token_ids[node] for node in kept),
         tuple(None if parent is None else index[parent] for parent in parents),
+        tuple(rank_of[node] for node in kept),
     )

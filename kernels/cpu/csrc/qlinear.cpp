@@ -168,6 +168,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_rows_op(cons
 
 void register_decode_ops(pybind11::module& m);  // decode_ops.cpp
 void register_stack(pybind11::module& m);       // stack.cpp
+void register_race(pybind11::module& m);        // race.cpp
 
 }  // namespace goodspeed
 
@@ -199,5 +200,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "cap the linear kernels' ISA for the whole process (0: no cap; tests)", pybind11::arg("isa"));
   m.def("panel_width", []() { return goodspeed::kPanel; });
   goodspeed::register_decode_ops(m);
+  goodspeed::register_race(m);
   goodspeed::register_stack(m);
 }

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from engine.sample.rng import uniforms
+from engine.sample.rng import race_keys
 from engine.sample.sampler import Sampler, SamplingRow
 from engine.sampling_params import SamplingParams
 from kernels.sampling import filter_probs, sample_from_probs
@@ -139,7 +139,7 @@ def test_mixed_batch_rows_use_their_own_params():
 
 
 def test_seeded_sampling_is_batch_invariant():
-    """Same uniform, same token, whatever the other rows of the batch are."""
+    """Same race key, same token, whatever the other rows of the batch are."""
     vocab = 1000
     logits = torch.randn(5, vocab, generator=torch.Generator().manual_seed(0))
     rows = [
@@ -152,7 +152,7 @@ def test_seeded_sampling_is_batch_invariant():
         row_of({"temperature": 0.7}),
     ]
     for seed in range(5):
-        u = torch.from_numpy(uniforms([seed] * 5, range(5)))
+        u = torch.from_numpy(race_keys([seed] * 5, range(5)))
         batched = SAMPLER.sample(SAMPLER.process(logits, rows), u).tolist()
         alone = [
             SAMPLER.sample(SAMPLER.process(logits[i : i + 1], [rows[i]]), u[i : i + 1]).item()
@@ -161,18 +161,19 @@ def test_seeded_sampling_is_batch_invariant():
         assert batched == alone
     draws = {
         SAMPLER.sample(
-            SAMPLER.process(logits[4:], rows[4:]), torch.from_numpy(uniforms([s], [0]))
+            SAMPLER.process(logits[4:], rows[4:]), torch.from_numpy(race_keys([s], [0]))
         ).item()
         for s in range(20)
     }
     assert len(draws) > 1  # the seed matters
 
 
-def test_point_masses_give_their_token_at_any_uniform_and_none_means_argmax():
+def test_point_masses_win_every_race_and_none_means_argmax():
     probs = torch.tensor([[0.0, 1.0, 0.0], [0.5, 0.0, 0.5]])
-    for u in (0.0, 0.3, 0.999999):
-        tokens = sample_from_probs(probs, torch.tensor([u, u], dtype=torch.float64)).tolist()
-        assert tokens[0] == 1 and tokens[1] == (0 if u < 0.5 else 2)
+    for seed in range(20):
+        keys = torch.from_numpy(race_keys([seed, seed], [0, 0]))
+        tokens = sample_from_probs(probs, keys).tolist()
+        assert tokens[0] == 1 and tokens[1] in (0, 2)  # a masked token never wins
     assert sample_from_probs(probs, None).tolist() == [1, 0]
 
 

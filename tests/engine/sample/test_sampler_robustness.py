@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from engine.request import Request, check_token_ids
 from engine.sample.batch_verify import sampling_row
-from engine.sample.rng import uniforms
+from engine.sample.rng import race_keys
 from engine.sample.sampler import Sampler, SamplingRow
 from engine.sampling_params import SamplingParams
 from tests.strategies import sampling_kwargs
@@ -122,6 +122,6 @@ def test_any_values_are_refused_by_name_or_sample_a_valid_token(kwargs, scale, p
     probs = SAMPLER.process(logits, [sampling_row(request), neighbour])
     assert SAMPLER.valid_rows(logits, probs).tolist() == [True, True]
     assert torch.equal(probs[1], SAMPLER.process(logits[1:], [neighbour])[0])
-    u = torch.from_numpy(uniforms([params.seed or 0, 1], [7, 7]))
+    u = torch.from_numpy(race_keys([params.seed or 0, 1], [7, 7]))
     token = SAMPLER.sample(probs, u).tolist()
     assert 0 <= token[0] < VOCAB and probs[0, token[0]] > 0

@@ -3,6 +3,7 @@ and the batched pass that computes those targets from logits (batch_verify.py)."
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -10,11 +11,11 @@ from engine.outputs import DraftTree, ScheduledRequest
 from engine.request import Request
 from engine.runner.input_batch import RequestRows
 from engine.sample.batch_verify import BatchVerifier
-from engine.sample.rng import uniforms
+from engine.sample.rng import race_keys
 from engine.sample.sampler import Sampler
 from engine.sample.verify import VerifyResult, verify_chain, verify_tree
 from engine.sampling_params import SamplingParams
-from kernels.sampling import inverse_cdf
+from kernels.sampling import sample_from_probs
 
 # ---- chains ---------------------------------------------------------------------------
 
@@ -110,13 +111,14 @@ def test_batch_greedy_chain_tree_and_plain_rows_in_one_pass():
     assert [ids[0] for ids in done["tree"].target_topk_ids] == [2, 5, 0]  # top-1 = greedy target
 
 
-def test_batch_sampled_targets_use_the_uniform_of_the_predicted_position():
+def test_batch_sampled_targets_use_the_race_of_the_predicted_position():
     torch.manual_seed(0)
     logits = torch.randn(3, V)
     req = request("s", 1.0, seed=11)  # 3 prompt tokens: rows predict positions 3, 4, 5
     done = BatchVerifier(Sampler()).verify([rows_for(req, drafts=(0, 0))], logits)
     probs = torch.softmax(logits, dim=-1)
-    expected = inverse_cdf(probs, torch.from_numpy(uniforms([11] * 3, [3, 4, 5]))).tolist()
+    keys = torch.from_numpy(race_keys([11] * 3, [3, 4, 5]))
+    expected = sample_from_probs(probs, keys).tolist()
     assert done["s"].token_ids == tuple(verify_chain(expected, [0, 0]).token_ids)
 
 
@@ -126,9 +128,9 @@ def test_batch_verify_skips_requests_without_sample_rows():
     assert BatchVerifier(Sampler()).verify([quiet], torch.zeros(0, V)) == {}
 
 
-def test_uniforms_depend_on_seed_and_position_only():
-    a = uniforms([5, 5, 6], [10, 11, 10])
-    assert a.shape == (3,) and ((a >= 0) & (a < 1)).all()
+def test_race_keys_depend_on_seed_and_position_only():
+    a = race_keys([5, 5, 6], [10, 11, 10])
+    assert a.shape == (3,) and a.dtype == np.int64
     assert len(set(a.tolist())) == 3
-    assert (uniforms([5], [11]) == a[1:2]).all()
-    assert (uniforms([5 + (1 << 63)], [10]) == a[:1]).all()  # seeds are taken mod 2**63
+    assert (race_keys([5], [11]) == a[1:2]).all()
+    assert (race_keys([5 + (1 << 63)], [10]) == a[:1]).all()  # seeds are taken mod 2**63

@@ -2,13 +2,14 @@
 
 Set-up: a fixed Markov "target" P[prev] over V = 8 tokens and a different Markov "draft" Q.
 NUM_TRIALS requests, each with its own seed, start from ROOT; every step proposes drafts for
-each of them (chains or trees from Q: deterministic, or sampled by inverse CDF at the target's
-own uniform as the draft-model proposer does), lays out their rows and target logits
+each of them (chains or trees from Q: deterministic, or raced with the target's own noise as
+the draft-model proposer does: chains of race winners, trees of first finishers), lays out their rows and target logits
 log P[row input] as the model runner would, and runs the engine's BatchVerifier over the whole
 batch. Steps repeat until every trial has SEQ_LEN tokens; the joint law of those tokens is
 compared with P[root, t1] * P[t1, t2] * P[t2, t3] by a chi-square goodness-of-fit test (cells
-with expected count < 5 pooled). Lossless runs must give p-value > ALPHA; the planted bugs
-(uniforms shared across positions, a first draft always accepted, the draft emitted at a
+with expected count < 5 pooled), also with top-p and with a grammar mask applied to the target
+(the law is then the filtered P's). Lossless runs must give p-value > ALPHA; the planted bugs
+(race keys shared across positions, a first draft always accepted, the draft emitted at a
 mismatch) must give p-value < BUG_ALPHA, which shows the check can fail.
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -23,11 +25,11 @@ import engine.sample.batch_verify as batch_verify
 from engine.outputs import DraftTree, ScheduledRequest
 from engine.request import Request
 from engine.runner.input_batch import RequestRows
-from engine.sample.rng import uniforms
+from engine.sample.rng import race_keys
 from engine.sample.sampler import Sampler
 from engine.sample.verify import VerifyResult, verify_chain
 from engine.sampling_params import SamplingParams
-from kernels.sampling import inverse_cdf, sample_from_probs
+from kernels.sampling import filter_probs, race_topk, sample_from_probs
 from tests.stats import chi_square_pvalue
 
 VOCAB = 8
@@ -48,26 +50,58 @@ def markov(seed: int) -> torch.Tensor:
 TARGET, DRAFT = markov(0), markov(1)
 
 
-def joint_probs() -> torch.Tensor:
-    probs = TARGET[ROOT]
+TOP_P = SamplingParams(temperature=1.0, top_p=0.7, max_tokens=SEQ_LEN + 8)
+FORBIDDEN = (1, 6)  # the fake grammar's banned tokens
+
+
+def law(params: SamplingParams = PARAMS, grammar: bool = False) -> torch.Tensor:
+    """The target's next-token law [VOCAB, VOCAB] after its filters (top-p, a grammar)."""
+    target = TARGET.clone()
+    if grammar:
+        target[:, list(FORBIDDEN)] = 0.0
+        target /= target.sum(dim=-1, keepdim=True)
+    if params.top_p < 1:
+        target = filter_probs(target, top_p=torch.full((VOCAB,), params.top_p))
+    return target
+
+
+def joint_probs(target: torch.Tensor = TARGET) -> torch.Tensor:
+    probs = target[ROOT]
     for _ in range(SEQ_LEN - 1):
         last = torch.arange(probs.numel()) % VOCAB
-        probs = (probs[:, None] * TARGET[last]).flatten()
+        probs = (probs[:, None] * target[last]).flatten()
     return probs
 
 
+def key(request: Request, depth: int) -> torch.Tensor:
+    """The race key of the token `depth` positions past the request's next one."""
+    return torch.from_numpy(race_keys([request.seed], [request.num_tokens + depth]))
+
+
 def draft_chain(request: Request, k: int, sampled: bool) -> list[int]:
-    """k drafts from Q: its argmax chain, or inverse CDF at the target's uniforms."""
+    """k drafts from Q: its argmax chain, or the winners of Q's races run with the target's
+    own noise (the draft-model proposer's coupling)."""
     chain, current = [], request.all_token_ids[-1]
     for j in range(k):
         q = DRAFT[current]
-        if sampled:
-            u = torch.from_numpy(uniforms([request.seed], [request.num_tokens + j]))
-            current = int(inverse_cdf(q[None], u)[0])
-        else:
-            current = int(q.argmax())
+        current = (
+            int(sample_from_probs(q[None], key(request, j))[0]) if sampled else int(q.argmax())
+        )
         chain.append(current)
     return chain
+
+
+def raced_tree(request: Request) -> DraftTree:
+    """Root children: the first two finishers of Q's race at the next position (Gumbel-top-2);
+    each deeper node: the winner of Q's race at its position."""
+    first, second = race_topk(DRAFT[request.all_token_ids[-1]][None], key(request, 0), 2)[0]
+    tokens = [int(first), int(second)]
+    depths = [1, 1]
+    for parent in TREE_PARENTS[2:]:
+        q = DRAFT[tokens[parent]][None]
+        tokens.append(int(sample_from_probs(q, key(request, depths[parent]))[0]))
+        depths.append(depths[parent] + 1)
+    return DraftTree(tuple(tokens), TREE_PARENTS)
 
 
 def draft_tree(request: Request, duplicate: bool) -> DraftTree:
@@ -101,8 +135,22 @@ def step(requests: list[Request], propose) -> None:
         request.output_token_ids.extend(done[request.request_id].token_ids)
 
 
-def pvalue_of(propose, seed_base: int = 0) -> float:
-    requests = [Request(f"t{i}", [ROOT], PARAMS, seed=seed_base + i) for i in range(NUM_TRIALS)]
+class FakeGrammar:
+    """Bans FORBIDDEN at every position (the matcher's interface as batch_verify reads it)."""
+
+    num_words = 1
+
+    def masks(self, draft_ids) -> np.ndarray:
+        allowed = sum(1 << t for t in range(VOCAB) if t not in FORBIDDEN)
+        return np.full((len(draft_ids) + 1, 1), allowed, dtype=np.int32)
+
+
+def pvalue_of(
+    propose, seed_base: int = 0, params: SamplingParams = PARAMS, grammar: bool = False
+) -> float:
+    requests = [Request(f"t{i}", [ROOT], params, seed=seed_base + i) for i in range(NUM_TRIALS)]
+    for request in requests:
+        request.grammar = FakeGrammar() if grammar else None
     while pending := [r for r in requests if r.num_output_tokens < SEQ_LEN]:
         step(pending, propose)
     codes = torch.tensor(
@@ -110,7 +158,7 @@ def pvalue_of(propose, seed_base: int = 0) -> float:
          for r in requests], dtype=torch.long,
     )  # fmt: skip
     counts = torch.bincount(codes, minlength=VOCAB**SEQ_LEN)
-    return chi_square_pvalue(counts, joint_probs())
+    return chi_square_pvalue(counts, joint_probs(law(params, grammar)))
 
 
 PROPOSERS = {
@@ -119,6 +167,7 @@ PROPOSERS = {
     "chain-draft-model": lambda r: draft_chain(r, 2, sampled=True),
     "tree-deterministic": lambda r: draft_tree(r, duplicate=False),
     "tree-duplicate-siblings": lambda r: draft_tree(r, duplicate=True),
+    "tree-draft-model": raced_tree,
 }
 
 
@@ -137,16 +186,28 @@ def test_speculative_output_matches_target(name):
     assert pvalue > ALPHA, f"{name}: p-value {pvalue:.3g}"
 
 
+@pytest.mark.parametrize("name", ["chain-draft-model", "tree-draft-model"])
+def test_speculative_output_matches_the_top_p_target(name):
+    pvalue = pvalue_of(PROPOSERS[name], seed_base=10**6, params=TOP_P)
+    assert pvalue > ALPHA, f"{name}: p-value {pvalue:.3g}"
+
+
+def test_speculative_output_matches_the_grammar_masked_target():
+    """Chains only: grammar requests never get trees."""
+    pvalue = pvalue_of(PROPOSERS["chain-draft-model"], seed_base=2 * 10**6, grammar=True)
+    assert pvalue > ALPHA, f"p-value {pvalue:.3g}"
+
+
 def test_sampler_kernel_matches_probs():
     probs = TARGET[ROOT].expand(NUM_TRIALS, VOCAB).contiguous()
-    u = torch.from_numpy(uniforms(range(NUM_TRIALS), [0] * NUM_TRIALS))
-    tokens = sample_from_probs(probs, u)
+    keys = torch.from_numpy(race_keys(range(NUM_TRIALS), [0] * NUM_TRIALS))
+    tokens = sample_from_probs(probs, keys)
     assert chi_square_pvalue(torch.bincount(tokens, minlength=VOCAB), TARGET[ROOT]) > ALPHA
 
 
-def test_check_rejects_uniforms_shared_across_positions(monkeypatch):
+def test_check_rejects_race_keys_shared_across_positions(monkeypatch):
     monkeypatch.setattr(
-        batch_verify, "uniforms", lambda seeds, positions: uniforms(seeds, [0] * len(seeds))
+        batch_verify, "race_keys", lambda seeds, positions: race_keys(seeds, [0] * len(seeds))
     )
     assert pvalue_of(PROPOSERS["chain-deterministic"]) < BUG_ALPHA
 

@@ -122,6 +122,7 @@ def test_stats_fields_fill_engine_stats(tiny_model_dir, tmp_path):
     stats = llm.engine.stats()
     assert stats.last_predicted_step_time is not None and stats.last_predicted_step_time > 0
     assert stats.last_goodput > 0
+    assert 0 < stats.last_plan_time < stats.last_step_time  # planning is part of the step
     per_position = stats.spec_accepted_per_position_total
     assert sum(per_position) == stats.spec_num_accepted_tokens_total
     assert list(per_position) == sorted(per_position, reverse=True)  # prefix acceptance

@@ -58,3 +58,28 @@ def test_accepted_path_follows_the_emitted_tokens():
     assert accepted_path(tree, [11, 12, 99]) == [1, 2]
     assert accepted_path(tree, [11, 12, 13, 7]) == [1, 2, 3]
     assert accepted_path(tree, [42]) == []
+
+
+def test_a_skipped_rank_does_not_shift_the_credit_of_later_ones():
+    """A template holding root ranks 0 and 2 (rank 1 skipped): when the rank-2 candidate is
+    the accepted one, p(1, 2) rises and p(1, 1) is untouched (it was never offered)."""
+    candidates = trie_of([[5], [6], [7]], 1 << 30)  # root children 5, 6, 7: ranks 0, 1, 2
+    tree = fill_template(candidates, [(None, 0), (None, 2)], 2)
+    assert tree.token_ids == (5, 7) and tree.ranks == (0, 2)
+    estimator = TreeShapeEstimator()
+    before = [estimator.probability(1, r) for r in range(3)]
+    for _ in range(50):
+        estimator.observe(tree, accepted_path(tree, [7, 99]))
+    assert estimator.probability(1, 2) > 0.8 > before[2]
+    assert estimator.probability(1, 1) == before[1]
+    assert estimator.probability(1, 0) < before[0]
+
+
+def test_recycled_trees_carry_the_candidate_rank_of_each_node():
+    """Token Recycling skips a rank whose token repeats a sibling's: the node keeps its rank."""
+    from engine.speculation.proposers.recycle import RecycleProposer
+
+    proposer = RecycleProposer(vocab_size=16, num_candidates=3)
+    proposer.adjacency[1], proposer.row_lengths[1] = [4, 4, 9], 3  # rank 1 repeats rank 0
+    tree = proposer.grow_tree(1, 3, [(None, 0), (None, 1), (None, 2)])
+    assert tree.token_ids == (4, 9) and tree.ranks == (0, 2)

@@ -120,7 +120,7 @@ def test_check_rejects_targets_that_are_not_samples_from_p(models, exact_probs):
     llm = make_llm(models, "chain")
     verifier_sampler = llm.engine.runner.verifier.sampler
 
-    def argmax(probs, uniforms):  # planted bug: the target's mode stands in for its sample
+    def argmax(probs, keys):  # planted bug: the target's mode stands in for its sample
         return probs.argmax(dim=-1)
 
     verifier_sampler.sample = argmax

@@ -6,7 +6,10 @@ hands the whole stack to C++ in one call, which runs the same cores in the same 
 hidden states are bitwise those of the per-op path (tests/engine/models/test_native_stack.py).
 
 It applies when every linear layer runs GGUF blocks on the native kernels (QuantLinear), the
-model is float32 on the CPU, attention is the native `cpu` backend and no autograd is recording;
+model is float32 on the CPU, attention is the native `cpu` backend and no autograd is recording,
+and the family is Llama-shaped (Llama, Mistral, Qwen2, Phi-3; sliding windows included): the
+stack has no QK-norm, sandwich norms, GeGLU or second RoPE table, so Qwen3 and Gemma 3 run the
+per-op forward (the same native linear and attention kernels, op by op);
 `NativeStack.build` returns None otherwise and the model keeps its per-op forward. It holds the
 model's parameter tensors as they were when built: the model builds it on first use and again
 after `load_weights`.
@@ -36,9 +39,21 @@ def _runs(layer: QuantLinear) -> list[tuple]:
     return entries
 
 
+def _llama_shaped(config) -> bool:
+    """The family has nothing the native stack lacks (module docstring)."""
+    return (
+        not config.qk_norm
+        and not config.sandwich_norms
+        and config.hidden_act == "silu"
+        and config.local_rope_theta is None
+    )
+
+
 def _fits(model) -> bool:
-    """Every linear layer on the native kernels with one activation mode, float32 CPU norms and
-    RoPE tables, a head size the native RoPE takes."""
+    """A Llama-shaped family, every linear layer on the native kernels with one activation mode,
+    float32 CPU norms and RoPE tables, a head size the native RoPE takes."""
+    if not _llama_shaped(model.config):
+        return False
     linears = [
         getattr(part, name)
         for layer in model.layers
@@ -70,7 +85,7 @@ class NativeStack:
         c = model.config
         first = model.layers[0].self_attn.qkv_proj
         self.activations = first.activations
-        self.scale = c.head_dim**-0.5
+        self.scale = c.attention_scale
         # Seconds per phase of the layers (phase_names), summed over calls, when a benchmark
         # sets it to zeros(len(phase_names), float64); None: not timed.
         self.timings: torch.Tensor | None = None
@@ -87,7 +102,7 @@ class NativeStack:
             model.norm.weight.detach(),
             ACTIVATIONS[self.activations],
         )
-        for layer in model.layers:
+        for i, layer in enumerate(model.layers):
             attn, mlp = layer.self_attn, layer.mlp
             self._stack.add_layer(
                 layer.input_layernorm.weight.detach(),
@@ -98,6 +113,7 @@ class NativeStack:
                 _bias(attn.o_proj),
                 _runs(mlp.gate_up_proj),
                 _runs(mlp.down_proj),
+                c.window(i),
             )
 
     @classmethod

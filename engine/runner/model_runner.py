@@ -105,6 +105,7 @@ class ModelRunner:
             arch.head_dim,
             self.dtype,
             self.device,
+            arch.layer_windows,
         )
         self.backend.allocate(spec)
         logger.info(

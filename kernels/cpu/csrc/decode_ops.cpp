@@ -61,11 +61,13 @@ void silu_mul_out(const at::Tensor& gate_up, at::Tensor& out) {
 // q [T, H, D], k/v [T, Hkv, D] (last dims contiguous), cache [blocks, 2, bs, Hkv, D],
 // slots [T] int64 (where this step's k/v go), block_tables [R, max_blocks] int32,
 // tokens [T, 4] int32 = (request, history length before the step's tokens, index among the
-// request's new tokens, request's number of new tokens), mask [T, max_q_len] uint8 or None.
+// request's new tokens, request's number of new tokens), mask [T, max_q_len] uint8 or None,
+// window: a sliding window of that many positions (0: full attention).
 void paged_attention_out(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          at::Tensor& cache, const at::Tensor& slots,
                          const at::Tensor& block_tables, const at::Tensor& tokens,
-                         const std::optional<at::Tensor>& mask, double scale, at::Tensor& out) {
+                         const std::optional<at::Tensor>& mask, double scale, at::Tensor& out,
+                         int64_t window) {
   check_float(q, 3, "q");
   check_float(k, 3, "k");
   check_float(v, 3, "v");
@@ -77,7 +79,9 @@ void paged_attention_out(const at::Tensor& q, const at::Tensor& k, const at::Ten
               "head shapes (at most 64 query heads per KV head)");
   const AttentionBatch batch = attention_batch(slots, block_tables, tokens, mask, T);
   const Paged c{cache.data_ptr<float>(), cache.size(2), Hkv, D};
-  paged_attention(c, heads(q), heads(k), heads(v), H, batch, (float)scale, out.data_ptr<float>());
+  TORCH_CHECK(window >= 0, "window must be >= 0");
+  paged_attention(c, heads(q), heads(k), heads(v), H, batch, (float)scale, out.data_ptr<float>(),
+                  window);
 }
 
 }  // namespace
@@ -102,7 +106,7 @@ void register_decode_ops(pybind11::module& m) {
         pybind11::call_guard<pybind11::gil_scoped_release>(), pybind11::arg("q"),
         pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("cache"), pybind11::arg("slots"),
         pybind11::arg("block_tables"), pybind11::arg("tokens"), pybind11::arg("mask"),
-        pybind11::arg("scale"), pybind11::arg("out"));
+        pybind11::arg("scale"), pybind11::arg("out"), pybind11::arg("window") = 0);
 }
 
 }  // namespace goodspeed

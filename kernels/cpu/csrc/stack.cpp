@@ -59,6 +59,7 @@ struct QuantizedLinear {
 struct Layer {
   at::Tensor input_norm, post_norm;  // [hidden] float32
   QuantizedLinear qkv, o, gate_up, down;
+  int64_t window;  // sliding-window length, 0: full attention
 };
 
 QuantizedLinear make_linear(std::vector<Run> runs, std::optional<at::Tensor> bias, int64_t K) {
@@ -101,12 +102,15 @@ class DecoderStack {
   void add_layer(at::Tensor input_norm, at::Tensor post_norm, std::vector<Run> qkv,
                  std::optional<at::Tensor> qkv_bias, std::vector<Run> o,
                  std::optional<at::Tensor> o_bias, std::vector<Run> gate_up,
-                 std::vector<Run> down) {
-    Layer layer{std::move(input_norm), std::move(post_norm),
+                 std::vector<Run> down, int64_t window) {
+    TORCH_CHECK(window >= 0, "window must be >= 0");
+    Layer layer{std::move(input_norm),
+                std::move(post_norm),
                 make_linear(std::move(qkv), std::move(qkv_bias), C_),
                 make_linear(std::move(o), std::move(o_bias), H_ * D_),
                 make_linear(std::move(gate_up), std::nullopt, C_),
-                make_linear(std::move(down), std::nullopt, I_)};
+                make_linear(std::move(down), std::nullopt, I_),
+                window};
     for (const QuantizedLinear* w : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down}) {
       for (const Run& run : w->runs) {
         TORCH_CHECK(act_ == ActMode::kFloat32 || std::get<4>(run),
@@ -154,7 +158,7 @@ class DecoderStack {
       const Paged cache{caches[i].data_ptr<float>(), caches[i].size(2), Hkv_, D_};
       paged_attention(cache, Heads{qkv_data, QKV, D_}, Heads{qkv_data + H_ * D_, QKV, D_},
                       Heads{qkv_data + (H_ + Hkv_) * D_, QKV, D_}, H_, batch, (float)scale,
-                      attended.data_ptr<float>());
+                      attended.data_ptr<float>(), layer.window);
       clock.lap(kAttention);
       linear(layer.o, mat(attended), om, T);
       clock.lap(kO);
@@ -238,7 +242,7 @@ void register_stack(pybind11::module& m) {
            py::arg("final_norm"), py::arg("act"))
       .def("add_layer", &DecoderStack::add_layer, py::arg("input_norm"), py::arg("post_norm"),
            py::arg("qkv"), py::arg("qkv_bias"), py::arg("o"), py::arg("o_bias"),
-           py::arg("gate_up"), py::arg("down"))
+           py::arg("gate_up"), py::arg("down"), py::arg("window") = 0)
       .def("forward", &DecoderStack::forward, py::call_guard<py::gil_scoped_release>(),
            py::arg("residual"), py::arg("positions"), py::arg("caches"), py::arg("slots"),
            py::arg("block_tables"), py::arg("tokens"), py::arg("mask"), py::arg("scale"),

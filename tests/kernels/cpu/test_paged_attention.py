@@ -1,6 +1,6 @@
 """The native CPU attention backend (kernels/cpu/paged_attention.py) against the reference backend on
 random ragged batches (prefill, chunks with history, decodes, trees; GQA; AVX2 and scalar head
-sizes), and its two invariances: a row's output does not depend on the rest of the batch, and
+sizes; sliding windows), and its two invariances: a row's output does not depend on the rest of the batch, and
 a token verified inside a chain gets bitwise the output a plain decode step gives it."""
 
 from __future__ import annotations
@@ -33,11 +33,11 @@ def attention_isa(request, native):
     native.set_attention_isa_cap(2)
 
 
-def backends(num_kv_heads: int, head_dim: int, block_size: int):
+def backends(num_kv_heads: int, head_dim: int, block_size: int, windows: tuple[int, ...] = ()):
     from kernels.cpu.paged_attention import CpuPagedBackend
 
     spec = KVCacheSpec(
-        NUM_LAYERS, NUM_BLOCKS, block_size, num_kv_heads, head_dim, torch.float32, "cpu"
+        NUM_LAYERS, NUM_BLOCKS, block_size, num_kv_heads, head_dim, torch.float32, "cpu", windows
     )
     fast, slow = CpuPagedBackend(), ReferenceBackend()
     fast.allocate(spec)
@@ -56,8 +56,21 @@ def qkv(n: int, heads: int, kv_heads: int, head_dim: int, generator: torch.Gener
 @pytest.mark.parametrize("block_size", [4, 16])
 @pytest.mark.parametrize("seed", range(3))
 def test_matches_reference(kind, heads, kv_heads, head_dim, block_size, seed) -> None:
+    assert_matches_reference(kind, heads, kv_heads, head_dim, block_size, seed, ())
+
+
+# Layer 0 slides (windows from one key, below a block, across blocks, past most histories),
+# layer 1 attends to everything: one plan serves both.
+@pytest.mark.parametrize("window", [1, 3, 7, 20])
+@pytest.mark.parametrize("heads, kv_heads, head_dim", [SHAPES[0], SHAPES[2], SHAPES[4]])
+@pytest.mark.parametrize("seed", range(2))
+def test_sliding_windows_match_reference(window, heads, kv_heads, head_dim, seed) -> None:
+    assert_matches_reference("mixed", heads, kv_heads, head_dim, 4, seed, (window, 0))
+
+
+def assert_matches_reference(kind, heads, kv_heads, head_dim, block_size, seed, windows):
     rng, generator = random.Random(seed), torch.Generator().manual_seed(seed)
-    fast, slow = backends(kv_heads, head_dim, block_size)
+    fast, slow = backends(kv_heads, head_dim, block_size, windows)
     cases = random_cases(rng, rng.randint(1, 6), KINDS[kind])
     metadata, _ = make_metadata(rng, cases, block_size, NUM_BLOCKS)
     fast.plan(metadata)
@@ -116,11 +129,12 @@ def test_a_request_is_bitwise_the_same_alone_and_in_a_batch(seed: int) -> None:
         assert torch.equal(batched, alone)
 
 
-def test_a_chain_token_gets_the_output_of_a_decode_step() -> None:
+@pytest.mark.parametrize("window", [0, 9])
+def test_a_chain_token_gets_the_output_of_a_decode_step(window) -> None:
     """Verify a 5-token chain after 37 tokens of history, then decode each of those tokens on
-    its own over the same cache: the outputs are bitwise equal."""
+    its own over the same cache: the outputs are bitwise equal (with a sliding window too)."""
     generator = torch.Generator().manual_seed(7)
-    fast, _ = backends(3, 64, 16)
+    fast, _ = backends(3, 64, 16, (window, window))
     fast.kv_caches[0].copy_(torch.randn(fast.kv_caches[0].shape, generator=generator))
     history, chain = 37, 5
     cases = [RequestCase(history, chain)]
@@ -136,7 +150,8 @@ def test_a_chain_token_gets_the_output_of_a_decode_step() -> None:
         assert torch.equal(decoded[0], verified[j])
 
 
-def test_a_tree_node_gets_the_output_of_decoding_its_path() -> None:
+@pytest.mark.parametrize("window", [0, 9])
+def test_a_tree_node_gets_the_output_of_decoding_its_path(window) -> None:
     """Verify a tree (root + six nodes, unseen siblings between a node and its ancestors), then,
     on a copy of the cache, decode one path's tokens one by one at consecutive positions (as
     after acceptance): each gets bitwise its node's verified output (the softmax sums the seen
@@ -144,7 +159,8 @@ def test_a_tree_node_gets_the_output_of_decoding_its_path() -> None:
     from kernels.attention import AttentionMetadata
 
     generator = torch.Generator().manual_seed(11)
-    tree, decode = backends(3, 64, 16)[0], backends(3, 64, 16)[0]
+    windows = (window, window)
+    tree, decode = backends(3, 64, 16, windows)[0], backends(3, 64, 16, windows)[0]
     initial = torch.randn(tree.kv_caches[0].shape, generator=generator)
     tree.kv_caches[0].copy_(initial)
     decode.kv_caches[0].copy_(initial)

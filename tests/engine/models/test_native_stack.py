@@ -107,6 +107,25 @@ def test_native_stack_with_attention_biases(tmp_path, models_helpers):
     assert_bitwise_same(per_op, native, models_helpers)
 
 
+def test_native_stack_with_sliding_windows_and_fused_projections(tmp_path, models_helpers):
+    """Phi-3 (window 6 on every layer, fused qkv and gate|up): SCHEDULE runs past the window."""
+    hf_dir, _ = models_helpers.build_hf_model(tmp_path / "hf", model_type="phi3")
+    path = write_gguf(tmp_path / "p.gguf", hf_dir, qtype=Q.Q8_0, arch="phi3")
+    per_op, native = load_pair(path, "gguf")
+    assert per_op.config.layer_windows == (6, 6)
+    assert_bitwise_same(per_op, native, models_helpers)
+
+
+@pytest.mark.parametrize("model_type, arch", [("qwen3", "qwen3"), ("gemma3_text", "gemma3")])
+def test_families_the_stack_lacks_run_per_op(tmp_path, models_helpers, model_type, arch):
+    """QK-norm, sandwich norms, GeGLU and a second RoPE table are not in the native stack: these
+    families keep the per-op forward (native linear and attention kernels, op by op)."""
+    hf_dir, _ = models_helpers.build_hf_model(tmp_path / "hf", model_type=model_type)
+    path = write_gguf(tmp_path / "m.gguf", hf_dir, qtype=Q.Q8_0, arch=arch)
+    model, _ = load_model(path, torch.float32, "cpu", CpuPagedBackend(), weights="gguf")
+    assert model.native_stack() is None
+
+
 def test_native_stack_runs_a_self_drafts_first_layers(tmp_path, models_helpers):
     hf_dir, _ = models_helpers.build_hf_model(tmp_path / "hf", tie_word_embeddings=True)
     per_op, native = load_pair(write_gguf(tmp_path / "m.gguf", hf_dir, qtype=Q.Q4_0), "gguf")

@@ -7,9 +7,8 @@ hidden states are bitwise those of the per-op path (tests/engine/models/test_nat
 
 It applies when every linear layer runs GGUF blocks on the native kernels (QuantLinear), the
 model is float32 on the CPU, attention is the native `cpu` backend and no autograd is recording,
-and the family is Llama-shaped (Llama, Mistral, Qwen2, Phi-3; sliding windows included): the
-stack has no QK-norm, sandwich norms, GeGLU or second RoPE table, so Qwen3 and Gemma 3 run the
-per-op forward (the same native linear and attention kernels, op by op);
+and every family runs there: the stack takes QK-norm (Qwen3, Gemma 3), Gemma's sandwich norms,
+GeGLU, the sliding layers' own RoPE table and a sliding window per layer;
 `NativeStack.build` returns None otherwise and the model keeps its per-op forward. It holds the
 model's parameter tensors as they were when built: the model builds it on first use and again
 after `load_weights`.
@@ -39,21 +38,9 @@ def _runs(layer: QuantLinear) -> list[tuple]:
     return entries
 
 
-def _llama_shaped(config) -> bool:
-    """The family has nothing the native stack lacks (module docstring)."""
-    return (
-        not config.qk_norm
-        and not config.sandwich_norms
-        and config.hidden_act == "silu"
-        and config.local_rope_theta is None
-    )
-
-
 def _fits(model) -> bool:
-    """A Llama-shaped family, every linear layer on the native kernels with one activation mode,
-    float32 CPU norms and RoPE tables, a head size the native RoPE takes."""
-    if not _llama_shaped(model.config):
-        return False
+    """Every linear layer on the native kernels with one activation mode, float32 CPU norms and
+    RoPE tables, a head size the native RoPE takes."""
     linears = [
         getattr(part, name)
         for layer in model.layers
@@ -65,9 +52,7 @@ def _fits(model) -> bool:
         )
     ]
     floats = [model.norm.weight, model.rotary.cos] + [
-        norm.weight
-        for layer in model.layers
-        for norm in (layer.input_layernorm, layer.post_attention_layernorm)
+        param for layer in model.layers for param in _norms(layer) if param is not None
     ]
     return (
         all(isinstance(linear, QuantLinear) for linear in linears)
@@ -101,9 +86,15 @@ class NativeStack:
             model.rotary.sin_signed.contiguous(),
             model.norm.weight.detach(),
             ACTIVATIONS[self.activations],
+            gelu=c.hidden_act == "gelu_tanh",
+            local_cos=None if model.rotary_local is None else model.rotary_local.cos.contiguous(),
+            local_sin=None
+            if model.rotary_local is None
+            else model.rotary_local.sin_signed.contiguous(),
         )
         for i, layer in enumerate(model.layers):
             attn, mlp = layer.self_attn, layer.mlp
+            _, _, q_norm, k_norm, pre_ffn, post_ffn = _norms(layer)
             self._stack.add_layer(
                 layer.input_layernorm.weight.detach(),
                 layer.post_attention_layernorm.weight.detach(),
@@ -114,6 +105,11 @@ class NativeStack:
                 _runs(mlp.gate_up_proj),
                 _runs(mlp.down_proj),
                 c.window(i),
+                q_norm,
+                k_norm,
+                pre_ffn,
+                post_ffn,
+                c.uses_local_rope(i),
             )
 
     @classmethod
@@ -167,3 +163,21 @@ class NativeStack:
 
 def _bias(layer: QuantLinear) -> torch.Tensor | None:
     return None if layer.bias is None else layer.bias.detach().contiguous()
+
+
+def _norms(layer) -> tuple[torch.Tensor | None, ...]:
+    """(input, post-attention, q, k, pre-feedforward, post-feedforward) norm weights of a layer,
+    None where the family has none."""
+
+    def weight(module) -> torch.Tensor | None:
+        return None if module is None else module.weight.detach()
+
+    attn = layer.self_attn
+    return (
+        weight(layer.input_layernorm),
+        weight(layer.post_attention_layernorm),
+        weight(attn.q_norm),
+        weight(attn.k_norm),
+        weight(getattr(layer, "pre_feedforward_layernorm", None)),
+        weight(getattr(layer, "post_feedforward_layernorm", None)),
+    )

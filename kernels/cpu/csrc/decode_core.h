@@ -32,21 +32,37 @@ struct Mat {
 };
 
 // ---- RMSNorm, with the residual add folded in ----
+// One row: r += d (when given); o = w * (r * (1 / sqrt(mean(r^2) + eps))). o may be r.
+inline void rms_norm_row(float* r, const float* d, const float* w, float eps, float* o,
+                         int64_t C) {
+  if (d) {
+    for (int64_t c = 0; c < C; ++c) r[c] += d[c];
+  }
+  double squares = 0.0;
+  for (int64_t c = 0; c < C; ++c) squares += (double)r[c] * (double)r[c];
+  const float inv = 1.0f / std::sqrt((float)(squares / (double)C) + eps);
+  for (int64_t c = 0; c < C; ++c) o[c] = w[c] * (r[c] * inv);
+}
+
 // residual += delta (when given); out = weight * (residual * (1 / sqrt(mean(residual^2) + eps))).
 inline void rms_norm_rows(Mat residual, const Mat* delta, const float* w, float eps, Mat out,
                           int64_t T, int64_t C) {
   at::parallel_for(0, T, 16, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
-      float* r = residual.row(t);
-      if (delta) {
-        const float* d = delta->row(t);
-        for (int64_t c = 0; c < C; ++c) r[c] += d[c];
-      }
-      double squares = 0.0;
-      for (int64_t c = 0; c < C; ++c) squares += (double)r[c] * (double)r[c];
-      const float inv = 1.0f / std::sqrt((float)(squares / (double)C) + eps);
-      float* o = out.row(t);
-      for (int64_t c = 0; c < C; ++c) o[c] = w[c] * (r[c] * inv);
+      rms_norm_row(residual.row(t), delta ? delta->row(t) : nullptr, w, eps, out.row(t), C);
+    }
+  });
+}
+
+// QK-norm in place: heads first_head .. first_head + heads - 1 of every token of x [T, *, D]
+// (rows `stride` apart), each normed over its D values by w [D] (the rows rms_norm_rows would
+// norm, so the same values).
+inline void norm_heads_rows(float* x, int64_t stride, int64_t T, int64_t first_head,
+                            int64_t heads, int64_t D, const float* w, float eps) {
+  at::parallel_for(0, T * heads, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t item = begin; item < end; ++item) {
+      float* row = x + (item / heads) * stride + (first_head + item % heads) * D;
+      rms_norm_row(row, nullptr, w, eps, row, D);
     }
   });
 }
@@ -80,8 +96,20 @@ GS_AVX2_FMA inline void silu_mul_row_avx2(const float* g, const float* u, float*
   }
 }
 
+GS_AVX2_FMA inline void gelu_tanh_mul_row_avx2(const float* g, const float* u, float* o,
+                                               int64_t I) {
+  for (int64_t i = 0; i < I; i += 8) {
+    _mm256_storeu_ps(o + i, gelu_tanh_mul8(_mm256_loadu_ps(g + i), _mm256_loadu_ps(u + i)));
+  }
+}
+
+inline float gelu_tanh_scalar(float g) {  // g * sigmoid(2y), as gelu_tanh_mul8
+  return g / (1.0f + std::exp(-1.5957691216057308f * (g + 0.044715f * g * g * g)));
+}
+
+// out = act(gate) * up for gate_up = [gate | up]: act = silu (SwiGLU) or gelu_tanh (GeGLU).
 // AVX2 (vectorised exp) when I % 8 == 0 and the CPU has it, else scalar: fixed per process.
-inline void silu_mul_rows(Mat gate_up, Mat out, int64_t T, int64_t I) {
+inline void act_mul_rows(Mat gate_up, Mat out, int64_t T, int64_t I, bool gelu) {
   const bool avx2 = I % 8 == 0 && avx2_fma();
   at::parallel_for(0, T, 4, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
@@ -89,12 +117,22 @@ inline void silu_mul_rows(Mat gate_up, Mat out, int64_t T, int64_t I) {
       const float* u = g + I;
       float* o = out.row(t);
       if (avx2) {
-        silu_mul_row_avx2(g, u, o, I);
+        if (gelu) {
+          gelu_tanh_mul_row_avx2(g, u, o, I);
+        } else {
+          silu_mul_row_avx2(g, u, o, I);
+        }
         continue;
       }
-      for (int64_t i = 0; i < I; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+      for (int64_t i = 0; i < I; ++i) {
+        o[i] = (gelu ? gelu_tanh_scalar(g[i]) : g[i] / (1.0f + std::exp(-g[i]))) * u[i];
+      }
     }
   });
+}
+
+inline void silu_mul_rows(Mat gate_up, Mat out, int64_t T, int64_t I) {
+  act_mul_rows(gate_up, out, T, I, false);
 }
 
 // ---- paged attention ----

@@ -50,12 +50,18 @@ void rope_(at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos,
             cos.data_ptr<float>(), sin_signed.data_ptr<float>());
 }
 
-void silu_mul_out(const at::Tensor& gate_up, at::Tensor& out) {
+void act_mul_out(const at::Tensor& gate_up, at::Tensor& out, bool gelu) {
   check_float(gate_up, 2, "gate_up");
   check_float(out, 2, "out");
   const int64_t T = gate_up.size(0), I = out.size(1);
   TORCH_CHECK(gate_up.size(1) == 2 * I && out.size(0) == T, "gate_up must be [T, 2 * out cols]");
-  silu_mul_rows(mat(gate_up), mat(out), T, I);
+  act_mul_rows(mat(gate_up), mat(out), T, I, gelu);
+}
+
+void silu_mul_out(const at::Tensor& gate_up, at::Tensor& out) { act_mul_out(gate_up, out, false); }
+
+void gelu_tanh_mul_out(const at::Tensor& gate_up, at::Tensor& out) {
+  act_mul_out(gate_up, out, true);
 }
 
 // q [T, H, D], k/v [T, Hkv, D] (last dims contiguous), cache [blocks, 2, bs, Hkv, D],
@@ -99,6 +105,8 @@ void register_decode_ops(pybind11::module& m) {
         pybind11::arg("eps"), pybind11::arg("out"));
   m.def("rope_", &rope_, "rotate-half RoPE in place on x [T, heads, D]", pybind11::arg("x"),
         pybind11::arg("positions"), pybind11::arg("cos"), pybind11::arg("sin_signed"));
+  m.def("gelu_tanh_mul_out", &gelu_tanh_mul_out, "out = gelu_tanh(gate) * up",
+        pybind11::arg("gate_up"), pybind11::arg("out"));
   m.def("silu_mul_out", &silu_mul_out, "out = silu(gate) * up", pybind11::arg("gate_up"),
         pybind11::arg("out"));
   m.def("paged_attention_out", &paged_attention_out,

@@ -116,14 +116,18 @@ def test_native_stack_with_sliding_windows_and_fused_projections(tmp_path, model
     assert_bitwise_same(per_op, native, models_helpers)
 
 
+@pytest.mark.parametrize("weights", ["gguf", "gguf-f32"])
 @pytest.mark.parametrize("model_type, arch", [("qwen3", "qwen3"), ("gemma3_text", "gemma3")])
-def test_families_the_stack_lacks_run_per_op(tmp_path, models_helpers, model_type, arch):
-    """QK-norm, sandwich norms, GeGLU and a second RoPE table are not in the native stack: these
-    families keep the per-op forward (native linear and attention kernels, op by op)."""
+def test_native_stack_runs_qk_norm_and_gemma_bitwise(
+    tmp_path, models_helpers, model_type, arch, weights
+):
+    """QK-norm (Qwen3); Gemma's sandwich norms, GeGLU, scaled embeddings, a sliding layer with its
+    own RoPE table beside a global one: the stack gives the per-op forward's bytes."""
     hf_dir, _ = models_helpers.build_hf_model(tmp_path / "hf", model_type=model_type)
     path = write_gguf(tmp_path / "m.gguf", hf_dir, qtype=Q.Q8_0, arch=arch)
-    model, _ = load_model(path, torch.float32, "cpu", CpuPagedBackend(), weights="gguf")
-    assert model.native_stack() is None
+    per_op, native = load_pair(path, weights)
+    assert native.config.qk_norm
+    assert_bitwise_same(per_op, native, models_helpers)
 
 
 def test_native_stack_runs_a_self_drafts_first_layers(tmp_path, models_helpers):

@@ -167,8 +167,9 @@ def _default_inv_freq(theta: float, head_dim: int) -> torch.Tensor:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_paged_logits_match_transformers(tmp_path, models_helpers):
-    path, hf_model = models_helpers.build_hf_model(tmp_path, "qwen2")
+@pytest.mark.parametrize("model_type", ["qwen2", "qwen3", "mistral", "phi3", "gemma3_text"])
+def test_cuda_paged_logits_match_transformers(tmp_path, models_helpers, model_type):
+    path, hf_model = models_helpers.build_hf_model(tmp_path, model_type)
     model, _ = load_model(path, torch.float32, "cuda", ReferenceBackend())
     sequences = models_helpers.schedule_sequences(models_helpers.TINY["vocab_size"])
     ours = models_helpers.paged_logits(model, sequences)

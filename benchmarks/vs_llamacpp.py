@@ -44,6 +44,13 @@ Qwen2.5-Coder 1.5B Q4_K_M with the 0.5B draft (the issue #23 comparison, 8 clien
         --model ${PAIR[0]} --draft-model ${PAIR[1]} --concurrency 8 \
         --servers gs-off,gs-goodput,gs-draft,gs-auto,llama,llama-spec,llama-draft \
         --section vs-llamacpp-qwen --out docs/bench_vs_llamacpp_qwen.json
+
+Gemma 3 270M Q4_K_M (issue #26; its file has no chat template: llama-server gets
+`--chat-template gemma`, ours the same turn format):
+    GEMMA=$(PYTHON=.venv/bin/python bash benchmarks/models/gemma3.sh)
+    .venv/bin/python benchmarks/vs_llamacpp.py --llama-server $(../shared/tools/llama-server.sh) \
+        --model $GEMMA --servers gs-off,gs-goodput,gs-int8,llama,llama-spec \
+        --section vs-llamacpp-gemma3 --out docs/bench_vs_llamacpp_gemma3.json
 """
 
 from __future__ import annotations
@@ -171,6 +178,7 @@ def server_commands(args: argparse.Namespace, port: int) -> dict[str, list[str]]
     goodput = ["--spec-policy", "goodput"]
     llama = [args.llama_server, "-m", gguf, "-t", threads, "--host", "127.0.0.1"]
     llama += ["-np", str(args.concurrency), "-c", str(args.concurrency * 2048)]
+    llama += llama_chat_template(gguf)
     commands = {
         "gs-f32": goodspeed + ["--spec-policy", "off", "--weights", "float32"],
         "gs-off": goodspeed + ["--spec-policy", "off"],
@@ -191,6 +199,25 @@ def server_commands(args: argparse.Namespace, port: int) -> dict[str, list[str]]
         ]
         commands["llama-draft"] = llama + shlex.split(args.llama_draft) + ["-md", draft]
     return commands
+
+
+# GGUF architecture -> llama-server's built-in template of that family, for files that carry no
+# chat template (goodspeed supplies the same format: engine/models/chat_templates.py).
+LLAMA_TEMPLATES = {"gemma3": "gemma"}
+
+
+def llama_chat_template(gguf: str) -> list[str]:
+    """`--chat-template NAME` when the file has no template and its family has one, so both
+    servers see the same chat prompt; else nothing."""
+    if not Path(gguf).is_file():
+        return []
+    from engine.models.gguf_file import read_gguf
+
+    metadata = read_gguf(Path(gguf)).metadata
+    name = LLAMA_TEMPLATES.get(metadata.get("general.architecture"))
+    if name is None or metadata.get("tokenizer.chat_template"):
+        return []
+    return ["--chat-template", name]
 
 
 @dataclass

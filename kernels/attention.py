@@ -12,6 +12,9 @@ KV cache layout (shared by every backend, FlashInfer's paged "NHD" layout):
 Masks: by default the new tokens attend causally among themselves and to the whole history.
 A request may instead carry a tree mask [q_len, q_len] (bool, True = may attend) over its new
 tokens; the history before them is always fully visible. Speculative trees use this.
+A layer with a sliding window W (KVCacheSpec.sliding_windows) further hides the keys more than
+W - 1 positions before the query (transformers' `kv > q - W`); a tree node's position is the
+history length plus its depth.
 """
 
 from __future__ import annotations
@@ -56,6 +59,10 @@ class KVCacheSpec:
     head_dim: int
     dtype: torch.dtype
     device: torch.device
+    sliding_windows: tuple[int, ...] = ()  # per layer, 0 = full attention; () = all full
+
+    def window(self, layer: int) -> int:
+        return self.sliding_windows[layer] if self.sliding_windows else 0
 
     @property
     def bytes_per_block(self) -> int:

@@ -61,6 +61,11 @@ class FlashInferBackend:
 
     # ---- set-up -----------------------------------------------------------------------
     def allocate(self, spec: KVCacheSpec) -> None:
+        if any(spec.sliding_windows):
+            raise ValueError(
+                "the FlashInfer backend does not run sliding-window layers yet (Mistral, Phi-3, "
+                "Gemma 3); use --attention-backend reference"
+            )
         if spec.device.type == "cuda" and spec.dtype not in SUPPORTED_DTYPES:
             raise ValueError(
                 f"FlashInfer attention needs dtype float16 or bfloat16, got {spec.dtype}; "

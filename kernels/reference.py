@@ -17,6 +17,10 @@ the cost per key token grows once the gather falls out of cache. With a 2 MiB bu
 grouped path matched or beat the loop on every mix tried (2-32 requests, 64-1024 tokens). Every
 other request (prefill chunk, verify chain, tree) runs its own SDPA with a causal-with-history
 or tree mask built in `plan`.
+
+Sliding windows: `plan` builds one set of groups and chunks per distinct window of the spec's
+layers, the window folded into their masks; the gathers still read the whole history (this is
+the ground truth, not the fast path).
 """
 
 from __future__ import annotations
@@ -61,8 +65,8 @@ class ReferenceBackend:
         self.spec: KVCacheSpec | None = None
         self.metadata: AttentionMetadata | None = None
         self._write_rows: torch.Tensor | None = None  # [2 * num_tokens] K rows then V rows
-        self._decode_groups: list[_DecodePlan] = []
-        self._chunks: list[_ChunkPlan] = []
+        # window -> (decode groups, chunks) of this step; window 0 = full attention
+        self._plans: dict[int, tuple[list[_DecodePlan], list[_ChunkPlan]]] = {}
 
     def allocate(self, spec: KVCacheSpec) -> None:
         self.spec = spec
@@ -84,11 +88,17 @@ class ReferenceBackend:
         decode_ids, chunk_ids = [], []
         for i, (q_len, mask) in enumerate(zip(metadata.query_lens_host, tree_masks, strict=True)):
             (decode_ids if q_len == 1 and mask is None else chunk_ids).append(i)
-        self._decode_groups = [
-            self._plan_decodes(metadata, group, starts)
-            for group in self._group_decodes(metadata, decode_ids)
-        ]
-        self._chunks = [self._plan_chunk(metadata, i, starts[i], tree_masks[i]) for i in chunk_ids]
+        groups = self._group_decodes(metadata, decode_ids)
+        self._plans = {
+            window: (
+                [self._plan_decodes(metadata, group, starts, window) for group in groups],
+                [
+                    self._plan_chunk(metadata, i, starts[i], tree_masks[i], window)
+                    for i in chunk_ids
+                ],
+            )
+            for window in set(self.spec.sliding_windows or (0,))
+        }
 
     def _k_and_v_rows(self, slots: torch.Tensor) -> torch.Tensor:
         """Slots [n] -> flat cache rows [2n]: the K rows, then the V rows."""
@@ -122,16 +132,19 @@ class ReferenceBackend:
         return groups
 
     def _plan_decodes(
-        self, metadata: AttentionMetadata, ids: list[int], starts: list[int]
+        self, metadata: AttentionMetadata, ids: list[int], starts: list[int], window: int
     ) -> _DecodePlan:
         device = metadata.block_tables.device
         seq_lens = [metadata.seq_lens_host[i] for i in ids]
         max_seq_len = max(seq_lens)
         slots = self._history_slots(metadata, ids, max_seq_len)
         key_mask = None
-        if min(seq_lens) != max_seq_len:
+        if min(seq_lens) != max_seq_len or 0 < window < max_seq_len:
             lens = torch.tensor(seq_lens, device=device)
-            key_mask = torch.arange(max_seq_len, device=device) < lens[:, None]
+            key_pos = torch.arange(max_seq_len, device=device)
+            key_mask = key_pos < lens[:, None]
+            if window:  # the query sits at len - 1 and sees keys after len - 1 - window
+                key_mask &= key_pos >= lens[:, None] - window
             key_mask = key_mask[:, None, None, :]
         rows = [starts[i] for i in ids]
         return _DecodePlan(
@@ -143,21 +156,30 @@ class ReferenceBackend:
         )
 
     def _plan_chunk(
-        self, metadata: AttentionMetadata, i: int, start: int, tree_mask: torch.Tensor | None
+        self,
+        metadata: AttentionMetadata,
+        i: int,
+        start: int,
+        tree_mask: torch.Tensor | None,
+        window: int,
     ) -> _ChunkPlan:
         device = metadata.block_tables.device
         q_len, seq_len = metadata.query_lens_host[i], metadata.seq_lens_host[i]
         slots = self._history_slots(metadata, [i], seq_len)[0]
         num_history = seq_len - q_len
+        key_pos = torch.arange(seq_len, device=device)
+        # Query j sits at position num_history + j (a tree node: + its depth instead).
+        query_pos = torch.arange(num_history, seq_len, device=device)
         mask = None
         if tree_mask is not None:
+            tree_mask = tree_mask.to(device=device, dtype=torch.bool)
             visible = torch.ones(q_len, num_history, dtype=torch.bool, device=device)
-            mask = torch.cat([visible, tree_mask.to(device=device, dtype=torch.bool)], dim=1)
-        elif num_history > 0:
-            # Query j sits at position num_history + j and sees keys 0 .. num_history + j.
-            key_pos = torch.arange(seq_len, device=device)
-            query_pos = torch.arange(num_history, seq_len, device=device)
+            mask = torch.cat([visible, tree_mask], dim=1)
+            query_pos = num_history + tree_mask.sum(dim=1) - 1
+        elif num_history > 0 or 0 < window < seq_len:
             mask = key_pos[None, :] <= query_pos[:, None]
+        if mask is not None and window:
+            mask = mask & (key_pos[None, :] > query_pos[:, None] - window)
         return _ChunkPlan(start, start + q_len, self._k_and_v_rows(slots), mask)
 
     # ----- per-layer work -----
@@ -167,13 +189,13 @@ class ReferenceBackend:
     ) -> torch.Tensor:
         flat = self._flat_cache(layer)
         flat.index_copy_(0, self._write_rows, torch.cat([k, v]).to(flat.dtype))
-        groups = self._decode_groups
+        groups, chunks = self._plans[self.spec.window(layer)]
         if len(groups) == 1 and groups[0].rows_are_all:
             return self._attend_decodes(flat, q, groups[0], scale)
         out = torch.empty_like(q)
         for group in groups:
             out.index_copy_(0, group.query_rows, self._attend_decodes(flat, q, group, scale))
-        for chunk in self._chunks:
+        for chunk in chunks:
             out[chunk.start : chunk.end] = self._attend_chunk(flat, q, chunk, scale)
         return out
 

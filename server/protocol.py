@@ -17,6 +17,7 @@ from engine.sampling_params import MAX_LOGPROBS, SamplingParams
 from server.errors import bad_request, from_value_error
 from server.protocol_guided import GuidedFields
 from server.protocol_messages import ChatMessage, Strict, Tool, check_messages
+from server.tool_formats import HERMES
 from server.tools import ToolChoice, ToolSetup, tool_setup
 
 MAX_PROMPTS = 128  # prompts in one /v1/completions batch
@@ -169,8 +170,9 @@ class ChatCompletionRequest(_SamplingRequest):
         forced = self.tool_choice is not None and self.tool_choice not in ("none", "auto")
         return "tools" if forced else super().guided_field
 
-    def tool_setup(self) -> ToolSetup:
-        return tool_setup(self.tools, self.tool_choice, self.parallel_tool_calls)
+    def tool_setup(self, fmt: str = HERMES) -> ToolSetup:
+        """`fmt`: the model's tool-call format (server/tool_formats.py)."""
+        return tool_setup(self.tools, self.tool_choice, self.parallel_tool_calls, fmt)
 
     def check_api_rules(self) -> None:
         super().check_api_rules()

@@ -28,6 +28,7 @@ from engine.sampling_params import SamplingParams
 from server.errors import APIError, bad_request, from_validation_errors, from_value_error
 from server.logprobs import TokenTexts
 from server.streaming import SSEResponse, with_error_events
+from server.tool_formats import tool_format
 
 _LONG_TEXT_CHARS = 16_384  # text (or token ids) longer than this is tokenized off the loop
 T = TypeVar("T")
@@ -80,6 +81,12 @@ class ServingContext:
                 code="model_not_found",
             )
         return self.model_name
+
+    @property
+    def tool_format(self) -> str:
+        """The model's tool-call format, read from its chat template (server/tool_formats.py)."""
+        hf = getattr(self.engine.tokenizer, "hf", None)
+        return tool_format(getattr(hf, "chat_template", None))
 
     @property
     def tokenizer(self) -> Any:

@@ -36,7 +36,8 @@ from server.responses import (
 )
 from server.serving import ServingContext, new_request_id, respond
 from server.streaming import raise_if_failed, sse_event
-from server.tool_parser import ParsedCall, ToolCallStream, parse_tool_calls
+from server.tool_formats import WholeReplyStream, call_stream, parse_calls
+from server.tool_parser import ParsedCall, ToolCallStream
 from server.tools import ToolSetup
 
 
@@ -57,7 +58,7 @@ async def create_chat_completion(
     request_id = new_request_id(raw, "chatcmpl")
     body.check_api_rules()
     model = ctx.check_model(body.model)
-    tools = body.tool_setup()
+    tools = body.tool_setup(ctx.tool_format)
     params = body.sampling_params(ctx.engine.vocab_size, tools)
     messages = [m.as_template_dict() for m in body.messages]
     add_generation_prompt = body.add_generation_prompt is not False
@@ -94,7 +95,7 @@ async def _collect(ctx: ServingContext, job: _ChatJob) -> ChatCompletionResponse
             finish_reasons[output.index] = output.finish_reason
     choices = []
     for i in range(n):
-        message, finish_reason = _message(texts[i], finish_reasons[i], job.tools.parse)
+        message, finish_reason = _message(texts[i], finish_reasons[i], job.tools)
         choices.append(
             ChatChoice(
                 index=i,
@@ -113,11 +114,11 @@ async def _collect(ctx: ServingContext, job: _ChatJob) -> ChatCompletionResponse
 
 
 def _message(
-    text: str, finish_reason: str | None, parse: bool
+    text: str, finish_reason: str | None, tools: ToolSetup
 ) -> tuple[ChatResponseMessage, str | None]:
     calls = []
-    if parse:
-        content, calls = parse_tool_calls(text)
+    if tools.parse:
+        content, calls = parse_calls(text, tools.format)
     if not calls:
         return ChatResponseMessage(content=text), finish_reason
     tool_calls = [_tool_call(call) for call in calls]
@@ -139,7 +140,7 @@ async def _stream(ctx: ServingContext, job: _ChatJob) -> AsyncIterator[bytes]:
         yield sse_event(_chunk(job, [role]))
     num_output = [0] * n
     spec: list[SpecCounts | None] = [None] * n
-    parsers = [ToolCallStream() if job.tools.parse else None for _ in range(n)]
+    parsers = [call_stream(job.tools.format) if job.tools.parse else None for _ in range(n)]
     async for output in job.stream:
         raise_if_failed(output)
         num_output[output.index] = output.num_output_tokens
@@ -157,13 +158,14 @@ async def _stream(ctx: ServingContext, job: _ChatJob) -> AsyncIterator[bytes]:
         yield sse_event(_chunk(job, [], usage))
 
 
-def _delta(output: RequestOutput, parser: ToolCallStream | None) -> DeltaMessage:
+def _delta(output: RequestOutput, parser: ToolCallStream | WholeReplyStream | None) -> DeltaMessage:
     if parser is None:
         return DeltaMessage(content=output.new_text)
     first = parser.num_calls
     content, calls = parser.feed(output.new_text)
     if output.finished:
-        content += parser.finish()
+        held, last = parser.finish()
+        content, calls = content + held, calls + last
     tool_calls = [_tool_call(call, first + i) for i, call in enumerate(calls)]
     return DeltaMessage(content=content, tool_calls=tool_calls or None)
 

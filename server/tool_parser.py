@@ -30,6 +30,11 @@ def _call_of(body: str) -> ParsedCall | None:
         value = json.loads(body)
     except ValueError:
         return None
+    return call_of_value(value)
+
+
+def call_of_value(value: object) -> ParsedCall | None:
+    """A decoded `{"name": ..., "arguments" (or "parameters"): {...}}`, or None."""
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
         return None
     arguments = value.get("arguments", value.get("parameters", {}))
@@ -94,9 +99,10 @@ class ToolCallStream:
             content = ""
         return content, calls
 
-    def finish(self) -> str:
+    def finish(self) -> tuple[str, list[ParsedCall]]:
+        """(the text still held back, no calls: a block never closed is text)."""
         held, self._held = self._held, ""
-        return "" if self.num_calls and not held.strip() else held
+        return ("" if self.num_calls and not held.strip() else held), []
 
 
 def _partial_prefix(text: str, tag: str) -> int:

@@ -66,3 +66,14 @@ def qwen_pair() -> tuple[Path, Path]:
     if paths is None:
         pytest.skip(f"the Qwen pair is not in {pair_dir()} (${DIR_ENV}): {FETCH_HINT}")
     return paths
+
+
+@pytest.fixture(scope="session")
+def gemma3_270m() -> Path:
+    """Gemma 3 270M Q4_K_M's GGUF path (tests marked `heavy`)."""
+    from benchmarks.models.gemma3 import DIR_ENV, FETCH_HINT, gemma3_dir, gemma3_path
+
+    path = gemma3_path()
+    if path is None:
+        pytest.skip(f"Gemma 3 270M is not in {gemma3_dir()} (${DIR_ENV}): {FETCH_HINT}")
+    return path

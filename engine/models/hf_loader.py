@@ -1,5 +1,8 @@
 """HF checkpoint directories: config.json + safetensors (one file, or shards listed in
-model.safetensors.index.json) -> ModelArchConfig + (name, tensor) pairs in stored dtype."""
+model.safetensors.index.json) -> ModelArchConfig + (name, tensor) pairs in stored dtype.
+
+Gemma's RMSNorm scales by (1 + w); its norm weights come out as 1 + w (float32), the form the
+decoder's RMSNorm takes and the form GGUF files store."""
 
 from __future__ import annotations
 
@@ -12,6 +15,8 @@ import torch
 from engine.models.arch_config import ModelArchConfig
 
 INDEX_FILE = "model.safetensors.index.json"
+# model_type values whose checkpoints store norm weights as w for a (1 + w) scale.
+_UNIT_OFFSET_NORMS = ("gemma3_text",)
 
 
 def hf_config(model_dir: Path) -> ModelArchConfig:
@@ -58,10 +63,16 @@ def count_hf_weights(model_dir: Path) -> int:
 
 
 def iter_hf_weights(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (name, tensor) from every weight file, one tensor in memory at a time."""
+    """Yield (name, tensor) from every weight file, one tensor in memory at a time (Gemma's
+    norm weights as 1 + w, see the module docstring)."""
     from safetensors import safe_open
 
+    model_type = json.loads((model_dir / "config.json").read_text()).get("model_type")
+    unit_offset = model_type in _UNIT_OFFSET_NORMS
     for path in safetensors_files(model_dir):
         with safe_open(path, framework="pt") as f:
             for name in f.keys():
-                yield name, f.get_tensor(name)
+                tensor = f.get_tensor(name)
+                if unit_offset and name.endswith("norm.weight"):
+                    tensor = 1.0 + tensor.float()
+                yield name, tensor

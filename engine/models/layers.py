@@ -1,4 +1,4 @@
-"""The small layers of a Llama-family decoder: RMSNorm (with the residual add), RoPE, SwiGLU.
+"""The small layers of a Llama-family decoder: RMSNorm (with the residual add), RoPE.
 
 Numerics follow transformers' Llama: RMSNorm in float32, RoPE in the rotate-half convention
 with cos/sin computed in float32. The arithmetic is in kernels/cpu/fused.py: native fused ops
@@ -35,17 +35,18 @@ class Rotary(nn.Module):
     sign is folded into `sin_signed` and RoPE costs one roll, two multiplies and an add.
     """
 
-    def __init__(self, config: ModelArchConfig) -> None:
+    def __init__(self, config: ModelArchConfig, local: bool = False) -> None:
         super().__init__()
         self.config = config
+        self.local = local  # the sliding layers' table (ModelArchConfig.local_rope_theta)
         self.register_buffer("cos", torch.empty(0), persistent=False)
         self.register_buffer("sin_signed", torch.empty(0), persistent=False)
         self.reset()
 
     def reset(self, freq_factors: torch.Tensor | None = None) -> None:
         """(Re)build the tables; `freq_factors` [head_dim // 2] divide the frequencies (GGUF)."""
-        inv_freq = self.config.inv_freq()
-        if freq_factors is not None:
+        inv_freq = self.config.inv_freq(self.local)
+        if freq_factors is not None and not self.local:
             inv_freq = inv_freq / freq_factors.float().cpu()
         cpu = torch.device("cpu")
         positions = torch.arange(

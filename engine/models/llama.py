@@ -1,13 +1,16 @@
-"""Llama-family decoder (Llama, SmolLM2, Qwen2, Mistral) over a flattened ragged batch.
+"""Llama-family decoder (Llama, SmolLM2, Mistral, Qwen2, Qwen3, Phi-3, Gemma 3) over a flattened
+ragged batch; each family's differences are ModelArchConfig fields, not subclasses.
 
 `forward(input_ids [T], positions [T]) -> hidden [T, hidden]`: the T tokens of a step, requests
 laid end to end. Attention goes through an AttentionBackend, which the runner `plan`s before
 calling forward; each layer hands it q/k/v and gets the attended values back, so this module
 never sees block tables or masks.
 
-Numerics follow transformers' Llama (engine/models/layers.py: RMSNorm, RoPE; SwiGLU MLP). Q/K/V
-and gate/up are fused into one Linear each (fewer, larger matmuls on CPU); `load_weights` maps
-HF parameter names onto the fused slices. A layer hands on its output as a delta: the next
+Numerics follow transformers' Llama (engine/models/layers.py: RMSNorm, RoPE; SwiGLU MLP) and the
+families' differences as transformers computes them (Gemma's (1 + w) norms arrive as 1 + w from
+the loaders). Q/K/V and gate/up are fused into one Linear each (fewer, larger matmuls on CPU);
+`load_weights` maps HF parameter names onto the fused slices (or whole, for Phi-3's fused
+checkpoints). A layer hands on its output as a delta: the next
 layer's norm adds it to the residual stream (one fused op on CPU).
 """
 
@@ -26,7 +29,7 @@ from engine.models.linear import Linear, QuantEmbedding, install_quantized, line
 from engine.models.native_stack import NativeStack
 from kernels.attention import AttentionBackend, KVCacheSpec
 from kernels.cpu import QuantizedWeight
-from kernels.cpu.fused import silu_mul
+from kernels.cpu.fused import gelu_tanh_mul, silu_mul
 
 __all__ = ["LlamaForCausalLM", "ModelArchConfig"]
 
@@ -41,7 +44,9 @@ class LlamaAttention(nn.Module):
         self.layer_idx = layer_idx
         self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
         self.head_dim = config.head_dim
-        self.scale = config.head_dim**-0.5
+        self.scale = config.attention_scale
+        self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
         qkv_size = (config.num_heads + 2 * config.num_kv_heads) * config.head_dim
         self.qkv_proj = Linear(config.hidden_size, qkv_size, bias=config.attention_bias)
         self.o_proj = Linear(
@@ -56,11 +61,22 @@ class LlamaAttention(nn.Module):
         # Q and K are adjacent in the fused output: rotate them in one go, in place.
         num_qk = self.num_heads + self.num_kv_heads
         qk = qkv[:, : num_qk * self.head_dim].view(num_tokens, num_qk, self.head_dim)
+        if self.q_norm is not None:
+            self._norm_heads_(qk)
         rotary.rotate_(qk, positions)
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         v = qkv[:, num_qk * self.head_dim :].view(num_tokens, self.num_kv_heads, self.head_dim)
         out = backend.forward(self.layer_idx, q, k, v, self.scale)
         return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
+
+    def _norm_heads_(self, qk: torch.Tensor) -> None:
+        """QK-norm in place: each query head by q_norm, each key head by k_norm ([T, H + Hkv, D])."""
+        for norm, heads in (
+            (self.q_norm, slice(0, self.num_heads)),
+            (self.k_norm, slice(self.num_heads, None)),
+        ):
+            rows = qk[:, heads].reshape(-1, self.head_dim)
+            qk[:, heads] = norm(rows)[1].view(qk.shape[0], -1, self.head_dim)
 
 
 class LlamaMLP(nn.Module):
@@ -69,9 +85,10 @@ class LlamaMLP(nn.Module):
         self.intermediate_size = config.intermediate_size
         self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.act_mul = silu_mul if config.hidden_act == "silu" else gelu_tanh_mul
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_mul(self.gate_up_proj(x)))
+        return self.down_proj(self.act_mul(self.gate_up_proj(x)))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -81,6 +98,10 @@ class LlamaDecoderLayer(nn.Module):
         self.self_attn = LlamaAttention(config, layer_idx)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = LlamaMLP(config)
+        self.sandwich_norms = config.sandwich_norms
+        if config.sandwich_norms:
+            self.pre_feedforward_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+            self.post_feedforward_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(
         self,
@@ -93,6 +114,10 @@ class LlamaDecoderLayer(nn.Module):
         """(residual stream, the previous layer's output) -> the same pair after this layer."""
         residual, h = self.input_layernorm(residual, delta)
         attended = self.self_attn(h, rotary, positions, backend)
+        if self.sandwich_norms:  # Gemma: norm(attn) and norm(mlp) are what the residual adds
+            attended = self.post_attention_layernorm(attended)[1]
+            residual, h = self.pre_feedforward_layernorm(residual, attended)
+            return residual, self.post_feedforward_layernorm(self.mlp(h))[1]
         residual, h = self.post_attention_layernorm(residual, attended)
         return residual, self.mlp(h)
 
@@ -112,6 +137,8 @@ class LlamaForCausalLM(nn.Module):
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, i) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = Rotary(config)
+        # The sliding layers' own RoPE table (Gemma 3), or None: every layer uses `rotary`.
+        self.rotary_local = Rotary(config, local=True) if config.local_rope_theta else None
         self.lm_head = (
             None
             if config.tie_word_embeddings
@@ -131,14 +158,23 @@ class LlamaForCausalLM(nn.Module):
         `num_layers` runs only the first layers (a self-draft), on `backend` if given."""
         backend = backend or self.backend
         residual, delta = self.embed_tokens(input_ids), None
+        if self.config.embedding_scale != 1.0:
+            residual = residual * torch.tensor(self.config.embedding_scale, dtype=residual.dtype)
         # (range slicing: slicing the ModuleList would build a new module every step)
         depth = len(range(len(self.layers))[:num_layers])
         stack = self.native_stack()
         if stack is not None and NativeStack.runs_on(backend, residual):
             return stack(residual, positions, backend, depth)
-        for layer in itertools.islice(self.layers, depth):
-            residual, delta = layer(residual, delta, self.rotary, positions, backend)
+        for i, layer in enumerate(itertools.islice(self.layers, depth)):
+            rotary = self.rotary_local if self.config.uses_local_rope(i) else self.rotary
+            residual, delta = layer(residual, delta, rotary, positions, backend)
         return self.norm(residual, delta)[1]
+
+    def reset_rotary(self) -> None:
+        """Recompute the RoPE tables (after materialising the model from the meta device)."""
+        for rotary in (self.rotary, self.rotary_local):
+            if rotary is not None:
+                rotary.reset()
 
     def native_stack(self) -> NativeStack | None:
         """The native decoder stack, built on first use (None where it does not apply)."""
@@ -173,6 +209,7 @@ class LlamaForCausalLM(nn.Module):
             c.head_dim,
             dtype,
             torch.device(device),
+            c.layer_windows,
         )
 
     @torch.no_grad()
@@ -217,26 +254,30 @@ class LlamaForCausalLM(nn.Module):
             if layer is not None:
                 shape = (layer.out_features, layer.in_features)
             setattr(owner, attr, install_quantized(layer, parts, shape))
-        missing = sorted(set(self.expected_weight_names()) - loaded)
+        fused = any(".qkv_proj." in name for name in loaded)
+        missing = sorted(set(self.expected_weight_names(fused)) - loaded)
         if missing:
             raise ValueError(f"checkpoint lacks {len(missing)} weights, e.g. {missing[:5]}")
 
-    def expected_weight_names(self) -> list[str]:
-        """The HF names `load_weights` must see for this config."""
+    def expected_weight_names(self, fused: bool = False) -> list[str]:
+        """The HF names `load_weights` must see for this config; `fused`: the checkpoint stores
+        qkv_proj and gate_up_proj whole (Phi-3)."""
+        c = self.config
         names = ["model.embed_tokens.weight", "model.norm.weight"]
         if self.lm_head is not None:
             names.append("lm_head.weight")
-        params = ["q_proj", "k_proj", "v_proj", "o_proj"]
-        suffixes = [f"self_attn.{p}.weight" for p in params]
-        if self.config.attention_bias:
-            suffixes += [f"self_attn.{p}.bias" for p in params[:3]]
-        if self.config.attention_out_bias:
+        params = ["qkv_proj"] if fused else ["q_proj", "k_proj", "v_proj"]
+        suffixes = [f"self_attn.{p}.weight" for p in [*params, "o_proj"]]
+        if c.attention_bias:
+            suffixes += [f"self_attn.{p}.bias" for p in params]
+        if c.attention_out_bias:
             suffixes.append("self_attn.o_proj.bias")
-        suffixes += [f"mlp.{p}.weight" for p in ("gate_proj", "up_proj", "down_proj")]
-        suffixes += ["input_layernorm.weight", "post_attention_layernorm.weight"]
-        return names + [
-            f"model.layers.{i}.{s}" for i in range(self.config.num_layers) for s in suffixes
-        ]
+        if c.qk_norm:
+            suffixes += ["self_attn.q_norm.weight", "self_attn.k_norm.weight"]
+        mlp = ["gate_up_proj"] if fused else ["gate_proj", "up_proj"]
+        suffixes += [f"mlp.{p}.weight" for p in [*mlp, "down_proj"]]
+        suffixes += [f"{norm}.weight" for norm in _layer_norm_names(c)]
+        return names + [f"model.layers.{i}.{s}" for i in range(c.num_layers) for s in suffixes]
 
     def _param_for(self, hf_name: str) -> tuple[torch.Tensor, slice | None]:
         """HF name -> (our parameter, row slice of it for fused projections or None)."""
@@ -248,8 +289,10 @@ class LlamaForCausalLM(nn.Module):
         if parts[1] in ("embed_tokens", "norm"):
             return getattr(self, parts[1]).weight, None
         layer = self._layer_for(hf_name)
-        if len(parts) == 5 and parts[3] in ("input_layernorm", "post_attention_layernorm"):
+        if len(parts) == 5 and parts[3] in _layer_norm_names(self.config):
             return getattr(layer, parts[3]).weight, None
+        if len(parts) == 6 and parts[4] in ("q_norm", "k_norm") and self.config.qk_norm:
+            return getattr(layer.self_attn, parts[4]).weight, None
         owner, attr, rows = self._linear_for(hf_name)
         param = getattr(getattr(owner, attr, None), parts[-1], None)
         if not isinstance(param, torch.Tensor):
@@ -286,3 +329,14 @@ class LlamaForCausalLM(nn.Module):
         if not isinstance(getattr(owner, attr, None), nn.Module):
             raise ValueError(f"unexpected weight {hf_name!r}")
         return owner, attr, rows
+
+
+def _layer_norm_names(config: ModelArchConfig) -> tuple[str, ...]:
+    if config.sandwich_norms:
+        return (
+            "input_layernorm",
+            "post_attention_layernorm",
+            "pre_feedforward_layernorm",
+            "post_feedforward_layernorm",
+        )
+    return ("input_layernorm", "post_attention_layernorm")

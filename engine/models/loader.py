@@ -151,7 +151,7 @@ def load_model(
     with torch.device("meta"):
         model = LlamaForCausalLM(config, backend).to(dtype)
     model.to_empty(device=device)
-    model.rotary.reset()  # to_empty left the RoPE tables uninitialised
+    model.reset_rotary()  # to_empty left the RoPE tables uninitialised
     # disable=None: a bar on terminals, silence in logs and CI.
     progress = tqdm(
         weights_iter,

@@ -6,7 +6,9 @@ hands the whole stack to C++ in one call, which runs the same cores in the same 
 hidden states are bitwise those of the per-op path (tests/engine/models/test_native_stack.py).
 
 It applies when every linear layer runs GGUF blocks on the native kernels (QuantLinear), the
-model is float32 on the CPU, attention is the native `cpu` backend and no autograd is recording;
+model is float32 on the CPU, attention is the native `cpu` backend and no autograd is recording,
+and every family runs there: the stack takes QK-norm (Qwen3, Gemma 3), Gemma's sandwich norms,
+GeGLU, the sliding layers' own RoPE table and a sliding window per layer;
 `NativeStack.build` returns None otherwise and the model keeps its per-op forward. It holds the
 model's parameter tensors as they were when built: the model builds it on first use and again
 after `load_weights`.
@@ -50,9 +52,7 @@ def _fits(model) -> bool:
         )
     ]
     floats = [model.norm.weight, model.rotary.cos] + [
-        norm.weight
-        for layer in model.layers
-        for norm in (layer.input_layernorm, layer.post_attention_layernorm)
+        param for layer in model.layers for param in _norms(layer) if param is not None
     ]
     return (
         all(isinstance(linear, QuantLinear) for linear in linears)
@@ -70,7 +70,7 @@ class NativeStack:
         c = model.config
         first = model.layers[0].self_attn.qkv_proj
         self.activations = first.activations
-        self.scale = c.head_dim**-0.5
+        self.scale = c.attention_scale
         # Seconds per phase of the layers (phase_names), summed over calls, when a benchmark
         # sets it to zeros(len(phase_names), float64); None: not timed.
         self.timings: torch.Tensor | None = None
@@ -86,9 +86,15 @@ class NativeStack:
             model.rotary.sin_signed.contiguous(),
             model.norm.weight.detach(),
             ACTIVATIONS[self.activations],
+            gelu=c.hidden_act == "gelu_tanh",
+            local_cos=None if model.rotary_local is None else model.rotary_local.cos.contiguous(),
+            local_sin=None
+            if model.rotary_local is None
+            else model.rotary_local.sin_signed.contiguous(),
         )
-        for layer in model.layers:
+        for i, layer in enumerate(model.layers):
             attn, mlp = layer.self_attn, layer.mlp
+            _, _, q_norm, k_norm, pre_ffn, post_ffn = _norms(layer)
             self._stack.add_layer(
                 layer.input_layernorm.weight.detach(),
                 layer.post_attention_layernorm.weight.detach(),
@@ -98,6 +104,12 @@ class NativeStack:
                 _bias(attn.o_proj),
                 _runs(mlp.gate_up_proj),
                 _runs(mlp.down_proj),
+                c.window(i),
+                q_norm,
+                k_norm,
+                pre_ffn,
+                post_ffn,
+                c.uses_local_rope(i),
             )
 
     @classmethod
@@ -151,3 +163,21 @@ class NativeStack:
 
 def _bias(layer: QuantLinear) -> torch.Tensor | None:
     return None if layer.bias is None else layer.bias.detach().contiguous()
+
+
+def _norms(layer) -> tuple[torch.Tensor | None, ...]:
+    """(input, post-attention, q, k, pre-feedforward, post-feedforward) norm weights of a layer,
+    None where the family has none."""
+
+    def weight(module) -> torch.Tensor | None:
+        return None if module is None else module.weight.detach()
+
+    attn = layer.self_attn
+    return (
+        weight(layer.input_layernorm),
+        weight(layer.post_attention_layernorm),
+        weight(attn.q_norm),
+        weight(attn.k_norm),
+        weight(getattr(layer, "pre_feedforward_layernorm", None)),
+        weight(getattr(layer, "post_feedforward_layernorm", None)),
+    )

@@ -19,6 +19,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from engine.models.chat_templates import fallback_template
+
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
@@ -113,22 +115,31 @@ def _backend_decode(hf: Any) -> Any | None:
 
 
 def _load_gguf_tokenizer(path: Path) -> Any | None:
+    """The GGUF's tokenizer (cached); a file without a chat template gets its family's
+    (engine/models/chat_templates.py), if we know one."""
     from transformers import AutoTokenizer
 
     cache = _cache_dir(path)
     if cache.is_dir():
-        return AutoTokenizer.from_pretrained(cache)
-    if not _gguf_has_tokenizer(path):
-        return None
-    hf = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    _save_to_cache(hf, cache)
+        hf = AutoTokenizer.from_pretrained(cache)
+    else:
+        if not _gguf_has_tokenizer(path):
+            return None
+        hf = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        _save_to_cache(hf, cache)
+    if not getattr(hf, "chat_template", None):
+        hf.chat_template = fallback_template(_gguf_metadata(path).get("general.architecture"))
     return hf
 
 
-def _gguf_has_tokenizer(path: Path) -> bool:
+def _gguf_metadata(path: Path) -> dict[str, Any]:
     from engine.models.gguf_file import read_gguf
 
-    return "tokenizer.ggml.tokens" in read_gguf(path).metadata
+    return read_gguf(path).metadata
+
+
+def _gguf_has_tokenizer(path: Path) -> bool:
+    return "tokenizer.ggml.tokens" in _gguf_metadata(path)
 
 
 def _cache_dir(path: Path) -> Path:

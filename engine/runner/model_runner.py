@@ -112,6 +112,7 @@ class ModelRunner:
             arch.head_dim,
             self.kv_dtype,
             self.device,
+            arch.layer_windows,
         )
         self.backend.allocate(spec)
         logger.info(

@@ -2,7 +2,8 @@
 
 `add_rms_norm(residual, delta, weight, eps)` -> (residual + delta, RMSNorm of it);
 `rope_(x, positions, cos, sin_signed)` rotates x [T, heads, D] in place (rotate-half);
-`silu_mul(gate_up)` -> silu(gate) * up. The native ops (csrc/decode_ops.cpp) run when the
+`silu_mul(gate_up)` -> silu(gate) * up; `gelu_tanh_mul(gate_up)` -> gelu_tanh(gate) * up (Gemma's
+GeGLU). The native ops (csrc/decode_ops.cpp) run when the
 extension is loaded and the tensors are CPU float32 without autograd; their results equal the
 PyTorch twins' up to float rounding (tests/kernels/cpu/test_fused.py) and are batch
 invariant. The native add_rms_norm updates `residual` in place; callers use the returned one.
@@ -65,4 +66,16 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
         return F.silu(gate) * up
     out = torch.empty(gate_up.shape[0], half, dtype=torch.float32)
     ops.silu_mul_out(gate_up, out)
+    return out
+
+
+def gelu_tanh_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """gate_up [T, 2I] = [gate | up] -> gelu(gate, tanh approximation) * up [T, I]."""
+    ops = native_ops(gate_up)
+    half = gate_up.shape[-1] // 2
+    if ops is None or gate_up.dim() != 2 or gate_up.stride(-1) != 1:
+        gate, up = gate_up.split(half, dim=-1)
+        return F.gelu(gate, approximate="tanh") * up
+    out = torch.empty(gate_up.shape[0], half, dtype=torch.float32)
+    ops.gelu_tanh_mul_out(gate_up, out)
     return out

@@ -7,7 +7,8 @@ tokens, the token's index among them and their number; tree masks become one uin
 token (chains and prefill chunks need none: query j sees new tokens 0..j). Per layer one
 native call writes k/v into the cache and attends every (token, KV head) pair in parallel,
 keys in position order, so a token's output is the same whichever step (decode, verify
-chain, prefill chunk) computes it and whatever else is in the batch.
+chain, prefill chunk) computes it and whatever else is in the batch. A layer with a sliding
+window (spec.sliding_windows) reads only the keys inside it.
 
 Measured against the reference backend's gather + SDPA in docs/benchmarks.md §5c.
 """
@@ -94,5 +95,6 @@ class CpuPagedBackend(ReferenceBackend):
             self._mask,
             scale,
             out,
+            self.spec.window(layer),
         )
         return out

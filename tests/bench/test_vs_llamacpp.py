@@ -244,3 +244,20 @@ def test_a_server_is_stopped_when_its_block_raises(tmp_path):
         raise RuntimeError("benchmark failed")
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+def test_llama_server_gets_the_family_template_a_file_lacks(monkeypatch, tmp_path):
+    from engine.models import gguf_file
+
+    path = tmp_path / "g.gguf"
+    path.write_bytes(b"")
+    metadata = {"general.architecture": "gemma3"}
+    fake = type("F", (), {"metadata": metadata})
+    monkeypatch.setattr(gguf_file, "read_gguf", lambda _: fake)
+    assert bench.llama_chat_template(str(path)) == ["--chat-template", "gemma"]
+    metadata["tokenizer.chat_template"] = "{{ messages }}"
+    assert bench.llama_chat_template(str(path)) == []
+    metadata["general.architecture"] = "llama"
+    del metadata["tokenizer.chat_template"]
+    assert bench.llama_chat_template(str(path)) == []
+    assert bench.llama_chat_template(str(tmp_path / "missing.gguf")) == []

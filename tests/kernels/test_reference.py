@@ -215,7 +215,7 @@ def test_decodes_split_into_length_sorted_groups(monkeypatch):
     monkeypatch.setattr(kernels.reference, "GATHER_BUDGET_BYTES", 24 * bytes_per_token)
     cases = [Case(4, 1), Case(16, 1), Case(8, 1), Case(0, 5), Case(29, 1), Case(1, 1), Case(9, 1)]
     outputs, expected, backend, _ = run_case(cases, num_heads=4, num_kv_heads=2)
-    groups = [group.query_rows.tolist() for group in backend._decode_groups]
+    groups = [group.query_rows.tolist() for group in backend._plans[0][0]]
     assert len(groups) > 2 and sorted(sum(groups, [])) == [0, 1, 2, 8, 9, 10]
     for out, ref in zip(outputs, expected, strict=True):
         torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)

@@ -62,7 +62,16 @@ SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER,
 USER = [{"role": "user", "content": "weather in Paris?"}]
 
 
-def build_tiny_qwen2(path):
+# A Llama 3.1-style template: the reply is one JSON object (server/tool_formats.py llama3_json).
+LLAMA3_TEMPLATE = (
+    '{%- if tools %}system: reply with JSON {"name": ..., "parameters": ...} '
+    "(or <|python_tag|> code)\n{%- for tool in tools %}\n{{ tool | tojson }}{%- endfor %}\n"
+    "{% endif %}{%- for m in messages %}{{ m.role }}: {{ m.content }}\n{%- endfor %}"
+    "{%- if add_generation_prompt %}assistant: {% endif %}"
+)
+
+
+def build_tiny_qwen2(path, template=TOOL_TEMPLATE):
     """Random Qwen2 weights (qkv bias) and the character tokenizer with tool tokens."""
     import torch
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
@@ -70,7 +79,7 @@ def build_tiny_qwen2(path):
     save_char_tokenizer(path)
     tokenizer = AutoTokenizer.from_pretrained(path)
     tokenizer.add_tokens(["<tool_call>", "</tool_call>"])  # not special: kept in decoded text
-    tokenizer.chat_template = TOOL_TEMPLATE
+    tokenizer.chat_template = template
     tokenizer.save_pretrained(path)
     torch.manual_seed(0)
     config = Qwen2Config(
@@ -188,3 +197,35 @@ def test_template_without_tool_support_is_400(fake_server):
     assert response.status_code == 400
     error = response.json()["error"]
     assert error["param"] == "tools" and "does not support tools" in error["message"]
+
+
+@pytest.fixture(scope="module")
+def llama3_client(tmp_path_factory):
+    path = build_tiny_qwen2(tmp_path_factory.mktemp("tiny-llama3-tools"), LLAMA3_TEMPLATE)
+    config = EngineConfig.from_flat(dict(model=str(path), num_kv_blocks=128, threads=1))
+    running = run_server(LLMEngine.from_config(config))
+    yield OpenAI(base_url=running.api, api_key="x", max_retries=0, timeout=60), running
+    running.stop()
+
+
+def test_llama3_json_calls_are_enforced_and_parsed(llama3_client):
+    """The template asks for Llama 3 JSON: `required` makes the reply one JSON object with
+    `parameters`, which comes back as tool_calls, streamed and not."""
+    api, running = llama3_client
+    model = running.async_engine.model_name
+    kwargs = dict(model=model, messages=USER, tools=[WEATHER, ADD], tool_choice="required",
+                  max_tokens=200, seed=1)  # fmt: skip
+    response = api.chat.completions.create(**kwargs)
+    choice = response.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    (call,) = choice.message.tool_calls
+    _check_call(call, {"get_weather", "add"})
+    calls, finish = [], None
+    for chunk in api.chat.completions.create(**kwargs, stream=True):
+        for c in chunk.choices:
+            calls += c.delta.tool_calls or []
+            finish = c.finish_reason or finish
+    assert finish == "tool_calls"
+    assert [(c.function.name, c.function.arguments) for c in calls] == [
+        (call.function.name, call.function.arguments)
+    ]

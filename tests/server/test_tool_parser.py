@@ -34,7 +34,8 @@ def test_parse_and_stream_agree(text, content, names):
             delta, new = stream.feed(text[start : start + size])
             streamed += delta
             streamed_calls += new
-        streamed += stream.finish()
+        held, last = stream.finish()
+        streamed, streamed_calls = streamed + held, streamed_calls + last
         assert [c.name for c in streamed_calls] == names
         assert [json.loads(c.arguments) for c in streamed_calls] == [
             json.loads(c.arguments) for c in calls

@@ -55,13 +55,13 @@ GS_AVX2_FMA inline void attention_scores(const PagedT<E>& c, const QueryTask& ta
                                          float scale, int64_t n, float* scores) {
   for (int64_t p0 = 0; p0 < n; p0 += 4) {
     for (int64_t p = p0 + kPrefetchKeys; p < std::min(n, p0 + kPrefetchKeys + 4); ++p) {
-      prefetch_row(c.key(task.table, p, g), c.D);
+      prefetch_row(c.key(task.table, task.first + p, g), c.D);
     }
     for (int64_t p = p0; p < std::min(n, p0 + 4); ++p) {
-      prefetch_row(c.key(task.table, p, g) + c.v_shift(), c.D);
+      prefetch_row(c.key(task.table, task.first + p, g) + c.v_shift(), c.D);
     }
     const E* k[4];
-    for (int j = 0; j < 4; ++j) k[j] = c.key(task.table, std::min(p0 + j, n - 1), g);
+    for (int j = 0; j < 4; ++j) k[j] = c.key(task.table, task.first + std::min(p0 + j, n - 1), g);
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
                      _mm256_setzero_ps()};
     for (int64_t d = 0; d < c.D; d += 8) {
@@ -73,7 +73,7 @@ GS_AVX2_FMA inline void attention_scores(const PagedT<E>& c, const QueryTask& ta
     alignas(16) float sums[4];
     _mm_store_ps(sums, _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1)));
     for (int j = 0; j < 4 && p0 + j < n; ++j) {
-      scores[p0 + j] = task.visible(p0 + j) ? sums[j] * scale
+      scores[p0 + j] = task.sees(p0 + j) ? sums[j] * scale
                                             : -std::numeric_limits<float>::infinity();
     }
   }
@@ -98,10 +98,10 @@ GS_AVX2_FMA inline float softmax_avx2(const QueryTask& task, float* s, int64_t n
   const float* ranked = s;  // causal rows: the seen keys are a prefix, zeros after it
   int64_t count = n;
   if (task.mask != nullptr) {
-    std::copy(s, s + task.hist, seen);
-    count = task.hist;
-    for (int64_t p = task.hist; p < n; ++p) {
-      if (task.visible(p)) seen[count++] = s[p];
+    count = task.seen_history();
+    std::copy(s, s + count, seen);
+    for (int64_t p = count; p < n; ++p) {
+      if (task.sees(p)) seen[count++] = s[p];
     }
     ranked = seen;
   }
@@ -122,7 +122,7 @@ GS_AVX2_FMA inline void weighted_values(const PagedT<E>& c, const QueryTask& tas
   for (int i = 0; i < V; ++i) acc[i] = _mm256_setzero_ps();
   for (int64_t p = 0; p < n; ++p) {
     if (w[p] == 0.0f) continue;
-    const E* v = c.key(task.table, p, g) + c.v_shift() + d0;
+    const E* v = c.key(task.table, task.first + p, g) + c.v_shift() + d0;
     const __m256 wp = _mm256_set1_ps(w[p]);
     for (int i = 0; i < V; ++i) acc[i] = _mm256_fmadd_ps(wp, load8(v + 8 * i), acc[i]);
   }
@@ -134,8 +134,8 @@ GS_AVX2_FMA inline void weighted_values(const PagedT<E>& c, const QueryTask& tas
 template <typename E>
 GS_AVX2_FMA inline void attend_avx2(const PagedT<E>& c, const QueryTask& task, int64_t g, float scale,
                                     float* scores) {
-  const int64_t n = task.hist + task.q_len;
-  for (int64_t p = 0; p < std::min(n, kPrefetchKeys); ++p) prefetch_row(c.key(task.table, p, g), c.D);
+  const int64_t n = task.num_keys();
+  for (int64_t p = 0; p < std::min(n, kPrefetchKeys); ++p) prefetch_row(c.key(task.table, task.first + p, g), c.D);
   attention_scores(c, task, g, scale, n, scores);
   const float inv = softmax_avx2(task, scores, n, scores + n + 8);
   for (int64_t d0 = 0; d0 < c.D; d0 += 64) {  // eight vectors of accumulators at a time

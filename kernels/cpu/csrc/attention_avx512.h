@@ -68,16 +68,16 @@ GS_AVX512 inline void group_scores(const PagedT<E>& c, const QueryTask& task, co
     // The same prefetches as attention_scores (AVX2). Kept inline: a shared helper measured ~2x
     // slower here (docs/benchmarks.md §5f).
     for (int64_t p = p0 + kPrefetchKeys; p < std::min(n, p0 + kPrefetchKeys + 4); ++p) {
-      prefetch_row(c.key(task.table, p, g), c.D);
+      prefetch_row(c.key(task.table, task.first + p, g), c.D);
     }
     for (int64_t p = p0; p < std::min(n, p0 + 4); ++p) {
-      prefetch_row(c.key(task.table, p, g) + c.v_shift(), c.D);
+      prefetch_row(c.key(task.table, task.first + p, g) + c.v_shift(), c.D);
     }
     const E* k[4];
     bool seen[4];
     for (int j = 0; j < 4; ++j) {
-      k[j] = c.key(task.table, std::min(p0 + j, n - 1), g);
-      seen[j] = task.visible(p0 + j);
+      k[j] = c.key(task.table, task.first + std::min(p0 + j, n - 1), g);
+      seen[j] = task.sees(p0 + j);
     }
     for (int h = 0; h < G; ++h) {
       __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
@@ -114,8 +114,8 @@ GS_AVX512 inline void group_values(const PagedT<E>& c, const QueryTask& task, co
     for (int i = 0; i < VC; ++i) acc[h][i] = _mm512_setzero_ps();
   }
   for (int64_t p = 0; p < n; ++p) {
-    if (!task.visible(p)) continue;  // weight 0 for every head of this token
-    const E* v = c.key(task.table, p, g) + c.v_shift() + d0;
+    if (!task.sees(p)) continue;  // weight 0 for every head of this token
+    const E* v = c.key(task.table, task.first + p, g) + c.v_shift() + d0;
     __m512 wp[G];
     for (int h = 0; h < G; ++h) wp[h] = _mm512_set1_ps(w[h * stride + p]);
     for (int i = 0; i < VC; ++i) {
@@ -136,8 +136,8 @@ GS_AVX512 inline void group_values(const PagedT<E>& c, const QueryTask& task, co
 template <int G, typename E>
 GS_AVX512 inline void attend_group(const PagedT<E>& c, const QueryTask& task, const HeadGroup& heads,
                                    int64_t g, float scale, float* scores) {
-  const int64_t n = task.hist + task.q_len, stride = n + 8;
-  for (int64_t p = 0; p < std::min(n, kPrefetchKeys); ++p) prefetch_row(c.key(task.table, p, g), c.D);
+  const int64_t n = task.num_keys(), stride = n + 8;
+  for (int64_t p = 0; p < std::min(n, kPrefetchKeys); ++p) prefetch_row(c.key(task.table, task.first + p, g), c.D);
   group_scores<G>(c, task, heads, g, scale, n, scores, stride);
   float* seen = scores + G * stride;
   float inv[G];

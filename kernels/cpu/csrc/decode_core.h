@@ -37,21 +37,37 @@ struct Mat {
 };
 
 // ---- RMSNorm, with the residual add folded in ----
+// One row: r += d (when given); o = w * (r * (1 / sqrt(mean(r^2) + eps))). o may be r.
+inline void rms_norm_row(float* r, const float* d, const float* w, float eps, float* o,
+                         int64_t C) {
+  if (d) {
+    for (int64_t c = 0; c < C; ++c) r[c] += d[c];
+  }
+  double squares = 0.0;
+  for (int64_t c = 0; c < C; ++c) squares += (double)r[c] * (double)r[c];
+  const float inv = 1.0f / std::sqrt((float)(squares / (double)C) + eps);
+  for (int64_t c = 0; c < C; ++c) o[c] = w[c] * (r[c] * inv);
+}
+
 // residual += delta (when given); out = weight * (residual * (1 / sqrt(mean(residual^2) + eps))).
 inline void rms_norm_rows(Mat residual, const Mat* delta, const float* w, float eps, Mat out,
                           int64_t T, int64_t C) {
   at::parallel_for(0, T, 16, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
-      float* r = residual.row(t);
-      if (delta) {
-        const float* d = delta->row(t);
-        for (int64_t c = 0; c < C; ++c) r[c] += d[c];
-      }
-      double squares = 0.0;
-      for (int64_t c = 0; c < C; ++c) squares += (double)r[c] * (double)r[c];
-      const float inv = 1.0f / std::sqrt((float)(squares / (double)C) + eps);
-      float* o = out.row(t);
-      for (int64_t c = 0; c < C; ++c) o[c] = w[c] * (r[c] * inv);
+      rms_norm_row(residual.row(t), delta ? delta->row(t) : nullptr, w, eps, out.row(t), C);
+    }
+  });
+}
+
+// QK-norm in place: heads first_head .. first_head + heads - 1 of every token of x [T, *, D]
+// (rows `stride` apart), each normed over its D values by w [D] (the rows rms_norm_rows would
+// norm, so the same values).
+inline void norm_heads_rows(float* x, int64_t stride, int64_t T, int64_t first_head,
+                            int64_t heads, int64_t D, const float* w, float eps) {
+  at::parallel_for(0, T * heads, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t item = begin; item < end; ++item) {
+      float* row = x + (item / heads) * stride + (first_head + item % heads) * D;
+      rms_norm_row(row, nullptr, w, eps, row, D);
     }
   });
 }
@@ -85,8 +101,20 @@ GS_AVX2_FMA inline void silu_mul_row_avx2(const float* g, const float* u, float*
   }
 }
 
+GS_AVX2_FMA inline void gelu_tanh_mul_row_avx2(const float* g, const float* u, float* o,
+                                               int64_t I) {
+  for (int64_t i = 0; i < I; i += 8) {
+    _mm256_storeu_ps(o + i, gelu_tanh_mul8(_mm256_loadu_ps(g + i), _mm256_loadu_ps(u + i)));
+  }
+}
+
+inline float gelu_tanh_scalar(float g) {  // g * sigmoid(2y), as gelu_tanh_mul8
+  return g / (1.0f + std::exp(-1.5957691216057308f * (g + 0.044715f * g * g * g)));
+}
+
+// out = act(gate) * up for gate_up = [gate | up]: act = silu (SwiGLU) or gelu_tanh (GeGLU).
 // AVX2 (vectorised exp) when I % 8 == 0 and the CPU has it, else scalar: fixed per process.
-inline void silu_mul_rows(Mat gate_up, Mat out, int64_t T, int64_t I) {
+inline void act_mul_rows(Mat gate_up, Mat out, int64_t T, int64_t I, bool gelu) {
   const bool avx2 = I % 8 == 0 && avx2_fma();
   at::parallel_for(0, T, 4, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
@@ -94,12 +122,22 @@ inline void silu_mul_rows(Mat gate_up, Mat out, int64_t T, int64_t I) {
       const float* u = g + I;
       float* o = out.row(t);
       if (avx2) {
-        silu_mul_row_avx2(g, u, o, I);
+        if (gelu) {
+          gelu_tanh_mul_row_avx2(g, u, o, I);
+        } else {
+          silu_mul_row_avx2(g, u, o, I);
+        }
         continue;
       }
-      for (int64_t i = 0; i < I; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+      for (int64_t i = 0; i < I; ++i) {
+        o[i] = (gelu ? gelu_tanh_scalar(g[i]) : g[i] / (1.0f + std::exp(-g[i]))) * u[i];
+      }
     }
   });
+}
+
+inline void silu_mul_rows(Mat gate_up, Mat out, int64_t T, int64_t I) {
+  act_mul_rows(gate_up, out, T, I, false);
 }
 
 // ---- paged attention ----
@@ -125,18 +163,40 @@ struct PagedT {
 };
 
 // One query token and one query head (of KV head g): attends over the keys the token sees.
+// Keys before `first` lie outside a sliding window and are never read: the kernels index keys
+// relative to it (i = p - first), so a token's sums run over the same keys in the same order
+// whichever step computes it.
 struct QueryTask {
   const float* q;  // [D]
   float* out;      // [D]
   const int32_t* table;  // the request's block table
-  int64_t hist, local, q_len;  // keys 0..hist-1 always; new key j if visible(j)
+  int64_t hist, local, q_len;  // keys first..hist-1 always; new key j if visible(j)
   const uint8_t* mask;  // [q_len] row of a tree mask, or nullptr: causal (j <= local)
+  int64_t first = 0;    // first key inside the window (0: no window)
 
   bool visible(int64_t p) const {
+    if (p < first) return false;
     if (p < hist) return true;
     return mask ? mask[p - hist] != 0 : p - hist <= local;
   }
+  int64_t num_keys() const { return hist + q_len - first; }  // keys i = 0 .. num_keys() - 1
+  bool sees(int64_t i) const { return visible(first + i); }
+  int64_t seen_history() const { return std::max<int64_t>(0, hist - first); }
 };
+
+// The query's position: history + index for causal rows, history + depth for a tree node.
+inline int64_t query_position(const QueryTask& task) {
+  if (task.mask == nullptr) return task.hist + task.local;
+  int64_t ancestors = 0;
+  for (int64_t j = 0; j < task.q_len; ++j) ancestors += task.mask[j] != 0;
+  return task.hist + ancestors - 1;
+}
+
+// Sets the first key a query sees under a sliding window of `window` keys (itself included;
+// transformers' kv > q - window); window 0 is full attention.
+inline void apply_window(QueryTask& task, int64_t window) {
+  if (window > 0) task.first = std::max<int64_t>(0, query_position(task) - window + 1);
+}
 
 // Scores (already scaled; -inf for keys not seen) -> softmax weights in place; returns 1 / sum.
 inline float softmax_(float* s, int64_t n) {
@@ -154,21 +214,21 @@ inline float softmax_(float* s, int64_t n) {
 template <typename E>
 inline void attend_scalar(const PagedT<E>& c, const QueryTask& task, int64_t g, float scale,
                           float* scores) {
-  const int64_t n = task.hist + task.q_len, D = c.D;
-  for (int64_t p = 0; p < n; ++p) {
-    scores[p] = -std::numeric_limits<float>::infinity();
-    if (!task.visible(p)) continue;
-    const E* k = c.key(task.table, p, g);
+  const int64_t n = task.num_keys(), D = c.D;
+  for (int64_t i = 0; i < n; ++i) {
+    scores[i] = -std::numeric_limits<float>::infinity();
+    if (!task.sees(i)) continue;
+    const E* k = c.key(task.table, task.first + i, g);
     float acc = 0.0f;
     for (int64_t d = 0; d < D; ++d) acc += task.q[d] * to_float(k[d]);
-    scores[p] = acc * scale;
+    scores[i] = acc * scale;
   }
   const float inv = softmax_(scores, n);
   for (int64_t d = 0; d < D; ++d) task.out[d] = 0.0f;
-  for (int64_t p = 0; p < n; ++p) {
-    if (scores[p] == 0.0f) continue;
-    const E* v = c.key(task.table, p, g) + c.v_shift();
-    for (int64_t d = 0; d < D; ++d) task.out[d] += scores[p] * to_float(v[d]);
+  for (int64_t i = 0; i < n; ++i) {
+    if (scores[i] == 0.0f) continue;
+    const E* v = c.key(task.table, task.first + i, g) + c.v_shift();
+    for (int64_t d = 0; d < D; ++d) task.out[d] += scores[i] * to_float(v[d]);
   }
   for (int64_t d = 0; d < D; ++d) task.out[d] *= inv;
 }
@@ -207,22 +267,24 @@ struct Heads {
 
 // Token t, query head h of a step's batch.
 inline QueryTask query_task(Heads q, const AttentionBatch& b, int64_t t, int64_t h, int64_t H,
-                            int64_t D, float* out) {
+                            int64_t D, float* out, int64_t window) {
   const int32_t* row = b.tokens + 4 * t;
-  return QueryTask{q.at(t, h),
-                   out + (t * H + h) * D,
-                   b.tables + row[0] * b.max_blocks,
-                   row[1],
-                   row[2],
-                   row[3],
-                   b.mask ? b.mask + t * b.mask_stride : nullptr};
+  QueryTask task{q.at(t, h),
+                 out + (t * H + h) * D,
+                 b.tables + row[0] * b.max_blocks,
+                 row[1],
+                 row[2],
+                 row[3],
+                 b.mask ? b.mask + t * b.mask_stride : nullptr};
+  apply_window(task, window);
+  return task;
 }
 
 // q [T, H, D] and k, v [T, Hkv, D]; out [T, H, D] contiguous. Writes k/v into the cache, then
-// attends each (token, KV head) pair.
+// attends each (token, KV head) pair; window > 0: over the last `window` positions only.
 template <typename E>
 inline void paged_attention(const PagedT<E>& c, Heads q, Heads k, Heads v, int64_t H,
-                            const AttentionBatch& b, float scale, float* out) {
+                            const AttentionBatch& b, float scale, float* out, int64_t window) {
   const int64_t D = c.D, Hkv = c.kv_heads;
   for (int64_t t = 0; t < b.T; ++t) {
     const int64_t block = b.slots[t] / c.block_size, offset = b.slots[t] % c.block_size;
@@ -245,13 +307,13 @@ inline void paged_attention(const PagedT<E>& c, Heads q, Heads k, Heads v, int64
       std::vector<float> scores;
       for (int64_t item = begin; item < end; ++item) {
         const int64_t t = item / Hkv, g = item % Hkv;
-        const QueryTask task = query_task(q, b, t, g * group, H, D, out);
+        const QueryTask task = query_task(q, b, t, g * group, H, D, out, window);
         HeadGroup heads;
         for (int64_t i = 0; i < group; ++i) {
           heads.q[i] = q.at(t, g * group + i);
           heads.out[i] = out + (t * H + g * group + i) * D;
         }
-        scores.resize(group * (2 * (task.hist + task.q_len) + 16) + 8);
+        scores.resize(group * (2 * task.num_keys() + 16) + 8);
         attend_group_any(group, c, task, heads, g, scale, scores.data());
       }
     });
@@ -262,8 +324,8 @@ inline void paged_attention(const PagedT<E>& c, Heads q, Heads k, Heads v, int64
     std::vector<float> scores;
     for (int64_t item = begin; item < end; ++item) {
       const int64_t t = item / H, h = item % H;
-      const QueryTask task = query_task(q, b, t, h, H, D, out);
-      scores.resize(2 * (task.hist + task.q_len + 8));  // the AVX2 path's padding, ranked copy
+      const QueryTask task = query_task(q, b, t, h, H, D, out, window);
+      scores.resize(2 * (task.num_keys() + 8));  // the AVX2 path's padding, ranked copy
       if (avx2) {
         attend_avx2(c, task, h / group, scale, scores.data());
       } else {

@@ -50,22 +50,30 @@ void rope_(at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos,
             cos.data_ptr<float>(), sin_signed.data_ptr<float>());
 }
 
-void silu_mul_out(const at::Tensor& gate_up, at::Tensor& out) {
+void act_mul_out(const at::Tensor& gate_up, at::Tensor& out, bool gelu) {
   check_float(gate_up, 2, "gate_up");
   check_float(out, 2, "out");
   const int64_t T = gate_up.size(0), I = out.size(1);
   TORCH_CHECK(gate_up.size(1) == 2 * I && out.size(0) == T, "gate_up must be [T, 2 * out cols]");
-  silu_mul_rows(mat(gate_up), mat(out), T, I);
+  act_mul_rows(mat(gate_up), mat(out), T, I, gelu);
+}
+
+void silu_mul_out(const at::Tensor& gate_up, at::Tensor& out) { act_mul_out(gate_up, out, false); }
+
+void gelu_tanh_mul_out(const at::Tensor& gate_up, at::Tensor& out) {
+  act_mul_out(gate_up, out, true);
 }
 
 // q [T, H, D], k/v [T, Hkv, D] (last dims contiguous), cache [blocks, 2, bs, Hkv, D],
 // slots [T] int64 (where this step's k/v go), block_tables [R, max_blocks] int32,
 // tokens [T, 4] int32 = (request, history length before the step's tokens, index among the
-// request's new tokens, request's number of new tokens), mask [T, max_q_len] uint8 or None.
+// request's new tokens, request's number of new tokens), mask [T, max_q_len] uint8 or None,
+// window: a sliding window of that many positions (0: full attention).
 void paged_attention_out(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          at::Tensor& cache, const at::Tensor& slots,
                          const at::Tensor& block_tables, const at::Tensor& tokens,
-                         const std::optional<at::Tensor>& mask, double scale, at::Tensor& out) {
+                         const std::optional<at::Tensor>& mask, double scale, at::Tensor& out,
+                         int64_t window) {
   check_float(q, 3, "q");
   check_float(k, 3, "k");
   check_float(v, 3, "v");
@@ -73,9 +81,10 @@ void paged_attention_out(const at::Tensor& q, const at::Tensor& k, const at::Ten
   const int64_t T = q.size(0), H = q.size(1), D = q.size(2), Hkv = k.size(1);
   TORCH_CHECK(H % Hkv == 0 && H / Hkv <= 64, "head shapes (at most 64 query heads per KV head)");
   const AttentionBatch batch = attention_batch(slots, block_tables, tokens, mask, T);
+  TORCH_CHECK(window >= 0, "window must be >= 0");
   with_paged(cache, Hkv, D, [&](const auto& c) {
     paged_attention(c, heads(q), heads(k), heads(v), H, batch, (float)scale,
-                    out.data_ptr<float>());
+                    out.data_ptr<float>(), window);
   });
 }
 
@@ -94,6 +103,8 @@ void register_decode_ops(pybind11::module& m) {
         pybind11::arg("eps"), pybind11::arg("out"));
   m.def("rope_", &rope_, "rotate-half RoPE in place on x [T, heads, D]", pybind11::arg("x"),
         pybind11::arg("positions"), pybind11::arg("cos"), pybind11::arg("sin_signed"));
+  m.def("gelu_tanh_mul_out", &gelu_tanh_mul_out, "out = gelu_tanh(gate) * up",
+        pybind11::arg("gate_up"), pybind11::arg("out"));
   m.def("silu_mul_out", &silu_mul_out, "out = silu(gate) * up", pybind11::arg("gate_up"),
         pybind11::arg("out"));
   m.def("paged_attention_out", &paged_attention_out,
@@ -101,7 +112,7 @@ void register_decode_ops(pybind11::module& m) {
         pybind11::call_guard<pybind11::gil_scoped_release>(), pybind11::arg("q"),
         pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("cache"), pybind11::arg("slots"),
         pybind11::arg("block_tables"), pybind11::arg("tokens"), pybind11::arg("mask"),
-        pybind11::arg("scale"), pybind11::arg("out"));
+        pybind11::arg("scale"), pybind11::arg("out"), pybind11::arg("window") = 0);
 }
 
 }  // namespace goodspeed

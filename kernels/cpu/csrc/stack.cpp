@@ -1,6 +1,9 @@
 // A Llama-family decoder stack in one native call: every layer's RMSNorm(+residual), fused QKV
 // linear, RoPE, paged attention, O linear, RMSNorm(+residual), gate|up linear, SiLU·mul and
-// down linear, then the final norm, with no Python between the ops.
+// down linear, then the final norm, with no Python between the ops. The families' extras as
+// the per-op forward runs them: QK-norm before RoPE (Qwen3, Gemma 3), sandwich norms (Gemma:
+// the attention and MLP outputs normed before their residual adds), GeGLU, a second RoPE table
+// for sliding layers, a sliding window per layer.
 //
 // It runs the very cores the per-op Python path runs (qlinear_core.h, decode_core.h) in the
 // same order on the same values, so its output is bitwise that path's (tested); what it saves
@@ -59,6 +62,12 @@ struct QuantizedLinear {
 struct Layer {
   at::Tensor input_norm, post_norm;  // [hidden] float32
   QuantizedLinear qkv, o, gate_up, down;
+  int64_t window;  // sliding-window length, 0: full attention
+  std::optional<at::Tensor> q_norm, k_norm;  // [head_dim] float32: QK-norm, or none
+  // Sandwich norms: post_norm norms the attention output, pre_ffn_norm is the MLP's input
+  // norm, post_ffn_norm norms the MLP output; none: post_norm is the MLP's input norm.
+  std::optional<at::Tensor> pre_ffn_norm, post_ffn_norm;
+  bool local_rope;  // the sliding layers' RoPE table
 };
 
 QuantizedLinear make_linear(std::vector<Run> runs, std::optional<at::Tensor> bias, int64_t K) {
@@ -89,24 +98,46 @@ class DecoderStack {
  public:
   DecoderStack(int64_t hidden, int64_t heads, int64_t kv_heads, int64_t head_dim,
                int64_t intermediate, double eps, at::Tensor cos, at::Tensor sin_signed,
-               at::Tensor final_norm, int64_t act)
+               at::Tensor final_norm, int64_t act, bool gelu,
+               std::optional<at::Tensor> local_cos, std::optional<at::Tensor> local_sin)
       : C_(hidden), H_(heads), Hkv_(kv_heads), D_(head_dim), I_(intermediate), eps_((float)eps),
         cos_(std::move(cos)), sin_(std::move(sin_signed)), final_norm_(std::move(final_norm)),
-        act_((ActMode)act) {
+        act_((ActMode)act), gelu_(gelu), local_cos_(std::move(local_cos)),
+        local_sin_(std::move(local_sin)) {
     TORCH_CHECK(act >= 0 && act <= 2, "act must be 0 (float32), 1 (int8) or 2 (int16)");
     TORCH_CHECK(D_ % 2 == 0 && D_ <= 1024 && H_ % Hkv_ == 0 && H_ / Hkv_ <= 64, "head shapes");
     TORCH_CHECK(cos_.is_contiguous() && sin_.is_contiguous() && cos_.size(1) == D_, "tables");
+    TORCH_CHECK(local_cos_.has_value() == local_sin_.has_value() &&
+                    (!local_cos_ || (local_cos_->is_contiguous() && local_sin_->is_contiguous() &&
+                                     local_cos_->sizes() == cos_.sizes())),
+                "local tables: both or neither, shaped like the global ones");
   }
 
   void add_layer(at::Tensor input_norm, at::Tensor post_norm, std::vector<Run> qkv,
                  std::optional<at::Tensor> qkv_bias, std::vector<Run> o,
                  std::optional<at::Tensor> o_bias, std::vector<Run> gate_up,
-                 std::vector<Run> down) {
-    Layer layer{std::move(input_norm), std::move(post_norm),
+                 std::vector<Run> down, int64_t window, std::optional<at::Tensor> q_norm,
+                 std::optional<at::Tensor> k_norm, std::optional<at::Tensor> pre_ffn_norm,
+                 std::optional<at::Tensor> post_ffn_norm, bool local_rope) {
+    TORCH_CHECK(window >= 0, "window must be >= 0");
+    TORCH_CHECK(q_norm.has_value() == k_norm.has_value() &&
+                    (!q_norm || (q_norm->numel() == D_ && k_norm->numel() == D_)),
+                "q_norm and k_norm: both [head_dim] or neither");
+    TORCH_CHECK(pre_ffn_norm.has_value() == post_ffn_norm.has_value(),
+                "pre_ffn_norm and post_ffn_norm: both or neither");
+    TORCH_CHECK(!local_rope || local_cos_, "local_rope needs the local tables");
+    Layer layer{std::move(input_norm),
+                std::move(post_norm),
                 make_linear(std::move(qkv), std::move(qkv_bias), C_),
                 make_linear(std::move(o), std::move(o_bias), H_ * D_),
                 make_linear(std::move(gate_up), std::nullopt, C_),
-                make_linear(std::move(down), std::nullopt, I_)};
+                make_linear(std::move(down), std::nullopt, I_),
+                window,
+                std::move(q_norm),
+                std::move(k_norm),
+                std::move(pre_ffn_norm),
+                std::move(post_ffn_norm),
+                local_rope};
     for (const QuantizedLinear* w : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down}) {
       for (const Run& run : w->runs) {
         TORCH_CHECK(act_ == ActMode::kFloat32 || std::get<4>(run),
@@ -138,7 +169,8 @@ class DecoderStack {
     auto buffer = [&](int64_t cols) { return at::empty({T, cols}, residual.options()); };
     at::Tensor h = buffer(C_), qkv = buffer(QKV), attended = buffer(H_ * D_), o = buffer(C_);
     at::Tensor gate_up = buffer(2 * I_), act = buffer(I_), delta = buffer(C_), out = buffer(C_);
-    const Mat res = mat(residual), hm = mat(h), om = mat(o), dm = mat(delta);
+    at::Tensor mlp_out = buffer(C_);  // the MLP output before its norm (sandwich norms)
+    const Mat res = mat(residual), hm = mat(h), om = mat(o), dm = mat(delta), mm = mat(mlp_out);
     const int64_t* pos = positions.data_ptr<int64_t>();
     for (int64_t i = 0; i < num_layers; ++i) {
       const Layer& layer = layers_[i];
@@ -148,25 +180,44 @@ class DecoderStack {
       linear(layer.qkv, hm, mat(qkv), T);
       clock.lap(kQkv);
       float* qkv_data = qkv.data_ptr<float>();
-      rope_rows(qkv_data, QKV, D_, T, H_ + Hkv_, D_, pos, cos_.data_ptr<float>(),
-                sin_.data_ptr<float>());
+      if (layer.q_norm) {
+        norm_heads_rows(qkv_data, QKV, T, 0, H_, D_, layer.q_norm->data_ptr<float>(), eps_);
+        norm_heads_rows(qkv_data, QKV, T, H_, Hkv_, D_, layer.k_norm->data_ptr<float>(), eps_);
+        clock.lap(kNorms);
+      }
+      const at::Tensor& cos = layer.local_rope ? *local_cos_ : cos_;
+      const at::Tensor& sin = layer.local_rope ? *local_sin_ : sin_;
+      rope_rows(qkv_data, QKV, D_, T, H_ + Hkv_, D_, pos, cos.data_ptr<float>(),
+                sin.data_ptr<float>());
       clock.lap(kRope);
       with_paged(caches[i], Hkv_, D_, [&](const auto& cache) {
         paged_attention(cache, Heads{qkv_data, QKV, D_}, Heads{qkv_data + H_ * D_, QKV, D_},
                         Heads{qkv_data + (H_ + Hkv_) * D_, QKV, D_}, H_, batch, (float)scale,
-                        attended.data_ptr<float>());
+                        attended.data_ptr<float>(), layer.window);
       });
       clock.lap(kAttention);
       linear(layer.o, mat(attended), om, T);
       clock.lap(kO);
-      rms_norm_rows(res, &om, layer.post_norm.data_ptr<float>(), eps_, hm, T, C_);
+      if (layer.pre_ffn_norm) {  // o <- norm(o); residual += o; h = norm(residual)
+        rms_norm_rows(om, nullptr, layer.post_norm.data_ptr<float>(), eps_, om, T, C_);
+        rms_norm_rows(res, &om, layer.pre_ffn_norm->data_ptr<float>(), eps_, hm, T, C_);
+      } else {
+        rms_norm_rows(res, &om, layer.post_norm.data_ptr<float>(), eps_, hm, T, C_);
+      }
       clock.lap(kNorms);
       linear(layer.gate_up, hm, mat(gate_up), T);
       clock.lap(kGateUp);
-      silu_mul_rows(mat(gate_up), mat(act), T, I_);
+      act_mul_rows(mat(gate_up), mat(act), T, I_, gelu_);
       clock.lap(kSilu);
-      linear(layer.down, mat(act), dm, T);
-      clock.lap(kDown);
+      if (layer.post_ffn_norm) {  // delta = norm(mlp output)
+        linear(layer.down, mat(act), mm, T);
+        clock.lap(kDown);
+        rms_norm_rows(mm, nullptr, layer.post_ffn_norm->data_ptr<float>(), eps_, dm, T, C_);
+        clock.lap(kNorms);
+      } else {
+        linear(layer.down, mat(act), dm, T);
+        clock.lap(kDown);
+      }
     }
     rms_norm_rows(res, num_layers > 0 ? &dm : nullptr, final_norm_.data_ptr<float>(), eps_,
                   mat(out), T, C_);
@@ -224,6 +275,8 @@ class DecoderStack {
   float eps_;
   at::Tensor cos_, sin_, final_norm_;
   ActMode act_;
+  bool gelu_;  // GeGLU (gelu_tanh) instead of SwiGLU
+  std::optional<at::Tensor> local_cos_, local_sin_;
   std::vector<Layer> layers_;
 };
 
@@ -233,13 +286,18 @@ void register_stack(pybind11::module& m) {
   namespace py = pybind11;
   py::class_<DecoderStack>(m, "DecoderStack")
       .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, at::Tensor, at::Tensor,
-                    at::Tensor, int64_t>(),
+                    at::Tensor, int64_t, bool, std::optional<at::Tensor>,
+                    std::optional<at::Tensor>>(),
            py::arg("hidden"), py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"),
            py::arg("intermediate"), py::arg("eps"), py::arg("cos"), py::arg("sin_signed"),
-           py::arg("final_norm"), py::arg("act"))
+           py::arg("final_norm"), py::arg("act"), py::arg("gelu") = false,
+           py::arg("local_cos") = py::none(), py::arg("local_sin") = py::none())
       .def("add_layer", &DecoderStack::add_layer, py::arg("input_norm"), py::arg("post_norm"),
            py::arg("qkv"), py::arg("qkv_bias"), py::arg("o"), py::arg("o_bias"),
-           py::arg("gate_up"), py::arg("down"))
+           py::arg("gate_up"), py::arg("down"), py::arg("window") = 0,
+           py::arg("q_norm") = py::none(), py::arg("k_norm") = py::none(),
+           py::arg("pre_ffn_norm") = py::none(), py::arg("post_ffn_norm") = py::none(),
+           py::arg("local_rope") = false)
       .def("forward", &DecoderStack::forward, py::call_guard<py::gil_scoped_release>(),
            py::arg("residual"), py::arg("positions"), py::arg("caches"), py::arg("slots"),
            py::arg("block_tables"), py::arg("tokens"), py::arg("mask"), py::arg("scale"),

@@ -41,4 +41,20 @@ GS_AVX2_FMA inline __m256 silu_mul8(__m256 g, __m256 u) {
   return _mm256_mul_ps(_mm256_mul_ps(g, sigmoid), u);
 }
 
+// gelu_tanh(g) * u for 8 lanes (Gemma's GeGLU): 0.5 g (1 + tanh(y)), y = sqrt(2/pi) (g + 0.044715 g^3),
+// computed as g * sigmoid(2y) (the same function, without 1 + tanh's cancellation for g < 0),
+// the sigmoid as in silu_mul8.
+GS_AVX2_FMA inline __m256 gelu_tanh_mul8(__m256 g, __m256 u) {
+  const __m256 g3 = _mm256_mul_ps(_mm256_mul_ps(g, g), g);
+  const __m256 y2 = _mm256_mul_ps(_mm256_set1_ps(1.5957691216057308f),  // 2 sqrt(2/pi)
+                                  _mm256_fmadd_ps(_mm256_set1_ps(0.044715f), g3, g));
+  const __m256 magnitude = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), y2);
+  const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_setzero_ps(), magnitude));
+  const __m256 one = _mm256_set1_ps(1.0f);
+  const __m256 inverse = _mm256_div_ps(one, _mm256_add_ps(one, e));
+  const __m256 negative = _mm256_cmp_ps(y2, _mm256_setzero_ps(), _CMP_LT_OQ);
+  const __m256 sigmoid = _mm256_blendv_ps(inverse, _mm256_mul_ps(e, inverse), negative);
+  return _mm256_mul_ps(_mm256_mul_ps(g, sigmoid), u);
+}
+
 }  // namespace goodspeed

@@ -92,22 +92,57 @@ TINY = {k: v for k, v in TINY_CONFIG.items() if k != "tie_word_embeddings"} | {
 KQUANT_DIMS = {"hidden_size": 256, "intermediate_size": 512}
 
 
+# Each family's tiny config beside TINY: explicit head sizes (Qwen3 and Gemma default to large
+# ones), sliding windows shorter than SCHEDULE's 13-token sequences so the windows bite,
+# Gemma's global and sliding layers with different RoPE bases and a query_pre_attn_scalar
+# unlike head_dim, Phi-3's ids inside the tiny vocabulary.
+FAMILY_OVERRIDES = {
+    "llama": {},
+    "qwen2": {},
+    "qwen3": dict(head_dim=16),
+    "mistral": dict(head_dim=16, sliding_window=5),
+    "phi3": dict(sliding_window=6, pad_token_id=0),
+    "gemma3_text": dict(
+        head_dim=16,
+        query_pre_attn_scalar=24,
+        sliding_window=5,
+        layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "default", "rope_theta": 500000.0},
+        },
+        pad_token_id=0,
+    ),
+}
+
+
+def hf_classes(model_type: str):
+    """(config class, model class) of transformers for `model_type`."""
+    import transformers as t
+
+    return {
+        "llama": (t.LlamaConfig, t.LlamaForCausalLM),
+        "qwen2": (t.Qwen2Config, t.Qwen2ForCausalLM),
+        "qwen3": (t.Qwen3Config, t.Qwen3ForCausalLM),
+        "mistral": (t.MistralConfig, t.MistralForCausalLM),
+        "phi3": (t.Phi3Config, t.Phi3ForCausalLM),
+        "gemma3_text": (t.Gemma3TextConfig, t.Gemma3ForCausalLM),
+    }[model_type]
+
+
 def build_hf_model(path, model_type: str = "llama", seed: int = 0, **overrides):
     """Save a tiny random HF model whose weights are large enough (std 1/sqrt(fan_in), random
     norm scales and biases) that attention is far from uniform, so RoPE, masking or bias
     mistakes move the logits visibly. Returns (path, the HF model)."""
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
-
-    config_class, model_class = {
-        "llama": (LlamaConfig, LlamaForCausalLM),
-        "qwen2": (Qwen2Config, Qwen2ForCausalLM),
-    }[model_type]
+    config_class, model_class = hf_classes(model_type)
     torch.manual_seed(seed)
-    model = model_class(config_class(**{**TINY, **overrides})).eval()
+    config = {**TINY, **FAMILY_OVERRIDES[model_type], **overrides}
+    model = model_class(config_class(**config)).eval()
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("norm.weight"):
-                param.copy_(1 + 0.2 * torch.randn_like(param))
+                offset = 0 if model_type == "gemma3_text" else 1  # Gemma scales by 1 + w
+                param.copy_(offset + 0.2 * torch.randn_like(param))
             elif name.endswith("bias"):
                 param.copy_(0.3 * torch.randn_like(param))
             else:
@@ -168,4 +203,5 @@ def models_helpers():
         PagedDriver=PagedDriver,
         TINY=TINY,
         KQUANT_DIMS=KQUANT_DIMS,
+        FAMILIES=tuple(FAMILY_OVERRIDES),
     )

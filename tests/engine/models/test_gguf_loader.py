@@ -28,6 +28,24 @@ _HF_TO_GGUF = {
     "mlp.gate_proj": "ffn_gate",
     "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "self_attn.qkv_proj": "attn_qkv",  # Phi-3
+    "mlp.gate_up_proj": "ffn_up",  # Phi-3: gate|up in one tensor
+}
+_GEMMA3_NORMS = {
+    "post_attention_layernorm": "post_attention_norm",
+    "pre_feedforward_layernorm": "ffn_norm",
+    "post_feedforward_layernorm": "post_ffw_norm",
+}
+# transformers model_type -> the GGUF architecture llama.cpp's converter writes.
+GGUF_ARCH = {
+    "llama": "llama",
+    "mistral": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "phi3": "phi3",
+    "gemma3_text": "gemma3",
 }
 _GLOBAL = {
     "model.embed_tokens.weight": "token_embd.weight",
@@ -36,11 +54,12 @@ _GLOBAL = {
 }
 
 
-def gguf_name(name: str) -> str:
+def gguf_name(name: str, arch: str = "llama") -> str:
     if name in _GLOBAL:
         return _GLOBAL[name]
     match = re.fullmatch(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)", name)
-    return f"blk.{match[1]}.{_HF_TO_GGUF[match[2]]}.{match[3]}"
+    names = _HF_TO_GGUF | (_GEMMA3_NORMS if arch == "gemma3" else {})
+    return f"blk.{match[1]}.{names[match[2]]}.{match[3]}"
 
 
 def llamacpp_permute(weight: np.ndarray, num_heads: int) -> np.ndarray:
@@ -55,19 +74,22 @@ def llamacpp_permute(weight: np.ndarray, num_heads: int) -> np.ndarray:
 
 def write_gguf(path, hf_dir, qtype=Q.F32, arch="llama", drop=(), extra_tensors=None):
     """Convert the tiny HF model in hf_dir; 2-D weights as `qtype` (a type, or a function of
-    the HF tensor name giving one; K-quants through tests/kquants.py), 1-D tensors F32."""
+    the HF tensor name giving one; K-quants through tests/kquants.py), 1-D tensors F32.
+    Gemma 3's norms are written as 1 + w, as llama.cpp's converter does."""
     import json
 
     config = json.loads((hf_dir / "config.json").read_text())
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
     writer = gguf.GGUFWriter(path, arch)
+    write_family_metadata(writer, config, arch)
     writer.add_block_count(config["num_hidden_layers"])
     writer.add_context_length(config["max_position_embeddings"])
     writer.add_embedding_length(config["hidden_size"])
     writer.add_feed_forward_length(config["intermediate_size"])
     writer.add_head_count(heads)
     writer.add_head_count_kv(kv_heads)
-    writer.add_rope_freq_base(config["rope_parameters"]["rope_theta"])
+    rope = config["rope_parameters"]
+    writer.add_rope_freq_base(rope.get("full_attention", rope)["rope_theta"])
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
     writer.add_bos_token_id(config["bos_token_id"])
     writer.add_eos_token_id(config["eos_token_id"])
@@ -80,11 +102,13 @@ def write_gguf(path, hf_dir, qtype=Q.F32, arch="llama", drop=(), extra_tensors=N
             array = llamacpp_permute(array, heads)
         elif arch == "llama" and ".k_proj." in name:
             array = llamacpp_permute(array, kv_heads)
+        if arch == "gemma3" and name.endswith("norm.weight"):
+            array = array + 1
         kind = (qtype(name) if callable(qtype) else qtype) if array.ndim == 2 else Q.F32
         quantizer = kquants.quantize if kind in kquants.TYPES else gguf.quants.quantize
         data = quantizer(array, kind)
         writer.add_tensor(
-            gguf_name(name) if name.startswith(("model.", "lm_head")) else name,
+            gguf_name(name, arch) if name.startswith(("model.", "lm_head")) else name,
             data,
             raw_dtype=kind,
         )
@@ -93,6 +117,18 @@ def write_gguf(path, hf_dir, qtype=Q.F32, arch="llama", drop=(), extra_tensors=N
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def write_family_metadata(writer, config: dict, arch: str) -> None:
+    """What llama.cpp's converter writes beyond the Llama keys: head size, sliding window (the
+    Gemma 3 pattern as per-layer flags)."""
+    if config.get("head_dim"):
+        writer.add_key_length(config["head_dim"])
+        writer.add_value_length(config["head_dim"])
+    if arch in ("phi3", "gemma3") and config.get("sliding_window"):
+        writer.add_sliding_window(config["sliding_window"])
+    if arch == "gemma3":
+        writer.add_sliding_window_pattern([t == "sliding_attention" for t in config["layer_types"]])
 
 
 def load_ours(path):
@@ -123,6 +159,40 @@ def test_f32_gguf_matches_transformers(tmp_path, models_helpers, tied):
     )
     assert config.eos_token_ids == (2,) and config.bos_token_id == 1
     assert_logits_match(load_ours(path), hf_model, models_helpers)
+
+
+# Gemma's GGUF scale is fixed by llama.cpp's rule (1/sqrt(head_dim)), so its HF twin uses that.
+GGUF_FAMILY_OVERRIDES = {"gemma3_text": dict(query_pre_attn_scalar=16)}
+
+
+@pytest.mark.parametrize("model_type", ["mistral", "qwen3", "phi3", "gemma3_text"])
+def test_family_f32_gguf_matches_transformers(tmp_path, models_helpers, model_type):
+    """Each family written as llama.cpp's converter writes it loads to transformers' logits."""
+    overrides = GGUF_FAMILY_OVERRIDES.get(model_type, {})
+    hf_dir, hf_model = models_helpers.build_hf_model(tmp_path / "hf", model_type, **overrides)
+    path = write_gguf(tmp_path / "m.gguf", hf_dir, arch=GGUF_ARCH[model_type])
+    ours, theirs = read_arch_config(path), read_arch_config(hf_dir)
+    family = ("qk_norm", "sandwich_norms", "hidden_act", "local_rope_theta", "head_dim")
+    family += ("query_pre_attn_scalar", "tie_word_embeddings", "attention_bias")
+    for field in family:
+        assert getattr(ours, field) == getattr(theirs, field), field
+    assert ours.embedding_scale == pytest.approx(theirs.embedding_scale)
+    model = load_ours(path)
+    if model_type == "mistral":  # a Mistral GGUF is a llama one: no window (as in llama.cpp)
+        assert ours.layer_windows == ()
+        full = models_helpers.build_hf_model(tmp_path / "full", model_type, sliding_window=None)
+        hf_model = full[1]
+    else:
+        assert ours.layer_windows == theirs.layer_windows
+    assert_logits_match(model, hf_model, models_helpers)
+
+
+def test_phi3_longrope_gguf_is_refused(tmp_path, models_helpers):
+    hf_dir, _ = models_helpers.build_hf_model(tmp_path / "hf", "phi3")
+    extra = {"rope_factors_long.weight": np.ones(8, dtype=np.float32)}
+    path = write_gguf(tmp_path / "m.gguf", hf_dir, arch="phi3", extra_tensors=extra)
+    with pytest.raises(ValueError, match="longrope"):
+        read_arch_config(path)
 
 
 def test_qwen2_gguf_is_not_unpermuted(tmp_path, models_helpers):

@@ -27,6 +27,20 @@ VARIANTS = {
     "llama3-rope": ("llama", dict(rope_scaling=LLAMA3_ROPE)),
     "linear-rope": ("llama", dict(rope_scaling=dict(rope_type="linear", factor=4.0))),
     "qwen2-qkv-bias": ("qwen2", dict(tie_word_embeddings=False)),
+    "qwen3-qk-norm": ("qwen3", {}),
+    "mistral-sliding-window": ("mistral", {}),
+    "phi3-fused-projections": ("phi3", {}),
+    "gemma3-local-global": ("gemma3_text", {}),
+    "gemma3-tied-linear-rope": (
+        "gemma3_text",
+        dict(
+            tie_word_embeddings=True,
+            rope_parameters={
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
+            },
+        ),
+    ),
 }
 
 
@@ -107,7 +121,7 @@ def test_from_hf_config_rejects_unsupported_models():
         ModelArchConfig.from_hf_config(
             {**_MIN_CONFIG, "rope_scaling": {"rope_type": "yarn", "factor": 4}}
         )
-    with pytest.raises(ValueError, match="sliding-window"):
+    with pytest.raises(ValueError, match="sliding-window attention of Qwen"):
         ModelArchConfig.from_hf_config(
             {**_MIN_CONFIG, "model_type": "qwen2", "use_sliding_window": True}
         )
@@ -153,11 +167,49 @@ def _default_inv_freq(theta: float, head_dim: int) -> torch.Tensor:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_paged_logits_match_transformers(tmp_path, models_helpers):
-    path, hf_model = models_helpers.build_hf_model(tmp_path, "qwen2")
+@pytest.mark.parametrize("model_type", ["qwen2", "qwen3", "mistral", "phi3", "gemma3_text"])
+def test_cuda_paged_logits_match_transformers(tmp_path, models_helpers, model_type):
+    path, hf_model = models_helpers.build_hf_model(tmp_path, model_type)
     model, _ = load_model(path, torch.float32, "cuda", ReferenceBackend())
     sequences = models_helpers.schedule_sequences(models_helpers.TINY["vocab_size"])
     ours = models_helpers.paged_logits(model, sequences)
     for rid, ids in sequences.items():
         expected = models_helpers.reference_logits(hf_model, ids)
         torch.testing.assert_close(ours[rid].cpu(), expected, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("model_type", ["mistral", "phi3", "gemma3_text"])
+def test_sliding_windows_bite_in_the_parity_tests(tmp_path, models_helpers, model_type):
+    """Guards the parity test: at SCHEDULE's lengths the tiny window changes transformers'
+    logits, and our config reads the window on the layers that have it."""
+    _, windowed = models_helpers.build_hf_model(tmp_path / "w", model_type)
+    path, wide = models_helpers.build_hf_model(tmp_path / "f", model_type, sliding_window=64)
+    ids = list(range(3, 16))
+    diff = models_helpers.reference_logits(windowed, ids) - models_helpers.reference_logits(
+        wide, ids
+    )
+    assert diff.abs().max() > 1e-2
+    windows = read_arch_config(tmp_path / "w").layer_windows
+    assert windows == (
+        (5, 0) if model_type == "gemma3_text" else (windowed.config.sliding_window,) * 2
+    )
+
+
+def test_unsupported_family_features_are_refused_by_name():
+    cases = {
+        "phi3 longrope": (
+            {"model_type": "phi3", "rope_scaling": {"type": "longrope", "long_factor": [1.0]}},
+            "rope_scaling type 'longrope'",
+        ),
+        "partial rope": ({"model_type": "phi3", "partial_rotary_factor": 0.5}, "partial_rotary"),
+        "soft-capping": (
+            {"model_type": "gemma3_text", "final_logit_softcapping": 30.0},
+            "final_logit_softcapping",
+        ),
+        "qwen3 window": ({"model_type": "qwen3", "use_sliding_window": True}, "Qwen"),
+        "multimodal gemma": ({"model_type": "gemma3"}, "text model"),
+        "gelu": ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
+    }
+    for overrides, message in cases.values():
+        with pytest.raises(ValueError, match=message):
+            ModelArchConfig.from_hf_config({**_MIN_CONFIG, **overrides})

@@ -107,6 +107,29 @@ def test_native_stack_with_attention_biases(tmp_path, models_helpers):
     assert_bitwise_same(per_op, native, models_helpers)
 
 
+def test_native_stack_with_sliding_windows_and_fused_projections(tmp_path, models_helpers):
+    """Phi-3 (window 6 on every layer, fused qkv and gate|up): SCHEDULE runs past the window."""
+    hf_dir, _ = models_helpers.build_hf_model(tmp_path / "hf", model_type="phi3")
+    path = write_gguf(tmp_path / "p.gguf", hf_dir, qtype=Q.Q8_0, arch="phi3")
+    per_op, native = load_pair(path, "gguf")
+    assert per_op.config.layer_windows == (6, 6)
+    assert_bitwise_same(per_op, native, models_helpers)
+
+
+@pytest.mark.parametrize("weights", ["gguf", "gguf-f32"])
+@pytest.mark.parametrize("model_type, arch", [("qwen3", "qwen3"), ("gemma3_text", "gemma3")])
+def test_native_stack_runs_qk_norm_and_gemma_bitwise(
+    tmp_path, models_helpers, model_type, arch, weights
+):
+    """QK-norm (Qwen3); Gemma's sandwich norms, GeGLU, scaled embeddings, a sliding layer with its
+    own RoPE table beside a global one: the stack gives the per-op forward's bytes."""
+    hf_dir, _ = models_helpers.build_hf_model(tmp_path / "hf", model_type=model_type)
+    path = write_gguf(tmp_path / "m.gguf", hf_dir, qtype=Q.Q8_0, arch=arch)
+    per_op, native = load_pair(path, weights)
+    assert native.config.qk_norm
+    assert_bitwise_same(per_op, native, models_helpers)
+
+
 def test_native_stack_runs_a_self_drafts_first_layers(tmp_path, models_helpers):
     hf_dir, _ = models_helpers.build_hf_model(tmp_path / "hf", tie_word_embeddings=True)
     per_op, native = load_pair(write_gguf(tmp_path / "m.gguf", hf_dir, qtype=Q.Q4_0), "gguf")

@@ -1,6 +1,6 @@
 """The native CPU attention backend (kernels/cpu/paged_attention.py) against the reference backend on
 random ragged batches (prefill, chunks with history, decodes, trees; GQA; AVX2 and scalar head
-sizes), and its two invariances: a row's output does not depend on the rest of the batch, and
+sizes; sliding windows), and its two invariances: a row's output does not depend on the rest of the batch, and
 a token verified inside a chain gets bitwise the output a plain decode step gives it."""
 
 from __future__ import annotations
@@ -37,10 +37,18 @@ def attention_isa(request, native):
 KV_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-def backends(num_kv_heads: int, head_dim: int, block_size: int, kv_dtype=torch.float32):
+def backends(
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    kv_dtype=torch.float32,
+    windows: tuple[int, ...] = (),
+):
     from kernels.cpu.paged_attention import CpuPagedBackend
 
-    spec = KVCacheSpec(NUM_LAYERS, NUM_BLOCKS, block_size, num_kv_heads, head_dim, kv_dtype, "cpu")
+    spec = KVCacheSpec(
+        NUM_LAYERS, NUM_BLOCKS, block_size, num_kv_heads, head_dim, kv_dtype, "cpu", windows
+    )
     fast, slow = CpuPagedBackend(), ReferenceBackend()
     fast.allocate(spec)
     slow.allocate(spec)
@@ -71,9 +79,20 @@ def test_a_16_bit_cache_matches_reference(kv_dtype, heads, kv_heads, head_dim, s
     check_against_reference("mixed", heads, kv_heads, head_dim, 16, seed, dtype)
 
 
-def check_against_reference(kind, heads, kv_heads, head_dim, block_size, seed, kv_dtype) -> None:
+# Layer 0 slides (windows from one key, below a block, across blocks, past most histories),
+# layer 1 attends to everything: one plan serves both.
+@pytest.mark.parametrize("window", [1, 3, 7, 20])
+@pytest.mark.parametrize("heads, kv_heads, head_dim", [SHAPES[0], SHAPES[2], SHAPES[4]])
+@pytest.mark.parametrize("seed", range(2))
+def test_sliding_windows_match_reference(window, heads, kv_heads, head_dim, seed) -> None:
+    check_against_reference("mixed", heads, kv_heads, head_dim, 4, seed, torch.float32, (window, 0))
+
+
+def check_against_reference(
+    kind, heads, kv_heads, head_dim, block_size, seed, kv_dtype, windows=()
+) -> None:
     rng, generator = random.Random(seed), torch.Generator().manual_seed(seed)
-    fast, slow = backends(kv_heads, head_dim, block_size, kv_dtype)
+    fast, slow = backends(kv_heads, head_dim, block_size, kv_dtype, windows)
     cases = random_cases(rng, rng.randint(1, 6), KINDS[kind])
     metadata, _ = make_metadata(rng, cases, block_size, NUM_BLOCKS)
     fast.plan(metadata)
@@ -182,11 +201,12 @@ def test_a_request_is_bitwise_the_same_alone_and_in_a_batch(seed: int, kv_dtype:
 
 
 @pytest.mark.parametrize("kv_dtype", sorted(KV_DTYPES))
-def test_a_chain_token_gets_the_output_of_a_decode_step(kv_dtype: str) -> None:
+@pytest.mark.parametrize("window", [0, 9])
+def test_a_chain_token_gets_the_output_of_a_decode_step(window, kv_dtype: str) -> None:
     """Verify a 5-token chain after 37 tokens of history, then decode each of those tokens on
-    its own over the same cache: the outputs are bitwise equal."""
+    its own over the same cache: the outputs are bitwise equal (with a sliding window too)."""
     generator = torch.Generator().manual_seed(7)
-    fast, _ = backends(3, 64, 16, KV_DTYPES[kv_dtype])
+    fast, _ = backends(3, 64, 16, KV_DTYPES[kv_dtype], (window, window))
     fast.kv_caches[0].copy_(torch.randn(fast.kv_caches[0].shape, generator=generator))
     history, chain = 37, 5
     cases = [RequestCase(history, chain)]
@@ -203,7 +223,8 @@ def test_a_chain_token_gets_the_output_of_a_decode_step(kv_dtype: str) -> None:
 
 
 @pytest.mark.parametrize("kv_dtype", sorted(KV_DTYPES))
-def test_a_tree_node_gets_the_output_of_decoding_its_path(kv_dtype: str) -> None:
+@pytest.mark.parametrize("window", [0, 9])
+def test_a_tree_node_gets_the_output_of_decoding_its_path(window, kv_dtype: str) -> None:
     """Verify a tree (root + six nodes, unseen siblings between a node and its ancestors), then,
     on a copy of the cache, decode one path's tokens one by one at consecutive positions (as
     after acceptance): each gets bitwise its node's verified output (the softmax sums the seen
@@ -211,8 +232,8 @@ def test_a_tree_node_gets_the_output_of_decoding_its_path(kv_dtype: str) -> None
     from kernels.attention import AttentionMetadata
 
     generator = torch.Generator().manual_seed(11)
-    dtype = KV_DTYPES[kv_dtype]
-    tree, decode = backends(3, 64, 16, dtype)[0], backends(3, 64, 16, dtype)[0]
+    dtype, windows = KV_DTYPES[kv_dtype], (window, window)
+    tree, decode = backends(3, 64, 16, dtype, windows)[0], backends(3, 64, 16, dtype, windows)[0]
     initial = torch.randn(tree.kv_caches[0].shape, generator=generator)
     tree.kv_caches[0].copy_(initial)
     decode.kv_caches[0].copy_(initial)

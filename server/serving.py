@@ -1,6 +1,11 @@
 """What every route handler shares: settings, model-name checks, the per-request caps,
 admission.
 
+Admission ends when the engine first schedules the request (RequestStream.started): only then
+does a route answer, so a streamed request's 200 and headers mean "running", not "queued". A
+request still queued after `admission_timeout_s`, or when a drain begins, is aborted and gets
+503 + Retry-After (it has no headers yet, so the client may retry it elsewhere).
+
 The engine's own input checks (vocabulary, context length) run once, at admission
 (AsyncEngine.add_request, on the event loop): their ValueErrors become precise 400s here,
 named as the client sent the field (`messages`, `prompt`), without waiting for an engine step.
@@ -42,6 +47,10 @@ class ServerSettings:
     allowed_origins: tuple[str, ...] = ()  # CORS: browser origins allowed; empty: CORS off
     api_key: str | None = None  # None: no authentication
     max_body_bytes: int = 4 * 2**20  # larger request bodies get 413
+    header_timeout_s: float = 10.0  # a request head slower than this: connection closed
+    body_timeout_s: float = 30.0  # a request body slower than this: 408
+    # A request not scheduled within this many seconds of arrival gets 503 (None: no limit).
+    admission_timeout_s: float | None = 30.0
     retry_after_s: int = 1  # Retry-After of 503 answers
     disconnect_poll_s: float = 0.25  # how often a non-streaming request checks for its client
     # One request's share of the engine: prompts x n sequences, and the tokens they may reach
@@ -55,6 +64,10 @@ class ServerSettings:
         for name in ("max_seqs_per_request", "max_tokens_per_request", "max_body_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("header_timeout_s", "body_timeout_s", "admission_timeout_s"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be > 0 seconds, got {value}")
 
 
 class ServingContext:
@@ -68,6 +81,12 @@ class ServingContext:
         self.texts = TokenTexts(engine.tokenizer)
         self.created = int(time.time())
         self.draining = False
+        self._drain_started = asyncio.Event()
+
+    def start_draining(self) -> None:
+        """Refuse new requests and the queued ones (never scheduled); running ones go on."""
+        self.draining = True
+        self._drain_started.set()
 
     # ---- checks ------------------------------------------------------------------------------
     def check_model(self, model: str | None) -> str:
@@ -216,7 +235,33 @@ class ServingContext:
                 field = fields[error.param]
                 error = bad_request(field + error.message.removeprefix(error.param), field)
             raise error
+        await self._until_scheduled(streams)
         return streams
+
+    async def _until_scheduled(self, streams: Sequence[RequestStream]) -> None:
+        """Wait until the engine schedules every stream; on the admission timeout or a drain,
+        abort them and answer 503."""
+        waits = [asyncio.ensure_future(stream.started.wait()) for stream in streams]
+        drain = asyncio.ensure_future(self._drain_started.wait())
+        timeout = self.settings.admission_timeout_s
+        try:
+            done, _ = await asyncio.wait(
+                [asyncio.gather(*waits), drain],
+                timeout=timeout,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        finally:
+            for task in (*waits, drain):
+                task.cancel()
+        if all(stream.started.is_set() for stream in streams):
+            return
+        for stream in streams:
+            stream.close()
+        if self.draining:
+            raise self.unavailable("the server is shutting down")
+        raise self.unavailable(
+            f"server busy: the request was not scheduled within {timeout:g} s; retry later"
+        )
 
     def _admission_error(self, error: BaseException) -> BaseException:
         if isinstance(error, ValueError):

@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from types import FrameType
 
 import uvicorn
@@ -196,8 +197,11 @@ class DrainingServer(uvicorn.Server):
         self._drain_task = asyncio.get_running_loop().create_task(self._drain())
 
     async def _drain(self) -> None:
+        """Refuse new and queued requests; let the running ones finish, their last bytes
+        written, until the drain timeout; abort what is left then."""
         self.ctx.start_draining()
         engine = self.ctx.engine
+        deadline = time.monotonic() + self.drain_timeout
         logger.info(
             "SIGTERM: draining %d in-flight sequences (at most %.0f s)",
             engine.num_in_flight,
@@ -206,6 +210,9 @@ class DrainingServer(uvicorn.Server):
         if not await engine.wait_until_idle(self.drain_timeout):
             logger.warning("drain timeout: aborting %d sequences", engine.num_in_flight)
             engine.abort_all("the server is shutting down (drain timeout)")
+        else:  # the engine is done: let the responses reach their sockets ([DONE] included)
+            while self.server_state.tasks and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
         self.should_exit = True
 
 

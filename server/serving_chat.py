@@ -35,7 +35,7 @@ from server.responses import (
     UsageInfo,
 )
 from server.serving import ServingContext, new_request_id, respond
-from server.streaming import raise_if_failed, sse_event
+from server.streaming import ChunkTemplate, raise_if_failed, sse_event
 from server.tool_parser import ParsedCall, ToolCallStream, parse_tool_calls
 from server.tools import ToolSetup
 
@@ -140,10 +140,17 @@ async def _stream(ctx: ServingContext, job: _ChatJob) -> AsyncIterator[bytes]:
     num_output = [0] * n
     spec: list[SpecCounts | None] = [None] * n
     parsers = [ToolCallStream() if job.tools.parse else None for _ in range(n)]
+    plain = not job.tools.parse and not job.body.logprobs  # text deltas only: pre-encoded
+    template = ChunkTemplate(_chunk(job, []))
     async for output in job.stream:
         raise_if_failed(output)
         num_output[output.index] = output.num_output_tokens
         spec[output.index] = output.spec
+        if plain:
+            if output.new_text or output.finished:
+                reason = output.finish_reason if output.finished else None
+                yield template.chat(output.index, output.new_text, reason)
+            continue
         logprobs = _logprobs(ctx, job, output.logprobs or [])
         has_logprobs = logprobs is not None and bool(logprobs.content)
         delta = _delta(output, parsers[output.index])

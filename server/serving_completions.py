@@ -23,6 +23,7 @@ from server.protocol import CompletionRequest
 from server.responses import CompletionChoice, CompletionResponse, UsageInfo
 from server.serving import ServingContext, new_request_id, respond
 from server.streaming import (
+    ChunkTemplate,
     merge_streams,
     raise_if_failed,
     sse_event,
@@ -142,6 +143,7 @@ async def _stream(ctx: ServingContext, job: _Job) -> AsyncIterator[bytes]:
     offsets: dict[int, int] = {}  # choice index -> text offset reached (logprobs text_offset)
     num_output: dict[int, int] = {}
     spec: dict[int, SpecCounts | None] = {}
+    template = ChunkTemplate(_chunk(job, []))
     async for position, output in merge_streams(job.streams):
         raise_if_failed(output)
         index = position * job.n + output.index
@@ -158,6 +160,9 @@ async def _stream(ctx: ServingContext, job: _Job) -> AsyncIterator[bytes]:
         if not (text or output.finished or (logprobs and logprobs.tokens)):
             continue
         finish_reason = output.finish_reason if output.finished else None
+        if logprobs is None:  # the common chunk: pre-encoded
+            yield template.completion(index, text, finish_reason)
+            continue
         choice = CompletionChoice(
             index=index, text=text, logprobs=logprobs, finish_reason=finish_reason
         )

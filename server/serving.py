@@ -205,10 +205,12 @@ class ServingContext:
         params: SamplingParams,
         guided_field: str = "guided",
         prompt_field: str = "prompt",
+        raw: Request | None = None,
     ) -> list[RequestStream]:
         """Admit one engine request per prompt, all or none; engine refusals become API errors,
         named by the field the client sent (`prompt_field` for the prompt, `guided_field` for
-        a grammar the engine cannot compile)."""
+        a grammar the engine cannot compile). `raw`: the HTTP request, watched for its client
+        hanging up while queued."""
         if self.draining:
             raise self.unavailable("the server is shutting down")
         ids = (
@@ -235,28 +237,36 @@ class ServingContext:
                 field = fields[error.param]
                 error = bad_request(field + error.message.removeprefix(error.param), field)
             raise error
-        await self._until_scheduled(streams)
+        await self._until_scheduled(streams, raw)
         return streams
 
-    async def _until_scheduled(self, streams: Sequence[RequestStream]) -> None:
-        """Wait until the engine schedules every stream; on the admission timeout or a drain,
-        abort them and answer 503."""
-        waits = [asyncio.ensure_future(stream.started.wait()) for stream in streams]
+    async def _until_scheduled(self, streams: Sequence[RequestStream], raw: Request | None) -> None:
+        """Wait until the engine schedules every stream; on the admission timeout, a drain or
+        the client hanging up meanwhile, abort them and answer 503 (400 to a gone client)."""
+        if all(stream.started.is_set() for stream in streams):
+            return
+        started = asyncio.gather(*(stream.started.wait() for stream in streams))
         drain = asyncio.ensure_future(self._drain_started.wait())
         timeout = self.settings.admission_timeout_s
+        deadline = None if timeout is None else time.monotonic() + timeout
+        gone = False
         try:
-            done, _ = await asyncio.wait(
-                [asyncio.gather(*waits), drain],
-                timeout=timeout,
-                return_when=asyncio.FIRST_COMPLETED,
-            )
+            while not (started.done() or drain.done() or gone):
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    break
+                poll = self.settings.disconnect_poll_s
+                await asyncio.wait([started, drain], timeout=min(poll, left or poll))
+                gone = raw is not None and not started.done() and await raw.is_disconnected()
         finally:
-            for task in (*waits, drain):
-                task.cancel()
+            started.cancel()
+            drain.cancel()
         if all(stream.started.is_set() for stream in streams):
             return
         for stream in streams:
             stream.close()
+        if gone:
+            raise APIError(400, "client disconnected")
         if self.draining:
             raise self.unavailable("the server is shutting down")
         raise self.unavailable(

@@ -63,7 +63,8 @@ async def create_completion(ctx: ServingContext, body: CompletionRequest, raw: R
     params = body.sampling_params(ctx.engine.vocab_size)
     prompts = [await _to_prompt(ctx, p) for p in body.prompt_list()]
     ctx.check_request([p.token_ids for p in prompts], params)
-    streams = await ctx.admit(request_id, [p.token_ids for p in prompts], params, body.guided_field)
+    prompt_ids = [p.token_ids for p in prompts]
+    streams = await ctx.admit(request_id, prompt_ids, params, body.guided_field, raw=raw)
     job = _Job(request_id, model, body, prompts, streams)
     try:
         await _decode_token_prompts(ctx, prompts)

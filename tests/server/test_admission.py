@@ -32,12 +32,16 @@ def metric(server, name: str) -> float:
 def one_running(start_server, **settings):
     """A server running one sequence at a time, and a long stream holding it."""
     server = start_server(FakeEngine(step_delay=0.02, max_num_seqs=1), **settings)
+    return (server, *long_stream(server))
+
+
+def long_stream(server):
     client = httpx.Client(base_url=server.url, timeout=WAIT_S)
     first = client.send(client.build_request("POST", COMPLETIONS, json=LONG), stream=True)
     assert first.status_code == 200
     lines = first.iter_lines()  # kept: a dropped iterator would close the stream
     assert next(line for line in lines if line.startswith("data: {"))
-    return server, client, first, lines
+    return client, first, lines
 
 
 def raw_stream_request(url: str) -> socket.socket:
@@ -87,6 +91,21 @@ def test_queued_past_the_admission_timeout_is_503_and_counted(start_server, stre
     # The running stream is untouched.
     payloads = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
     assert payloads[-1]["choices"][0]["finish_reason"] == "length"
+    client.close()
+
+
+def test_a_queued_client_hanging_up_frees_its_place(start_server):
+    engine = FakeEngine(step_delay=0.02, max_num_seqs=1)
+    server = start_server(engine, max_num_in_flight=2, admission_timeout_s=WAIT_S)
+    client, first, _ = long_stream(server)
+    with raw_stream_request(server.url):
+        assert wait_until(lambda: metric(server, "num_requests_waiting") == 1, timeout=WAIT_S)
+    # Gone while queued: aborted (its place in the in-flight limit freed) before it ever ran.
+    assert wait_until(lambda: metric(server, "num_requests_waiting") == 0, timeout=WAIT_S)
+    assert server.async_engine.num_in_flight == 1 and engine.num_aborted == 1
+    with raw_stream_request(server.url):  # the freed place takes a new request
+        assert wait_until(lambda: metric(server, "num_requests_waiting") == 1, timeout=WAIT_S)
+    first.close()
     client.close()
 
 

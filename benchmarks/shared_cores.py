@@ -11,6 +11,10 @@ matter: each variant beside h hogs over the default variant alone (idle), in the
 
     .venv/bin/python benchmarks/shared_cores.py --rounds 3
     .venv/bin/python benchmarks/shared_cores.py --variants default,passive,spin20k --hogs 0,1
+    .venv/bin/python benchmarks/shared_cores.py --variants pin1,pin1-t2,pin1-t2-static --hogs 0
+
+The `pin1*` variants run the probe under `taskset -c 0` (one core; what a CPU limit of 1 or a
+one-CPU cpuset gives): `pin1-t2` against `pin1` is the issue's quota check (>= 0.8x).
 """
 
 from __future__ import annotations
@@ -31,6 +35,10 @@ VARIANTS = {
     "passive": {"OMP_WAIT_POLICY": "passive", "POLICY": "static"},
     "spin20k": {"GOMP_SPINCOUNT": "20000", "POLICY": "static"},
     "threads1": {"THREADS": "1", "POLICY": "static"},  # one compute thread throughout
+    # A CPU quota below the threads asked for: pinned to one core (taskset), 2 threads asked.
+    "pin1": {"TASKSET": "0", "THREADS": "1", "POLICY": "static"},  # the right count
+    "pin1-t2": {"TASKSET": "0", "THREADS": "2"},  # adaptive: reads the affinity
+    "pin1-t2-static": {"TASKSET": "0", "THREADS": "2", "POLICY": "static"},
 }
 PROBE = """
 import sys, time
@@ -79,8 +87,11 @@ def decode_tok_s(variant: str, args: argparse.Namespace) -> float:
     settings = dict(VARIANTS[variant])
     threads = settings.pop("THREADS", str(args.threads))
     policy = settings.pop("POLICY", "adaptive")
+    cpus = settings.pop("TASKSET", None)
     env = {**os.environ, **settings, "PYTHONPATH": str(ROOT)}
     command = [sys.executable, "-c", PROBE, args.model, threads, str(args.tokens), policy]
+    if cpus is not None:
+        command = ["taskset", "-c", cpus, *command]
     out = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
     if out.returncode != 0:
         raise RuntimeError(f"{variant}: probe failed\n{out.stderr[-2000:]}")
@@ -100,8 +111,13 @@ def main() -> None:
                     samples.setdefault(f"{variant}|{count}", []).append(tok_s)
                     print(f"{variant:10s} hogs {count}: {tok_s:7.1f} tok/s", flush=True)
     medians = {key: statistics.median(values) for key, values in samples.items()}
-    idle = medians.get("default|0")
-    print("\n| variant | " + " | ".join(f"{c} hogs tok/s" for c in counts) + " | vs default idle |")
+    idle = medians.get("default|0") or medians.get("pin1|0")
+    baseline = "default" if "default|0" in medians else "pin1"
+    print(
+        "\n| variant | "
+        + " | ".join(f"{c} hogs tok/s" for c in counts)
+        + f" | vs {baseline} idle |"
+    )
     print("|---|" + "---|" * (len(counts) + 1))
     for variant in variants:
         cells = [f"{medians[f'{variant}|{c}']:.1f}" for c in counts]

@@ -54,6 +54,7 @@ class LLMEngine:
         self.outputs = OutputProcessor(tokenizer, self.spec.proposer_name)
         self.grammars = GrammarCompiler(tokenizer, self.vocab_size, self.eos_token_ids)
         self._aborted: list = []
+        self._started_ids: list[str] = []  # caller ids first scheduled in the last step
         self._num_steps = 0
         self._generation_tokens = 0
         self._last_step_time = 0.0
@@ -126,7 +127,9 @@ class LLMEngine:
         plan = self.spec.plan(
             self.scheduler.running, self.scheduler.waiting
         )  # 1. draft tokens per request
+        start = time.monotonic()
         sched = self.scheduler.schedule(plan)  # 2. token budget, KV blocks, preemption
+        self._started_ids = _first_scheduled_ids(sched, start)
         drafts = self.spec.propose(sched)  # 3. chains or trees for the planned requests
         out = self._execute(sched, drafts)  # 4. one forward + batched verification
         changed = self.scheduler.update(sched, out)  # 5. append, roll back, finish, free
@@ -175,6 +178,11 @@ class LLMEngine:
         return output
 
     # ---- introspection -------------------------------------------------------------------
+    def started_request_ids(self) -> list[str]:
+        """Caller ids (the group id for n > 1) of requests the last step scheduled for the first
+        time: they left the queue (the server sends a stream's headers then)."""
+        return self._started_ids
+
     def stats(self) -> EngineStats:
         scheduler = self.scheduler
         blocks = scheduler.block_manager
@@ -231,3 +239,13 @@ def _eos_ids(arch, tokenizer) -> tuple[int, ...]:
     ):
         ids.append(tokenizer.eos_token_id)
     return tuple(ids)
+
+
+def _first_scheduled_ids(sched: SchedulerOutput, since: float) -> list[str]:
+    ids = []
+    for scheduled in sched.scheduled:
+        request = scheduled.request
+        first = request.first_scheduled_time
+        if first is not None and first >= since:
+            ids.append(request.group_id or request.request_id)
+    return list(dict.fromkeys(ids))

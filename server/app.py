@@ -73,6 +73,7 @@ def build_app(engine: AsyncEngine, settings: ServerSettings | None = None) -> Fa
         api_key=settings.api_key,
         is_draining=lambda: ctx.draining,
         retry_after_s=settings.retry_after_s,
+        body_timeout_s=settings.body_timeout_s,
     )
     if settings.allowed_origins:  # outside the guard: a CORS preflight carries no API key
         app.add_middleware(

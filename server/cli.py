@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from types import FrameType
 
 import uvicorn
@@ -20,6 +21,7 @@ import uvicorn
 from engine.arg_utils import add_engine_arguments, config_from_args
 from engine.config import parse_size
 from engine.front.async_engine import AsyncEngine
+from server.http_limits import uvicorn_config
 from server.serving import ServerSettings, ServingContext
 
 logger = logging.getLogger("goodspeed.server")
@@ -49,9 +51,17 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--max-queue",
-        type=int,
+        type=_queue_size,
         default=None,
-        help="sequences allowed to wait beyond --max-num-seqs; more get 503 (default: no limit)",
+        help="sequences allowed to wait beyond --max-num-seqs; more get 503 + Retry-After "
+        "(default: as many as --max-num-seqs; 'unlimited': no bound)",
+    )
+    group.add_argument(
+        "--admission-timeout",
+        type=float,
+        default=ServerSettings.admission_timeout_s,
+        help="seconds a request may wait in the queue before it is scheduled; then 503 + "
+        "Retry-After (default %(default)s; 0: wait forever)",
     )
     group.add_argument(
         "--drain-timeout",
@@ -60,7 +70,23 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds in-flight requests get to finish after SIGTERM (default 30)",
     )
     group.add_argument(
-        "--max-body-size", default="4MiB", help="largest request body accepted (default 4MiB)"
+        "--max-body-size",
+        default="4MiB",
+        help="largest request body accepted; a larger declared Content-Length gets 413 before "
+        "the body is read (default 4MiB)",
+    )
+    group.add_argument(
+        "--header-timeout",
+        type=float,
+        default=ServerSettings.header_timeout_s,
+        help="seconds a client has to send a request's headers; then the connection is closed "
+        "(default %(default)s)",
+    )
+    group.add_argument(
+        "--body-timeout",
+        type=float,
+        default=ServerSettings.body_timeout_s,
+        help="seconds a client has to send a request's whole body; then 408 (default %(default)s)",
     )
     group.add_argument(
         "--max-seqs-per-request",
@@ -96,16 +122,35 @@ def run_serve(args: argparse.Namespace) -> int:
             max_body_bytes=parse_size(args.max_body_size),
             max_seqs_per_request=args.max_seqs_per_request,
             max_tokens_per_request=args.max_tokens_per_request,
+            header_timeout_s=args.header_timeout,
+            body_timeout_s=args.body_timeout,
+            admission_timeout_s=args.admission_timeout or None,
         )
-        if args.max_queue is not None and args.max_queue < 0:
-            raise ValueError(f"--max-queue must be >= 0, got {args.max_queue}")
     except (ValueError, OSError) as exc:
         print(f"goodspeed serve: {exc}", file=sys.stderr)
         return 2
-    limit = None if args.max_queue is None else config.scheduler.max_num_seqs + args.max_queue
+    limit = in_flight_limit(config.scheduler.max_num_seqs, args.max_queue)
     logger.info("loading %s", config.model.model)
     engine = AsyncEngine.from_config(config, max_num_in_flight=limit)
     return serve(engine, settings, args.host, args.port, args.drain_timeout, args.log_level)
+
+
+def _queue_size(text: str) -> int:
+    """--max-queue: a count >= 0, or 'unlimited' (-1)."""
+    if text == "unlimited":
+        return -1
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 or 'unlimited', got {text}")
+    return value
+
+
+def in_flight_limit(max_num_seqs: int, max_queue: int | None) -> int | None:
+    """Sequences admitted at once: the batch plus the queue (None: unbounded). The default
+    queue is one batch deep: a queued request waits about one generation for its turn."""
+    if max_queue == -1:
+        return None
+    return max_num_seqs + (max_num_seqs if max_queue is None else max_queue)
 
 
 def serve(
@@ -120,8 +165,13 @@ def serve(
     from server.app import build_app
 
     app = build_app(engine, settings)
-    config = uvicorn.Config(
-        app, host=host, port=port, log_level=log_level.lower(), timeout_graceful_shutdown=5
+    config = uvicorn_config(
+        app,
+        host,
+        port,
+        settings.header_timeout_s,
+        log_level=log_level.lower(),
+        timeout_graceful_shutdown=5,
     )
     server = DrainingServer(config, app.state.ctx, drain_timeout)
     server.run()
@@ -147,8 +197,11 @@ class DrainingServer(uvicorn.Server):
         self._drain_task = asyncio.get_running_loop().create_task(self._drain())
 
     async def _drain(self) -> None:
-        self.ctx.draining = True
+        """Refuse new and queued requests; let the running ones finish, their last bytes
+        written, until the drain timeout; abort what is left then."""
+        self.ctx.start_draining()
         engine = self.ctx.engine
+        deadline = time.monotonic() + self.drain_timeout
         logger.info(
             "SIGTERM: draining %d in-flight sequences (at most %.0f s)",
             engine.num_in_flight,
@@ -157,6 +210,9 @@ class DrainingServer(uvicorn.Server):
         if not await engine.wait_until_idle(self.drain_timeout):
             logger.warning("drain timeout: aborting %d sequences", engine.num_in_flight)
             engine.abort_all("the server is shutting down (drain timeout)")
+        else:  # the engine is done: let the responses reach their sockets ([DONE] included)
+            while self.server_state.tasks and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
         self.should_exit = True
 
 

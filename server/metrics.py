@@ -298,7 +298,8 @@ class EngineMetrics:
         spans = {
             "ttft": times.get("first_token_time"),
             "e2e": times.get("finished_time"),
-            "queue": times.get("first_scheduled_time"),
+            # Never scheduled (aborted or timed out in the queue): it queued until it finished.
+            "queue": times.get("first_scheduled_time", times.get("finished_time")),
         }
         for key, end in spans.items():
             if end is not None:

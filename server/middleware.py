@@ -3,12 +3,17 @@ request id every response carries (X-Request-Id). Each refusal is logged once
 (server/errors.py's log_failure).
 
 A pure ASGI middleware (no BaseHTTPMiddleware) so that streaming responses and disconnect
-detection pass through untouched. The body is read here, up to the limit, whether or not the
-client sent Content-Length (chunked uploads are counted while reading), then replayed to the app.
+detection pass through untouched. The body is read here, then replayed to the app:
+- a declared Content-Length over the limit is answered 413 before any of the body is read;
+  a chunked upload is counted while reading and answered 413 once it passes the limit;
+- the whole body must arrive within `body_timeout_s`, else 408 (a client declaring 10 MiB and
+  sending 100 bytes, or a chunked body never finished, would otherwise hold a task forever).
+Both answers close the connection (`Connection: close`): the rest of the body is never read.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import re
 import uuid
@@ -24,7 +29,7 @@ REQUEST_ID_HEADER = b"x-request-id"
 
 # Open without an API key and while draining: probes and scrapers must keep working.
 OPEN_PATHS = frozenset({"/health", "/metrics", "/version"})
-DRAIN_FACTOR = 16
+CLOSE = [(b"connection", b"close")]
 
 
 class GuardMiddleware:
@@ -35,9 +40,11 @@ class GuardMiddleware:
         api_key: str | None,
         is_draining: Callable[[], bool],
         retry_after_s: int = 1,
+        body_timeout_s: float = 30.0,
     ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.body_timeout_s = body_timeout_s
         self.api_key = api_key
         # Compared as bytes: hmac.compare_digest refuses non-ASCII str (a 500 before).
         self._api_key_bytes = api_key.encode() if api_key is not None else b""
@@ -70,39 +77,39 @@ class GuardMiddleware:
         )
 
     async def _read_body(self, scope: Scope, receive: Receive, send: Send) -> bytes | None:
-        """The whole body, or None after answering 413 (too large) or on disconnect.
-
-        An oversized body is still read (and dropped) up to DRAIN_FACTOR times the limit: most
-        clients send the whole body before reading the answer, and would otherwise see a reset
-        connection instead of the 413.
-        """
-        limit = self.max_body_bytes
-        declared = _declared_size(scope)
-        too_large = declared > limit
-        if too_large and declared > DRAIN_FACTOR * limit:
+        """The whole body, or None after answering 413 (too large) or 408 (too slow), or on
+        disconnect."""
+        if _declared_size(scope) > self.max_body_bytes:
             await self._too_large(scope, send)
             return None
+        try:
+            async with asyncio.timeout(self.body_timeout_s):
+                return await self._receive_body(scope, receive, send)
+        except TimeoutError:
+            message = f"the request body did not arrive within {self.body_timeout_s:g} s"
+            await _send_error(scope, send, 408, message, extra_headers=CLOSE)
+            return None
+
+    async def _receive_body(self, scope: Scope, receive: Receive, send: Send) -> bytes | None:
         chunks: list[bytes] = []
         size = 0
         more = True
-        while more and size <= DRAIN_FACTOR * limit:
+        while more:
             message = await receive()
             if message["type"] == "http.disconnect":
                 return None
             chunk = message.get("body", b"")
             size += len(chunk)
-            too_large = too_large or size > limit
-            if not too_large:
-                chunks.append(chunk)
+            if size > self.max_body_bytes:
+                await self._too_large(scope, send)
+                return None
+            chunks.append(chunk)
             more = message.get("more_body", False)
-        if too_large:
-            await self._too_large(scope, send)
-            return None
         return b"".join(chunks)
 
     async def _too_large(self, scope: Scope, send: Send) -> None:
-        limit = self.max_body_bytes
-        await _send_error(scope, send, 413, f"request body exceeds the limit of {limit} bytes")
+        message = f"request body exceeds the limit of {self.max_body_bytes} bytes"
+        await _send_error(scope, send, 413, message, extra_headers=CLOSE)
 
 
 def _declared_size(scope: Scope) -> int:

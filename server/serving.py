@@ -1,6 +1,11 @@
 """What every route handler shares: settings, model-name checks, the per-request caps,
 admission.
 
+Admission ends when the engine first schedules the request (RequestStream.started): only then
+does a route answer, so a streamed request's 200 and headers mean "running", not "queued". A
+request still queued after `admission_timeout_s`, or when a drain begins, is aborted and gets
+503 + Retry-After (it has no headers yet, so the client may retry it elsewhere).
+
 The engine's own input checks (vocabulary, context length) run once, at admission
 (AsyncEngine.add_request, on the event loop): their ValueErrors become precise 400s here,
 named as the client sent the field (`messages`, `prompt`), without waiting for an engine step.
@@ -43,6 +48,10 @@ class ServerSettings:
     allowed_origins: tuple[str, ...] = ()  # CORS: browser origins allowed; empty: CORS off
     api_key: str | None = None  # None: no authentication
     max_body_bytes: int = 4 * 2**20  # larger request bodies get 413
+    header_timeout_s: float = 10.0  # a request head slower than this: connection closed
+    body_timeout_s: float = 30.0  # a request body slower than this: 408
+    # A request not scheduled within this many seconds of arrival gets 503 (None: no limit).
+    admission_timeout_s: float | None = 30.0
     retry_after_s: int = 1  # Retry-After of 503 answers
     disconnect_poll_s: float = 0.25  # how often a non-streaming request checks for its client
     # One request's share of the engine: prompts x n sequences, and the tokens they may reach
@@ -56,6 +65,10 @@ class ServerSettings:
         for name in ("max_seqs_per_request", "max_tokens_per_request", "max_body_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("header_timeout_s", "body_timeout_s", "admission_timeout_s"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be > 0 seconds, got {value}")
 
 
 class ServingContext:
@@ -69,6 +82,12 @@ class ServingContext:
         self.texts = TokenTexts(engine.tokenizer)
         self.created = int(time.time())
         self.draining = False
+        self._drain_started = asyncio.Event()
+
+    def start_draining(self) -> None:
+        """Refuse new requests and the queued ones (never scheduled); running ones go on."""
+        self.draining = True
+        self._drain_started.set()
 
     # ---- checks ------------------------------------------------------------------------------
     def check_model(self, model: str | None) -> str:
@@ -193,10 +212,12 @@ class ServingContext:
         params: SamplingParams,
         guided_field: str = "guided",
         prompt_field: str = "prompt",
+        raw: Request | None = None,
     ) -> list[RequestStream]:
         """Admit one engine request per prompt, all or none; engine refusals become API errors,
         named by the field the client sent (`prompt_field` for the prompt, `guided_field` for
-        a grammar the engine cannot compile)."""
+        a grammar the engine cannot compile). `raw`: the HTTP request, watched for its client
+        hanging up while queued."""
         if self.draining:
             raise self.unavailable("the server is shutting down")
         ids = (
@@ -223,7 +244,41 @@ class ServingContext:
                 field = fields[error.param]
                 error = bad_request(field + error.message.removeprefix(error.param), field)
             raise error
+        await self._until_scheduled(streams, raw)
         return streams
+
+    async def _until_scheduled(self, streams: Sequence[RequestStream], raw: Request | None) -> None:
+        """Wait until the engine schedules every stream; on the admission timeout, a drain or
+        the client hanging up meanwhile, abort them and answer 503 (400 to a gone client)."""
+        if all(stream.started.is_set() for stream in streams):
+            return
+        started = asyncio.gather(*(stream.started.wait() for stream in streams))
+        drain = asyncio.ensure_future(self._drain_started.wait())
+        timeout = self.settings.admission_timeout_s
+        deadline = None if timeout is None else time.monotonic() + timeout
+        gone = False
+        try:
+            while not (started.done() or drain.done() or gone):
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    break
+                poll = self.settings.disconnect_poll_s
+                await asyncio.wait([started, drain], timeout=min(poll, left or poll))
+                gone = raw is not None and not started.done() and await raw.is_disconnected()
+        finally:
+            started.cancel()
+            drain.cancel()
+        if all(stream.started.is_set() for stream in streams):
+            return
+        for stream in streams:
+            stream.close()
+        if gone:
+            raise APIError(400, "client disconnected")
+        if self.draining:
+            raise self.unavailable("the server is shutting down")
+        raise self.unavailable(
+            f"server busy: the request was not scheduled within {timeout:g} s; retry later"
+        )
 
     def _admission_error(self, error: BaseException) -> BaseException:
         if isinstance(error, ValueError):

@@ -35,7 +35,7 @@ from server.responses import (
     UsageInfo,
 )
 from server.serving import ServingContext, new_request_id, respond
-from server.streaming import raise_if_failed, sse_event
+from server.streaming import ChunkTemplate, raise_if_failed, sse_event
 from server.tool_formats import WholeReplyStream, call_stream, parse_calls
 from server.tool_parser import ParsedCall, ToolCallStream
 from server.tools import ToolSetup
@@ -64,7 +64,7 @@ async def create_chat_completion(
     add_generation_prompt = body.add_generation_prompt is not False
     prompt = await ctx.apply_chat_template(messages, add_generation_prompt, tools.template_tools)
     ctx.check_request([prompt], params)
-    (stream,) = await ctx.admit(request_id, [prompt], params, body.guided_field, "messages")
+    (stream,) = await ctx.admit(request_id, [prompt], params, body.guided_field, "messages", raw)
     job = _ChatJob(request_id, model, body, len(prompt), stream, tools)
     events, collect = partial(_stream, ctx, job), partial(_collect, ctx, job)
     return await respond(ctx, raw, bool(body.stream), events, collect, stream.close)
@@ -141,10 +141,17 @@ async def _stream(ctx: ServingContext, job: _ChatJob) -> AsyncIterator[bytes]:
     num_output = [0] * n
     spec: list[SpecCounts | None] = [None] * n
     parsers = [call_stream(job.tools.format) if job.tools.parse else None for _ in range(n)]
+    plain = not job.tools.parse and not job.body.logprobs  # text deltas only: pre-encoded
+    template = ChunkTemplate(_chunk(job, []))
     async for output in job.stream:
         raise_if_failed(output)
         num_output[output.index] = output.num_output_tokens
         spec[output.index] = output.spec
+        if plain:
+            if output.new_text or output.finished:
+                reason = output.finish_reason if output.finished else None
+                yield template.chat(output.index, output.new_text, reason)
+            continue
         logprobs = _logprobs(ctx, job, output.logprobs or [])
         has_logprobs = logprobs is not None and bool(logprobs.content)
         delta = _delta(output, parsers[output.index])

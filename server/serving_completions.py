@@ -23,6 +23,7 @@ from server.protocol import CompletionRequest
 from server.responses import CompletionChoice, CompletionResponse, UsageInfo
 from server.serving import ServingContext, new_request_id, respond
 from server.streaming import (
+    ChunkTemplate,
     merge_streams,
     raise_if_failed,
     sse_event,
@@ -62,7 +63,8 @@ async def create_completion(ctx: ServingContext, body: CompletionRequest, raw: R
     params = body.sampling_params(ctx.engine.vocab_size)
     prompts = [await _to_prompt(ctx, p) for p in body.prompt_list()]
     ctx.check_request([p.token_ids for p in prompts], params)
-    streams = await ctx.admit(request_id, [p.token_ids for p in prompts], params, body.guided_field)
+    prompt_ids = [p.token_ids for p in prompts]
+    streams = await ctx.admit(request_id, prompt_ids, params, body.guided_field, raw=raw)
     job = _Job(request_id, model, body, prompts, streams)
     try:
         await _decode_token_prompts(ctx, prompts)
@@ -142,6 +144,7 @@ async def _stream(ctx: ServingContext, job: _Job) -> AsyncIterator[bytes]:
     offsets: dict[int, int] = {}  # choice index -> text offset reached (logprobs text_offset)
     num_output: dict[int, int] = {}
     spec: dict[int, SpecCounts | None] = {}
+    template = ChunkTemplate(_chunk(job, []))
     async for position, output in merge_streams(job.streams):
         raise_if_failed(output)
         index = position * job.n + output.index
@@ -158,6 +161,9 @@ async def _stream(ctx: ServingContext, job: _Job) -> AsyncIterator[bytes]:
         if not (text or output.finished or (logprobs and logprobs.tokens)):
             continue
         finish_reason = output.finish_reason if output.finished else None
+        if logprobs is None:  # the common chunk: pre-encoded
+            yield template.completion(index, text, finish_reason)
+            continue
         choice = CompletionChoice(
             index=index, text=text, logprobs=logprobs, finish_reason=finish_reason
         )

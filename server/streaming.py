@@ -24,6 +24,7 @@ from server.errors import ERROR_TYPES, APIError, log_failure
 logger = logging.getLogger(__name__)
 
 SSE_DONE = b"data: [DONE]\n\n"
+_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
 
 def sse_event(payload: BaseModel | dict[str, Any]) -> bytes:
@@ -32,6 +33,39 @@ def sse_event(payload: BaseModel | dict[str, Any]) -> bytes:
     else:
         data = json.dumps(payload)
     return b"data: " + data.encode() + b"\n\n"
+
+
+class ChunkTemplate:
+    """The SSE event of a streamed chunk holding one plain choice (text only: no logprobs, no
+    tool calls, no usage), built from pre-encoded bytes instead of pydantic models: the
+    common per-token event, byte for byte what `sse_event(model)` gives
+    (tests/server/test_sse.py compares them). `envelope` is the response model with no choices.
+    """
+
+    def __init__(self, envelope: BaseModel) -> None:
+        empty = envelope.model_dump_json().encode()
+        head, marker, tail = empty.partition(b'"choices":[]')
+        if not marker:
+            raise ValueError("the envelope must have an empty choices list")
+        self._head = b"data: " + head + b'"choices":['
+        self._tail = b"]" + tail + b"\n\n"
+
+    def chat(self, index: int, content: str, finish_reason: str | None) -> bytes:
+        choice = (
+            b'{"index":%d,"delta":{"role":null,"content":%s},"logprobs":null,"finish_reason":%s}'
+        )
+        return self._event(choice % (index, _text(content), _text(finish_reason)))
+
+    def completion(self, index: int, text: str, finish_reason: str | None) -> bytes:
+        choice = b'{"index":%d,"text":%s,"logprobs":null,"finish_reason":%s}'
+        return self._event(choice % (index, _text(text), _text(finish_reason)))
+
+    def _event(self, choice: bytes) -> bytes:
+        return self._head + choice + self._tail
+
+
+def _text(value: str | None) -> bytes:
+    return b"null" if value is None else _dumps(value).encode()
 
 
 class SSEResponse(StreamingResponse):

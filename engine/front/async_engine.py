@@ -189,7 +189,11 @@ class AsyncEngine:
             )
 
     # ---- event-loop callbacks (scheduled by the engine thread) ---------------------------------
-    def _deliver(self, outputs: list[RequestOutput]) -> None:
+    def _deliver(self, outputs: list[RequestOutput], started: list[str]) -> None:
+        for request_id in started:
+            stream = self._streams.get(request_id)
+            if stream is not None:
+                stream.mark_started()
         for output in outputs:
             key = output.group_id if output.group_id is not None else output.request_id
             stream = self._streams.get(key)

@@ -55,6 +55,7 @@ class Engine(Protocol):
     ) -> None: ...  # a request AsyncEngine checked on the event loop
     def abort_request(self, request_id: str) -> None: ...
     def step(self) -> list[RequestOutput]: ...
+    def started_request_ids(self) -> list[str]: ...  # first scheduled by the last step
     def has_unfinished_requests(self) -> bool: ...
     def stats(self) -> EngineStats: ...
 
@@ -80,7 +81,7 @@ class EngineWorker:
         self,
         engine: Engine,
         stat_loggers: Sequence[StatLogger],
-        deliver: Callable[[list[RequestOutput]], None],
+        deliver: Callable[[list[RequestOutput], list[str]], None],
         fail_all: Callable[[str], None],
     ) -> None:
         self.engine = engine
@@ -145,7 +146,8 @@ class EngineWorker:
                 stepped = self.engine.has_unfinished_requests()
                 num_steps_before = self.last_stats.num_steps_total
                 outputs = self.engine.step() if stepped else []
-                self._publish(outputs, stepped or bool(commands))
+                started = self.engine.started_request_ids() if stepped else []
+                self._publish(outputs, started, stepped or bool(commands))
                 if stepped and not outputs and self.last_stats.num_steps_total == num_steps_before:
                     self._wait_for_commands(_STALL_WAIT_S)
         except BaseException as exc:  # noqa: BLE001 - any crash must fail the waiting requests
@@ -195,7 +197,9 @@ class EngineWorker:
                 error = exc
             self.call_soon(_resolve, command.future, error)
 
-    def _publish(self, outputs: list[RequestOutput], notify_loggers: bool) -> None:
+    def _publish(
+        self, outputs: list[RequestOutput], started: list[str], notify_loggers: bool
+    ) -> None:
         stats = self.engine.stats()
         self.last_stats = stats
         if notify_loggers:
@@ -205,8 +209,8 @@ class EngineWorker:
                     stat_logger.on_step(stats, outputs, now)
                 except Exception:  # metrics must never take the engine down
                     logger.exception("stat logger %r failed", stat_logger)
-        if outputs:
-            self.call_soon(self._deliver, outputs)
+        if outputs or started:
+            self.call_soon(self._deliver, outputs, started)
 
     def _die(self, message: str) -> None:
         with self._cond:

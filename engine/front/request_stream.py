@@ -1,7 +1,9 @@
 """RequestStream: the asyncio side of one request, fed by AsyncEngine on the event loop.
 
 A stream ends after the finished output of each of its n choices, or with an exception
-(EngineDeadError when the engine thread died or the server shut down).
+(EngineDeadError when the engine thread died or the server shut down). `started` is set once
+the engine first schedules the request (it left the queue), or once anything reaches the
+stream (an output, or an error ending it before it was ever scheduled).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class RequestStream:
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self._on_close = on_close
         self._closed = False
+        self.started = asyncio.Event()
 
     @property
     def finished(self) -> bool:
@@ -44,6 +47,7 @@ class RequestStream:
 
     def put(self, item: RequestOutput | BaseException) -> None:
         """Called on the event loop by AsyncEngine; an exception ends the stream with it."""
+        self.started.set()
         self._queue.put_nowait(item)
         if isinstance(item, RequestOutput) and item.finished:
             self._num_unfinished -= 1
@@ -52,6 +56,9 @@ class RequestStream:
         elif isinstance(item, BaseException):
             self._num_unfinished = 0
             self._queue.put_nowait(_END)
+
+    def mark_started(self) -> None:
+        self.started.set()
 
     def __aiter__(self) -> RequestStream:
         return self

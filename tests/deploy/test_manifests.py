@@ -55,6 +55,18 @@ def flag_value(args: list[str], flag: str) -> str | None:
     return None
 
 
+def test_cpu_overlay_gives_whole_cores_matching_the_threads() -> None:
+    """requests = limits = --threads, whole cores: a fractional quota throttles a thread inside
+    every CFS period while its peers wait for it at a barrier; Guaranteed QoS (memory too)
+    lets the static CPU manager give the pod cores of its own."""
+    [container] = render("cpu")["Deployment"]["spec"]["template"]["spec"]["containers"]
+    requests, limits = container["resources"]["requests"], container["resources"]["limits"]
+    threads = flag_value(container["args"], "--threads")
+    assert threads is not None and str(requests["cpu"]) == str(limits["cpu"]) == threads
+    assert threads.isdigit() and int(threads) >= 1
+    assert requests["memory"] == limits["memory"]
+
+
 @pytest.mark.parametrize("overlay", ["cpu", "gpu"])
 def test_overlay_pod_lifecycle_fits_the_server(overlay: str) -> None:
     resources = render(overlay)

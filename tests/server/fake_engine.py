@@ -95,6 +95,8 @@ class FakeEngine:
         self.num_steps = 0
         self.num_added = 0  # sequences (n > 1 children count one each)
         self.num_aborted = 0
+        self._started_ids: list[str] = []
+        self._aborted: list[RequestOutput] = []
 
     def add_request(
         self,
@@ -144,9 +146,12 @@ class FakeEngine:
             if request is not None:
                 self.num_aborted += 1
                 self.num_free_blocks += request.num_blocks
+                # Reported by the next step, as LLMEngine does (metrics count it).
+                text = self.tokenizer.decode(request.output_token_ids)
+                self._aborted.append(self._output(request, [], "", text, "abort"))
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.requests)
+        return bool(self.requests) or bool(self._aborted)
 
     def _running(self) -> list[_FakeRequest]:
         return list(self.requests.values())[: self.max_num_seqs]
@@ -157,15 +162,22 @@ class FakeEngine:
             raise RuntimeError("injected engine failure")
         if self.step_delay:
             time.sleep(self.step_delay)
+        aborted, self._aborted = self._aborted, []
         outputs = []
+        self._started_ids = []
         for request in self._running():
             if not self._grow_blocks(request):
                 continue  # out of blocks: wait, like a preempted request
+            if request.first_token_time is None and request.index == 0:
+                self._started_ids.append(request.group_id or request.request_id)
             outputs.append(self._advance(request))
         for output in outputs:
             if output.finished:
                 self._release(output.request_id)
-        return outputs
+        return aborted + outputs
+
+    def started_request_ids(self) -> list[str]:
+        return self._started_ids
 
     def _grow_blocks(self, request: _FakeRequest) -> bool:
         num_tokens = len(request.prompt_token_ids) + len(request.output_token_ids) + 1

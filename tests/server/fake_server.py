@@ -22,8 +22,9 @@ def main() -> int:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--drain-timeout", type=float, default=10.0)
     parser.add_argument("--step-delay", type=float, default=0.01)
+    parser.add_argument("--max-num-seqs", type=int, default=64)
     args = parser.parse_args()
-    engine = AsyncEngine(FakeEngine(step_delay=args.step_delay))
+    engine = AsyncEngine(FakeEngine(step_delay=args.step_delay, max_num_seqs=args.max_num_seqs))
     return serve(engine, ServerSettings(), port=args.port, drain_timeout=args.drain_timeout)
 
 

@@ -17,6 +17,7 @@ import uvicorn
 
 from engine.front.async_engine import AsyncEngine
 from server.app import build_app
+from server.http_limits import uvicorn_config
 from server.serving import ServerSettings
 
 
@@ -50,7 +51,9 @@ def run_server(engine: Any, max_num_in_flight: int | None = None, **settings: An
     async_engine = AsyncEngine(engine, max_num_in_flight=max_num_in_flight)
     app = build_app(async_engine, ServerSettings(**settings))
     port = free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
+    config = uvicorn_config(
+        app, "127.0.0.1", port, app.state.ctx.settings.header_timeout_s, log_level="warning"
+    )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

@@ -18,10 +18,11 @@ from tests.server.harness import free_port, wait_until
 SCRIPT = Path(__file__).resolve().parent / "fake_server.py"
 
 
-def start(drain_timeout: float) -> tuple[subprocess.Popen, str]:
+def start(drain_timeout: float, *flags: str) -> tuple[subprocess.Popen, str]:
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, str(SCRIPT), "--port", str(port), "--drain-timeout", str(drain_timeout)],
+        [sys.executable, str(SCRIPT), "--port", str(port), "--drain-timeout", str(drain_timeout)]
+        + list(flags),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
@@ -87,4 +88,33 @@ def test_drain_timeout_aborts_what_is_left_and_still_exits_zero():
     process.send_signal(signal.SIGTERM)
     client.join(20)
     assert "shutting down" in client.payloads[-1]["error"]["message"]
+    assert process.wait(20) == 0
+
+
+def test_sigterm_refuses_queued_requests_and_finishes_the_running_one():
+    """A queued request has no headers yet: on SIGTERM it gets 503 + Retry-After (a client can
+    retry it elsewhere) instead of holding the drain; the running stream finishes in full."""
+    process, url = start(20, "--max-num-seqs", "1")
+    running = StreamingClient(url, max_tokens=400)  # >= 4 s
+    running.start()
+    assert running.started_streaming.wait(10)
+    queued: list[httpx.Response] = []
+    body = {"prompt": "y", "max_tokens": 3}
+    waiter = threading.Thread(
+        target=lambda: queued.append(httpx.post(url + "/v1/completions", json=body, timeout=30))
+    )
+    waiter.start()
+
+    def num_waiting() -> float:
+        text = httpx.get(url + "/metrics", timeout=5).text
+        line = next(x for x in text.splitlines() if x.startswith("goodspeed:num_requests_waiting"))
+        return float(line.rsplit(" ", 1)[1])
+
+    assert wait_until(lambda: num_waiting() == 1, timeout=20)
+    process.send_signal(signal.SIGTERM)
+    waiter.join(20)
+    assert queued[0].status_code == 503 and queued[0].headers["retry-after"]
+    assert "shutting down" in queued[0].json()["error"]["message"]
+    running.join(20)
+    assert running.payloads[-1]["choices"][0]["finish_reason"] == "length"
     assert process.wait(20) == 0

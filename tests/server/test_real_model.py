@@ -8,6 +8,9 @@ import json
 import signal
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -145,31 +148,98 @@ def test_concurrent_streams_and_disconnects_free_every_block(real_server):
     assert wait_until(lambda: all_blocks_free(real_server), timeout=30)
 
 
-def test_cli_serves_and_drains_on_sigterm(smollm2_path, tmp_path):
+@contextmanager
+def cli_server(model: Path, log_path: Path, *flags: str) -> Iterator[tuple[subprocess.Popen, str]]:
+    """`python -m server` on SmolLM2 as a subprocess (so it can be signalled), killed at exit."""
     port = free_port()
-    flags = [f"--{k.replace('_', '-')}={v}" for k, v in ENGINE_FLAGS.items()]
-    command = [sys.executable, "-m", "server", "--model", str(smollm2_path), "--port", str(port)]
-    log = (tmp_path / "server.log").open("w")
-    process = subprocess.Popen(command + flags, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    engine_flags = [f"--{k.replace('_', '-')}={v}" for k, v in ENGINE_FLAGS.items()]
+    command = [sys.executable, "-m", "server", "--model", str(model), "--port", str(port)]
+    with log_path.open("w") as log:
+        process = subprocess.Popen(
+            command + engine_flags + list(flags), cwd=REPO, stdout=log, stderr=subprocess.STDOUT
+        )
     url = f"http://127.0.0.1:{port}"
 
     def healthy() -> bool:
         try:
-            return httpx.get(url + "/health", timeout=1).status_code == 200
+            return httpx.get(url + "/health", timeout=5).status_code == 200
         except httpx.TransportError:
             return False
 
     try:
-        assert wait_until(healthy, timeout=180), (tmp_path / "server.log").read_text()[-3000:]
-        body = {"prompt": PROMPT, "max_tokens": 24, "ignore_eos": True, "stream": True}
-        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as response:
-            lines = response.iter_lines()
-            assert next(line for line in lines if line.startswith("data: {"))
-            process.send_signal(signal.SIGTERM)
-            rest = [line for line in lines if line.startswith("data: ")]
-        assert rest[-1] == "data: [DONE]"
-        assert json.loads(rest[-2][len("data: ") :])["choices"][0]["finish_reason"] == "length"
-        assert process.wait(60) == 0
+        assert wait_until(healthy, timeout=300), log_path.read_text()[-3000:]
+        yield process, url
     finally:
         if process.poll() is None:
             process.kill()
+            process.wait()
+
+
+def stream_lines(url: str, max_tokens: int, started: threading.Event, lines: list[str]) -> None:
+    """Stream one completion, collecting its `data:` lines; `started` is set at the first."""
+    body = {"prompt": PROMPT, "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=300) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                lines.append(line)
+                started.set()
+
+
+def assert_finished(lines: list[str], max_tokens: int) -> None:
+    assert lines[-1] == "data: [DONE]", lines[-3:]
+    last = json.loads(lines[-2][len("data: ") :])
+    assert last["choices"][0]["finish_reason"] == "length", last
+    text_chunks = [json.loads(x[6:]) for x in lines[:-1]]
+    assert sum(1 for c in text_chunks if c["choices"][0]["text"]) <= max_tokens
+
+
+# The drain must finish what it admitted; how long that takes depends on the machine's load
+# (other test runs, other users), so the drain timeout here is generous: what is tested is that
+# the streams end with a finish_reason and the process exits 0, not how fast.
+DRAIN_FLAGS = ("--drain-timeout=240",)
+
+
+def test_cli_serves_and_drains_on_sigterm(smollm2_path, tmp_path):
+    with cli_server(smollm2_path, tmp_path / "server.log", *DRAIN_FLAGS) as (process, url):
+        started, lines = threading.Event(), []
+        client = threading.Thread(target=stream_lines, args=(url, 24, started, lines))
+        client.start()
+        assert started.wait(300)
+        process.send_signal(signal.SIGTERM)
+        client.join(300)
+        assert_finished(lines, 24)
+        assert process.wait(300) == 0
+
+
+@pytest.fixture
+def cpu_hogs() -> Iterator[list[subprocess.Popen]]:
+    """Two CPU-bound processes beside the test (each stops by itself after 10 minutes), killed
+    when the test ends."""
+    spin = "import time\nend = time.monotonic() + 600\nwhile time.monotonic() < end: pass"
+    hogs = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(2)]
+    yield hogs
+    for hog in hogs:
+        hog.kill()
+        hog.wait()
+
+
+def test_drain_finishes_every_stream_beside_two_cpu_hogs(smollm2_path, tmp_path, cpu_hogs):
+    """Issue 25: with two busy processes beside the server, SIGTERM while 4 streams run: each
+    ends with finish_reason "length" (none with the drain-timeout error), and the exit is 0.
+    The default 30 s drain timeout: 4 x 64 tokens need a few seconds at a fair share of the
+    cores; a collapse (threads waiting at barriers for descheduled ones: ~1 token/s) cannot
+    make it."""
+    with cli_server(smollm2_path, tmp_path / "server.log") as (process, url):
+        assert all(hog.poll() is None for hog in cpu_hogs)
+        runs = [(threading.Event(), []) for _ in range(4)]
+        clients = [threading.Thread(target=stream_lines, args=(url, 64, e, x)) for e, x in runs]
+        for client in clients:
+            client.start()
+        assert all(started.wait(300) for started, _ in runs)
+        process.send_signal(signal.SIGTERM)
+        for client in clients:
+            client.join(300)
+        for _, lines in runs:
+            assert_finished(lines, 64)
+        assert process.wait(300) == 0
+        assert "drain timeout" not in (tmp_path / "server.log").read_text()

@@ -5,7 +5,16 @@ from __future__ import annotations
 import json
 
 import httpx
+import pytest
 
+from server.responses import (
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    CompletionChoice,
+    CompletionResponse,
+    DeltaMessage,
+)
+from server.streaming import ChunkTemplate, sse_event
 from tests.server.fake_engine import FakeEngine
 from tests.server.harness import wait_until
 
@@ -115,3 +124,21 @@ def test_a_server_bug_is_a_500_in_error_shape(start_server):
     assert response.status_code == 500
     assert response.json()["error"]["message"] == "internal error: RuntimeError"
     assert httpx.get(server.url + "/health").status_code == 200
+
+
+TRICKY_TEXTS = ["", "plain", 'quote " and \\ backslash', "new\nline\ttab\r\x00\x01\x1f\x7f",
+                "é ü 中文 😀", "\u2028\u2029", "</script>", "\ufffd"]  # fmt: skip
+
+
+@pytest.mark.parametrize("text", TRICKY_TEXTS)
+@pytest.mark.parametrize("finish_reason", [None, "length"])
+def test_pre_encoded_chunks_equal_the_pydantic_ones(text, finish_reason):
+    chat = dict(id="chatcmpl-1", created=7, model='m "x"')
+    envelope = ChatCompletionChunk(**chat, choices=[])
+    choice = ChatChunkChoice(index=2, delta=DeltaMessage(content=text), finish_reason=finish_reason)
+    expected = sse_event(ChatCompletionChunk(**chat, choices=[choice]))
+    assert ChunkTemplate(envelope).chat(2, text, finish_reason) == expected
+    envelope = CompletionResponse(id="cmpl-1", created=7, model="m", choices=[])
+    choice = CompletionChoice(index=1, text=text, finish_reason=finish_reason)
+    expected = sse_event(CompletionResponse(id="cmpl-1", created=7, model="m", choices=[choice]))
+    assert ChunkTemplate(envelope).completion(1, text, finish_reason) == expected

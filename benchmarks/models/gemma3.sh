@@ -22,22 +22,7 @@ TENSORS=236
 log() { echo "gemma3: $*" >&2; }
 
 check_gguf() { # path -> exit 0 when the file is a readable gemma3 GGUF with TENSORS tensors
-    "$PY" - "$1" "$TENSORS" <<'EOF'
-import sys
-from gguf import GGUFReader
-
-path, expected = sys.argv[1], int(sys.argv[2])
-with open(path, "rb") as f:
-    if f.read(4) != b"GGUF":
-        sys.exit(f"{path}: no GGUF magic")
-reader = GGUFReader(path)
-arch = reader.fields["general.architecture"]
-arch = bytes(arch.parts[arch.data[0]]).decode()
-if arch != "gemma3":
-    sys.exit(f"{path}: architecture {arch!r}, expected 'gemma3'")
-if len(reader.tensors) != expected:
-    sys.exit(f"{path}: {len(reader.tensors)} tensors, expected {expected}")
-EOF
+    "$PY" "$HERE/check_gguf.py" "$1" gemma3 "$TENSORS"
 }
 
 out="$DIR/$NAME"

@@ -22,22 +22,7 @@ PAIR=(
 log() { echo "qwen_pair: $*" >&2; }
 
 check_gguf() { # path expected_tensor_count -> exit 0 when the file is a readable qwen2 GGUF
-    "$PY" - "$1" "$2" <<'EOF'
-import sys
-from gguf import GGUFReader
-
-path, expected = sys.argv[1], int(sys.argv[2])
-with open(path, "rb") as f:
-    if f.read(4) != b"GGUF":
-        sys.exit(f"{path}: no GGUF magic")
-reader = GGUFReader(path)
-arch = reader.fields["general.architecture"]
-arch = bytes(arch.parts[arch.data[0]]).decode()
-if arch != "qwen2":
-    sys.exit(f"{path}: architecture {arch!r}, expected 'qwen2'")
-if len(reader.tensors) != expected:
-    sys.exit(f"{path}: {len(reader.tensors)} tensors, expected {expected}")
-EOF
+    "$PY" "$HERE/check_gguf.py" "$1" qwen2 "$2"
 }
 
 build_one() { # name stem parts tensors

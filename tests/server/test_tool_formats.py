@@ -17,6 +17,7 @@ from server.tool_formats import (
     tool_format,
 )
 from server.tools import tool_setup
+from tests.server.tool_streams import feed_in_pieces
 
 LLAMA3 = '{"name": "get_weather", "parameters": {"city": "Paris"}}'
 MISTRAL_CALLS = (
@@ -42,14 +43,7 @@ def test_parse_and_stream_agree(fmt, text, content, names):
     got_content, calls = parse_calls(text, fmt)
     assert got_content == content and [c.name for c in calls] == names
     for size in (1, 3, 7, len(text)):
-        stream = call_stream(fmt)
-        streamed, streamed_calls = "", []
-        for start in range(0, len(text), size):
-            delta, new = stream.feed(text[start : start + size])
-            streamed += delta
-            streamed_calls += new
-        held, last = stream.finish()
-        streamed, streamed_calls = streamed + held, streamed_calls + last
+        streamed, streamed_calls = feed_in_pieces(call_stream(fmt), text, size)
         assert [c.name for c in streamed_calls] == names
         assert [json.loads(c.arguments) for c in streamed_calls] == [
             json.loads(c.arguments) for c in calls

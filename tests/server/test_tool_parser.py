@@ -7,6 +7,7 @@ import json
 import pytest
 
 from server.tool_parser import ToolCallStream, parse_tool_calls
+from tests.server.tool_streams import feed_in_pieces
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 OTHER = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>'
@@ -28,14 +29,7 @@ def test_parse_and_stream_agree(text, content, names):
     got_content, calls = parse_tool_calls(text)
     assert got_content == content and [c.name for c in calls] == names
     for size in (1, 3, 7, len(text)):
-        stream = ToolCallStream()
-        streamed, streamed_calls = "", []
-        for start in range(0, len(text), size):
-            delta, new = stream.feed(text[start : start + size])
-            streamed += delta
-            streamed_calls += new
-        held, last = stream.finish()
-        streamed, streamed_calls = streamed + held, streamed_calls + last
+        streamed, streamed_calls = feed_in_pieces(ToolCallStream(), text, size)
         assert [c.name for c in streamed_calls] == names
         assert [json.loads(c.arguments) for c in streamed_calls] == [
             json.loads(c.arguments) for c in calls

@@ -39,15 +39,18 @@ def load_build(source_hash: str):
     return module
 
 
-def time_layers(ops, weights, rows: int, reps: int, act: int) -> float:
-    """Median ms of one pass over `weights` (QuantizedWeight runs) at `rows` rows."""
-    xs = [torch.randn(rows, w.in_features) for w in weights]
-    outs = [torch.empty(rows, w.out_features) for w in weights]
+def time_layers(ops, runs, rows: int, reps: int, act: str) -> float:
+    """Median ms of one pass over `runs` (a layer's WeightRuns) at `rows` rows: the packed tiles
+    in the integer modes, the blocks as stored in float32 (as QuantLinear calls them)."""
+    xs = [torch.randn(rows, run.in_features) for run in runs]
+    outs = [torch.empty(rows, run.out_features) for run in runs]
+    tiles = [None if act == "float32" else run.tiles() for run in runs]
+    blocks = [run.blocks().data if act == "float32" else None for run in runs]
     times = []
     for _ in range(reps):
         start = time.perf_counter()
-        for w, x, out in zip(weights, xs, outs, strict=True):
-            ops.qlinear_out(x, w.data, w.qtype, None, out, 0, act)
+        for run, x, out, packed, data in zip(runs, xs, outs, tiles, blocks, strict=True):
+            ops.qlinear_out(x, data, run.qtype, None, out, 0, ACTIVATIONS[act], packed)
         times.append(time.perf_counter() - start)
     return 1e3 * statistics.median(times)
 
@@ -65,15 +68,15 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     builds = {
-        "A": (load_build(args.a), ACTIVATIONS[args.act_a]),
-        "B": (load_build(args.b), ACTIVATIONS[args.act_b]),
+        "A": (load_build(args.a), args.act_a),
+        "B": (load_build(args.b), args.act_b),
     }
     llm = LLM(config=EngineConfig.from_flat({"model": args.model, "kv_cache_memory": "64MiB"}))
     model = llm.engine.runner.model
     layers = [m for m in model.modules() if isinstance(m, QuantLinear)]
     parts = {
-        "body": [w for m in layers if m is not model.lm_head for w, _ in m._runs],
-        "head": [w for w, _ in model.lm_head._runs] if model.lm_head in layers else [],
+        "body": [run for m in layers if m is not model.lm_head for run in m.runs],
+        "head": list(model.lm_head.runs) if model.lm_head in layers else [],
     }
     print(
         f"threads {args.threads}; ms per pass, A = {args.a} {args.act_a}, "

@@ -7,7 +7,8 @@
 // Every step is one correctly rounded float operation or exact integer arithmetic, so the scalar,
 // AVX2 and AVX-512 versions give the same bytes. A group holding a NaN or an infinity gets
 // d = NaN, so the layer's outputs for that row are NaN (a bad row shows, it is not hidden).
-// Beside the planes: per group d, and per 16 inputs the sum of q (the kernels' offset terms).
+// Beside the planes: per group d, per 16 inputs the sum of q (the kernels' offset terms), and per
+// group d * (its sum of q) as a float (the min terms of Q4_1, Q5_1 and the K-quants).
 #pragma once
 
 #include <immintrin.h>
@@ -26,12 +27,13 @@ enum class ActMode : int64_t { kFloat32 = 0, kInt8 = 1, kInt16 = 2 };
 inline int32_t act_levels(ActMode mode) { return mode == ActMode::kInt16 ? 32639 : 127; }
 
 // A view of quantized rows: hi, lo int8 [M, K] (lo only for int16), d float [M, K / 32],
-// sum16 int32 [M, K / 16].
+// sum16 int32 [M, K / 16], dsum float [M, K / 32].
 struct Acts {
   const int8_t* hi;
   const int8_t* lo;  // nullptr in int8 mode
   const float* d;
   const int32_t* sum16;
+  const float* dsum;  // d * float(sum of the group's 32 q): one rounding
   int64_t M, K;
 
   // The 4 int8 values of inputs i .. i + 3 of a row, as one 32-bit word (dot-product operand).
@@ -39,6 +41,7 @@ struct Acts {
   int32_t lo_word(int64_t row, int64_t i) const { return word(lo + row * K + i); }
   float scale(int64_t row, int64_t group) const { return d[row * (K / 32) + group]; }
   int32_t sum(int64_t row, int64_t chunk16) const { return sum16[row * (K / 16) + chunk16]; }
+  float scaled_group_sum(int64_t row, int64_t group) const { return dsum[row * (K / 32) + group]; }
 
  private:
   static int32_t word(const int8_t* p) {
@@ -165,6 +168,7 @@ inline QuantizedActs::QuantizedActs(const float* x, int64_t x_stride, int64_t M,
   thread_local std::vector<int8_t> hi, lo;
   thread_local std::vector<float> d;
   thread_local std::vector<int32_t> sum16;
+  thread_local std::vector<float> dsum;
   hi.resize(M * K);
   lo.resize(mode == ActMode::kInt16 ? M * K : 0);
   d.resize(M * (K / 32));
@@ -172,7 +176,11 @@ inline QuantizedActs::QuantizedActs(const float* x, int64_t x_stride, int64_t M,
   int8_t* lo_data = mode == ActMode::kInt16 ? lo.data() : nullptr;
   quantize_acts(x, x_stride, M, K, mode, act_detail::has_avx2(), hi.data(), lo_data, d.data(),
                 sum16.data());
-  view_ = Acts{hi.data(), lo_data, d.data(), sum16.data(), M, K};
+  dsum.resize(M * (K / 32));
+  for (int64_t g = 0; g < M * (K / 32); ++g) {
+    dsum[g] = d[g] * (float)(sum16[2 * g] + sum16[2 * g + 1]);
+  }
+  view_ = Acts{hi.data(), lo_data, d.data(), sum16.data(), dsum.data(), M, K};
 }
 
 }  // namespace goodspeed

@@ -207,8 +207,10 @@ LLAMA_TEMPLATES = {"gemma3": "gemma"}
 
 
 def llama_chat_template(gguf: str) -> list[str]:
-    """`--chat-template NAME` when the file has no template and its family has one, so both
-    servers see the same chat prompt; else nothing."""
+    """`--no-jinja --chat-template NAME` when the file has no template and its family has one,
+    so both servers see the same chat prompt; else nothing. `--no-jinja` first: with Jinja on
+    (llama-server's default) NAME is read as the template's own text, and every prompt renders
+    as the word itself (3 tokens for "gemma")."""
     if not Path(gguf).is_file():
         return []
     from engine.models.gguf_file import read_gguf
@@ -217,7 +219,7 @@ def llama_chat_template(gguf: str) -> list[str]:
     name = LLAMA_TEMPLATES.get(metadata.get("general.architecture"))
     if name is None or metadata.get("tokenizer.chat_template"):
         return []
-    return ["--chat-template", name]
+    return ["--no-jinja", "--chat-template", name]
 
 
 @dataclass

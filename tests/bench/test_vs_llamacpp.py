@@ -254,7 +254,7 @@ def test_llama_server_gets_the_family_template_a_file_lacks(monkeypatch, tmp_pat
     metadata = {"general.architecture": "gemma3"}
     fake = type("F", (), {"metadata": metadata})
     monkeypatch.setattr(gguf_file, "read_gguf", lambda _: fake)
-    assert bench.llama_chat_template(str(path)) == ["--chat-template", "gemma"]
+    assert bench.llama_chat_template(str(path)) == ["--no-jinja", "--chat-template", "gemma"]
     metadata["tokenizer.chat_template"] = "{{ messages }}"
     assert bench.llama_chat_template(str(path)) == []
     metadata["general.architecture"] = "llama"

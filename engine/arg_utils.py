@@ -44,6 +44,12 @@ _FLAGS: tuple[tuple[str, type, str], ...] = (
         str,
         "draft model path, or self:N = the target's first N layers (with --speculative-proposer draft)",
     ),
+    (
+        "--draft-vocab",
+        int,
+        "the draft model's head over the first N token ids only (default 0: all); cheaper "
+        "draft steps, output unchanged",
+    ),
     ("--num-speculative-tokens", int, "maximum draft tokens per step (default 4)"),
     ("--spec-tree-nodes", int, "tree node budget (0 = chains)"),
     ("--spec-policy", str, "off | fixed:K | goodput (default goodput when a proposer is set)"),

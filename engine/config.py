@@ -129,6 +129,10 @@ class SpecConfig:
     spec_policy: str | None = None  # off | fixed:K | goodput; None: goodput if a proposer is set
     ngram_max: int = 4
     ngram_min: int = 1
+    # The draft model's head over the first N token ids only (0: the whole vocabulary). Its
+    # step reads fewer head bytes; a target token past N can then never be drafted (output is
+    # unchanged: the target verifies every draft).
+    draft_vocab: int = 0
     # Added for the goodput policy's start-up profile (engine/speculation/control/profiler.py): seconds of
     # synthetic steps that seed the step-time cost model (0 = no profile and no cache: learn
     # online), and the JSON file caching fits by (model, device, dtype, threads).
@@ -146,6 +150,15 @@ class SpecConfig:
             f"spec_tree_nodes must be in 0..256, got {self.spec_tree_nodes}",
         )
         _check(1 <= self.ngram_min <= self.ngram_max, "need 1 <= ngram_min <= ngram_max")
+        _check(
+            isinstance(self.draft_vocab, int) and self.draft_vocab >= 0,
+            f"draft_vocab must be an integer >= 0 (0 = the whole vocabulary), "
+            f"got {self.draft_vocab!r}",
+        )
+        _check(
+            self.draft_vocab == 0 or bool(self.draft_model),
+            "draft_vocab limits a draft model's head: it needs --draft-model",
+        )
         seconds = self.spec_profile_seconds
         _check(
             isinstance(seconds, int | float) and 0 <= seconds <= 600,

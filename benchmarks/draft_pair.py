@@ -9,7 +9,9 @@ are measured as in spec_bench.py (decode only, prefill excluded) and each config
 compared with off's. Configs are `off` or `PROPOSER[:chain|tree[:BUDGET]][@goodput]`:
 `draft:chain:4` (k = 4, fixed), `draft:tree` (8 nodes), `ngram`, `recycle:tree:16`,
 `draft:chain:4@goodput` (the goodput policy choosing k <= 4), `auto:chain:4` (n-gram, recycle
-and the draft model, the goodput policy choosing a proposer and k per request and step).
+and the draft model, the goodput policy choosing a proposer and k per request and step); a
+`+vN` suffix gives the draft a head over the first N token ids (`--draft-vocab N`), e.g.
+`draft:chain:4+v32768`.
 
 --interleave loads every engine up front and lets the configs take turns prompt by prompt (load
 drift hits them alike; needs the memory of all engines at once); without it one engine lives
@@ -78,12 +80,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def config_flat(name: str, args: argparse.Namespace) -> dict:
-    """Flat EngineConfig fields for `off` or `PROPOSER[:chain|tree[:BUDGET]]`."""
+    """Flat EngineConfig fields for `off` or `PROPOSER[:chain|tree[:BUDGET]][@goodput][+vN]`."""
     # 128 blocks of 16 tokens hold one prompt (< 1000 tokens) + max_tokens + drafts.
     flat = dict(model=args.target, weights="gguf", dtype="float32", threads=args.threads)
     flat.update(num_kv_blocks=128)
     if name == "off":
         return flat
+    name, _, vocab = name.partition("+v")
     spec, _, policy = name.partition("@")
     proposer, shape, budget = [*spec.split(":"), None, None][:3]
     if proposer not in PROPOSERS or shape not in (None, "chain", "tree"):
@@ -96,7 +99,7 @@ def config_flat(name: str, args: argparse.Namespace) -> dict:
     flat.update(num_speculative_tokens=budget if shape == "chain" else 4)
     flat.update(spec_tree_nodes=0 if shape == "chain" else budget)
     if proposer in ("draft", "auto"):
-        flat.update(draft_model=args.draft)
+        flat.update(draft_model=args.draft, draft_vocab=int(vocab) if vocab else 0)
     return flat
 
 

@@ -4,9 +4,9 @@ Both models run their GGUF blocks on the native CPU kernels (`--weights gguf`). 
 copy-heavy documentation and open-ended chat (../shared/data) and code editing
 (benchmarks/data/workload_code_edit.jsonl: a 20-60 line snippet and a small change, so the
 answer mostly copies the code), all through the chat template. Each prompt is generated alone,
-greedy, with a fixed number of new tokens (EOS ignored); tok/s, acceptance and tokens per step
-are measured as in spec_bench.py (decode only, prefill excluded) and each config's tokens are
-compared with off's. Configs are `off` or `PROPOSER[:chain|tree[:BUDGET]][@goodput]`:
+greedy (or sampled at --temperature with one seed), with a fixed number of new tokens (EOS
+ignored); tok/s, acceptance and tokens per step are measured as in spec_bench.py (decode only,
+prefill excluded) and each config's tokens are compared with off's. Configs are `off` or `PROPOSER[:chain|tree[:BUDGET]][@goodput]`:
 `draft:chain:4` (k = 4, fixed), `draft:tree` (8 nodes), `ngram`, `recycle:tree:16`,
 `draft:chain:4@goodput` (the goodput policy choosing k <= 4), `auto:chain:4` (n-gram, recycle
 and the draft model, the goodput policy choosing a proposer and k per request and step); a
@@ -58,6 +58,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--configs", nargs="+", default=["off", "draft:chain:4", "draft:tree"])
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument(
+        "--temperature", type=float, default=0.0, help="0: greedy; > 0: sampled with one seed"
+    )
     parser.add_argument("--interleave", action="store_true", help="configs take turns per prompt")
     parser.add_argument("--target", help="target GGUF (default: the qwen_pair.sh 1.5B)")
     parser.add_argument("--draft", help="draft GGUF (default: the qwen_pair.sh 0.5B)")
@@ -108,7 +111,7 @@ def make_llm(args: argparse.Namespace, name: str) -> LLM:
 
 
 def run_prompt(llm: LLM, name: str, workload: str, index: int, prompt: list[int], args) -> dict:
-    run = run_one(llm, prompt, args.max_tokens)
+    run = run_one(llm, prompt, args.max_tokens, args.temperature)
     run.update(workload=workload, config=name, prompt=index, prompt_tokens=len(prompt))
     print(f"{workload} #{index} {name}: {rate(run):.2f} tok/s", flush=True)
     return run

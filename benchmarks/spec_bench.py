@@ -103,15 +103,22 @@ def load_prompts(llm: LLM, workload: str, count: int, data_dir: str) -> list[lis
     return [llm.tokenizer.apply_chat_template([{"role": "user", "content": t}]) for t in texts]
 
 
-def run_one(llm: LLM, prompt: list[int], max_tokens: int) -> dict:
-    """Generate one prompt alone; time from its first token to its last, and count spec steps."""
+SAMPLING_SEED = 1234  # sampled runs: one seed, so speculation must not change the tokens
+
+
+def run_one(llm: LLM, prompt: list[int], max_tokens: int, temperature: float = 0.0) -> dict:
+    """Generate one prompt alone; time from its first token to its last, and count spec steps.
+    Sampled (temperature > 0) with a fixed seed, so every config must give the same tokens."""
     marks: list[tuple[float, int]] = []  # (time, tokens so far) after each step with output
 
     def on_output(output: RequestOutput) -> None:
         marks.append((time.perf_counter(), len(output.output_token_ids)))
 
     before = llm.engine.stats()
-    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    seed = SAMPLING_SEED if temperature > 0 else None
+    params = SamplingParams(
+        temperature=temperature, seed=seed, max_tokens=max_tokens, ignore_eos=True
+    )
     [output] = llm.generate(prompt, params, use_tqdm=False, on_output=on_output)
     after = llm.engine.stats()
     (first_time, first_tokens), (last_time, last_tokens) = marks[0], marks[-1]

@@ -50,6 +50,12 @@ _FLAGS: tuple[tuple[str, type, str], ...] = (
         "the draft model's head over the first N token ids only (default 0: all); cheaper "
         "draft steps, output unchanged",
     ),
+    (
+        "--draft-weights",
+        str,
+        "how the draft model's weights run (default auto: as --weights, with int8 activations "
+        "on a GGUF's blocks); any --weights value",
+    ),
     ("--num-speculative-tokens", int, "maximum draft tokens per step (default 4)"),
     ("--spec-tree-nodes", int, "tree node budget (0 = chains)"),
     ("--spec-policy", str, "off | fixed:K | goodput (default goodput when a proposer is set)"),

@@ -133,6 +133,10 @@ class SpecConfig:
     # step reads fewer head bytes; a target token past N can then never be drafted (output is
     # unchanged: the target verifies every draft).
     draft_vocab: int = 0
+    # How the draft model's weights run: auto = the target's --weights, but int8 activations
+    # where that means a GGUF's blocks on the CPU kernels (the draft's arithmetic cannot change
+    # the output, and int8 does half the integer work); or any --weights value.
+    draft_weights: str = "auto"
     # Added for the goodput policy's start-up profile (engine/speculation/control/profiler.py): seconds of
     # synthetic steps that seed the step-time cost model (0 = no profile and no cache: learn
     # online), and the JSON file caching fits by (model, device, dtype, threads).
@@ -154,6 +158,10 @@ class SpecConfig:
             isinstance(self.draft_vocab, int) and self.draft_vocab >= 0,
             f"draft_vocab must be an integer >= 0 (0 = the whole vocabulary), "
             f"got {self.draft_vocab!r}",
+        )
+        _check(
+            self.draft_weights in _WEIGHTS,
+            f"draft_weights must be one of {_WEIGHTS}, got {self.draft_weights!r}",
         )
         _check(
             self.draft_vocab == 0 or bool(self.draft_model),

@@ -93,7 +93,11 @@ class DraftModelProposer:
             raise ValueError("the draft proposer needs the target model runner (runner=...)")
         if not config.draft_model:
             raise ValueError("speculative_proposer=draft needs --draft-model PATH or self:N")
-        return cls(DraftRunner.from_target(config.draft_model, runner, config.draft_vocab))
+        return cls(
+            DraftRunner.from_target(
+                config.draft_model, runner, config.draft_vocab, config.draft_weights
+            )
+        )
 
     # ---- the Proposer protocol -----------------------------------------------------------
     def propose(self, requests: Sequence[ProposeRequest]) -> Drafts:

@@ -1,4 +1,8 @@
-"""`--draft-vocab N`: a draft model whose head covers the first N token ids only.
+"""A GGUF draft model's knobs: `--draft-weights` (auto: int8 activations, which cannot change
+the output) and `--draft-vocab N` (a head over the first N token ids only).
+
+The draft of a GGUF target runs int8 activations unless told otherwise, and greedy and seeded
+output stay the target's.
 
 Its logits for those ids are the full head's, bit for bit (same rows, same kernels), and -inf
 past N, so it never drafts a later id; output is unchanged (greedy token for token, seeded
@@ -85,6 +89,20 @@ def test_output_is_unchanged_and_drafts_stay_inside_the_prefix(cases, name):
     stats = llm.engine.stats()
     assert stats.spec_num_draft_tokens_total > 0
     assert stats.num_free_blocks == stats.num_total_blocks
+
+
+@pytest.mark.parametrize("setting, act", [("auto", "int8"), ("gguf", "int16")])
+def test_a_gguf_draft_runs_int8_activations_unless_told(kquant_gguf, setting, act):
+    plain = generate(make_llm(kquant_gguf, spec_policy="off"), GREEDY)
+    spec = dict(speculative_proposer="draft", spec_policy="fixed:4", draft_weights=setting)
+    llm = make_llm(kquant_gguf, draft_model=str(kquant_gguf), **spec)
+    draft = llm.engine.spec.proposer.runner.model
+    assert draft.layers[0].mlp.gate_up_proj.activations == act
+    assert llm.engine.runner.model.layers[0].mlp.gate_up_proj.activations == "int16"
+    assert generate(llm, GREEDY) == plain
+    assert llm.engine.stats().spec_num_accepted_tokens_total > 0
+    with pytest.raises(ValueError, match="draft_weights must be one of"):
+        EngineConfig.from_flat({"draft_model": "self:1", "draft_weights": "int4"})
 
 
 def test_bad_limits_are_refused(cases, tiny_model_dir):

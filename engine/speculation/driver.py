@@ -156,20 +156,45 @@ class SpecDriver:
         for request in sched.preempted:  # blocks freed: what proposers knew of them is stale
             request.spec.memos.clear()
         topk = self.proposer.target_topk
-        asks = [self._ask(s) for s in sched.scheduled if s.num_draft_tokens > 0 and s.needs_sample]
-        if not asks:
-            return Drafts(target_topk=topk)
         start = time.perf_counter()
-        drafts = self.proposer.propose(asks)
+        warmed = self._warm(sched)
+        asks = [self._ask(s) for s in sched.scheduled if s.num_draft_tokens > 0 and s.needs_sample]
+        if not asks and not warmed:
+            return Drafts(target_topk=topk)
+        drafts = self.proposer.propose(asks) if asks else Drafts()
         chains = _cut_at_grammar(drafts.chains, sched)
         elapsed = time.perf_counter() - start
-        return Drafts(chains, drafts.trees, proposer_time=elapsed, target_topk=topk)
+        return Drafts(
+            chains,
+            drafts.trees,
+            proposer_time=elapsed,
+            num_catchup_tokens=drafts.num_catchup_tokens + warmed,
+            target_topk=topk,
+        )
 
-    def _ask(self, scheduled: ScheduledRequest) -> ProposeRequest:
+    def _warm(self, sched: SchedulerOutput) -> int:
+        """A separate draft model reads each prefill chunk in the step the target does, so a
+        request's first drafts do not wait for it to read the whole prompt (the time lands in
+        time to first token, where the target's own prefill is). Only where it is the one
+        proposer and the request may speculate; returns the tokens it fed."""
+        warm = getattr(self.proposer, "warm", None) if self.draft_model else None
+        if warm is None or self.choice or not self.enabled:
+            return 0
+        asks = [
+            self._ask(s, end=s.start + s.num_new_tokens)
+            for s in sched.scheduled
+            if s.num_draft_tokens == 0
+            and s.start < s.request.num_prompt_tokens
+            and self._cap(s.request) > 0
+        ]
+        return warm(asks) if asks else 0
+
+    def _ask(self, scheduled: ScheduledRequest, end: int | None = None) -> ProposeRequest:
+        """The request as the proposer sees it (`end`: its tokens up to there only)."""
         request = scheduled.request
         return ProposeRequest(
             request.request_id,
-            request.all_token_ids,
+            request.all_token_ids[:end],
             scheduled.num_draft_tokens,
             self.tree,
             params=request.sampling_params,

@@ -114,6 +114,17 @@ class DraftModelProposer:
         seconds = time.perf_counter() - start
         return dataclasses.replace(drafts, proposer_time=seconds, num_catchup_tokens=catchup)
 
+    def warm(self, requests: Sequence[ProposeRequest]) -> int:
+        """Feed each request's tokens (a prefill chunk's end) the draft has no K/V for, in one
+        forward, without drafting; returns how many were fed. A self-draft has nothing to do."""
+        if self.runner.shares_target_cache:
+            return 0
+        limit = self.runner.max_positions
+        queries = [self._catch_up(ask) for ask in requests if 0 < len(ask.token_ids) <= limit]
+        if queries:
+            self.runner.logits(queries)
+        return sum(len(query.token_ids) for query in queries)
+
     def catchup_tokens(self, memos: dict, num_tokens: int) -> int:
         """Verified tokens the next catch-up feeds past the root (all since the draft last ran,
         the whole context on a first run; 0 for a self-draft). Ignores a block id changed by

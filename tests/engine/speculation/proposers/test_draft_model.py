@@ -184,6 +184,40 @@ def test_greedy_is_lossless_under_preemption(tiny_model_dir, drafts, reference, 
     assert_pool_restored(llm)
 
 
+# ---- the draft reads prefill chunks beside the target --------------------------------------
+def test_the_draft_reads_prefill_chunks_in_the_targets_steps(tiny_model_dir, drafts, reference):
+    # A 16-token budget splits the prompt into chunks; the draft reads each one in the step
+    # the target does, so its first drafting step feeds only the root, and the cost model is
+    # told what it fed (prefill chunks and catch-ups).
+    llm = make_spec_llm(tiny_model_dir, drafts["noisy"], "chain", max_num_batched_tokens=16)
+    events = record_events(llm)
+    features = []
+    observe = llm.engine.spec.policy.observe
+
+    def recording_observe(results, step_features, seconds):
+        features.append(step_features)
+        return observe(results, step_features, seconds)
+
+    llm.engine.spec.policy.observe = recording_observe
+    seen_at_propose = []  # the draft's K/V progress as each propose call finds it
+    propose = llm.engine.spec.proposer.propose
+
+    def recording_propose(requests):
+        seen_at_propose.extend(r.memos["draft"].num_computed for r in requests)
+        return propose(requests)
+
+    llm.engine.spec.proposer.propose = recording_propose
+    index = max(range(len(PROMPTS)), key=lambda i: len(PROMPTS[i]))
+    prompt = PROMPTS[index]
+    assert generate(llm, [prompt]) == [reference[index]]
+    warms = [memos for kind, _, memos in events if kind == "warm"]
+    assert len(warms) == -(-len(prompt) // 16)  # one per chunk
+    assert seen_at_propose[0] == len(prompt)
+    fed = [f.num_catchup_tokens for f in features]
+    assert sum(fed[: len(warms)]) == len(prompt) and sum(fed[len(warms) :]) > 0
+    assert_pool_restored(llm)
+
+
 # ---- the drafts are the draft model's own choices ----------------------------------------
 def record_proposals(llm: LLM) -> list:
     """Wrap the proposer so the test sees (verified tokens, chain, tree, params) per request."""
@@ -203,10 +237,11 @@ def record_proposals(llm: LLM) -> list:
 
 
 def record_events(llm: LLM) -> list[tuple[str, str, dict | None]]:
-    """("preempt", request id, None) and ("propose", request id, the request's memos as the
-    proposer found them) in the order they happen."""
+    """("preempt", request id, None), and ("propose" or "warm", request id, the request's memos
+    as the proposer found them) in the order they happen (warm: a prefill chunk fed to the
+    draft)."""
     scheduler, proposer = llm.engine.scheduler, llm.engine.spec.proposer
-    schedule, propose = scheduler.schedule, proposer.propose
+    schedule, propose, warm = scheduler.schedule, proposer.propose, proposer.warm
     events: list[tuple[str, str, dict | None]] = []
 
     def recording_schedule(plan):
@@ -214,16 +249,21 @@ def record_events(llm: LLM) -> list[tuple[str, str, dict | None]]:
         events.extend(("preempt", request_id, None) for request_id in output.preempted_ids)
         return output
 
-    def recording_propose(requests):
-        events.extend(("propose", r.request_id, dict(r.memos)) for r in requests)
-        return propose(requests)
+    def recording(kind, call):
+        def record(requests):
+            events.extend((kind, r.request_id, dict(r.memos)) for r in requests)
+            return call(requests)
 
-    scheduler.schedule, proposer.propose = recording_schedule, recording_propose
+        return record
+
+    scheduler.schedule = recording_schedule
+    proposer.propose, proposer.warm = recording("propose", propose), recording("warm", warm)
     return events
 
 
 def assert_preempted_state_dropped(events: list[tuple[str, str, dict | None]]) -> None:
-    """A preempted request's draft state is gone when it drafts again."""
+    """A preempted request's draft state is gone when the draft next reads it (a prefill chunk
+    or drafting)."""
     preempted: set[str] = set()
     for kind, request_id, memos in events:
         if kind == "preempt":

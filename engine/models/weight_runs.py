@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.cpu import TILE_ROWS, QuantizedWeight, concat_rows, pack_tiles
+from kernels.cpu import TILE_ROWS, QuantizedWeight, concat_rows, pack_parts, pack_tiles
 
 
 class WeightRun:
@@ -38,15 +38,14 @@ class WeightRun:
 
     def tiles(self) -> torch.Tensor | None:
         """The run packed into tiles of 16 columns (made once), or None without the native
-        library. Parts that fill whole tiles are packed one by one, so no concatenated copy of
-        the blocks is made."""
+        library. Parts that fill whole tiles are packed one by one into one tensor, so no
+        concatenated copy of the blocks or the tiles is made."""
         if self._tiles is None:
             whole = all(part.out_features % TILE_ROWS == 0 for part in self.parts[:-1])
             if len(self.parts) == 1 or not whole:
                 self._tiles = pack_tiles(self.blocks())
             else:
-                packed = [pack_tiles(part) for part in self.parts]
-                self._tiles = None if packed[0] is None else torch.cat(packed)
+                self._tiles = pack_parts(self.parts)
         return self._tiles
 
     def nbytes(self) -> int:

@@ -35,6 +35,7 @@ __all__ = [
     "is_native_type",
     "load_native",
     "native_available",
+    "pack_parts",
     "pack_tiles",
     "qlinear",
     "set_linear_isa_cap",
@@ -104,6 +105,26 @@ def pack_tiles(weight: QuantizedWeight) -> torch.Tensor | None:
     if ops is None:
         return None
     return ops.pack_tiles(weight.data, weight.qtype, weight.in_features)
+
+
+def pack_parts(parts: list[QuantizedWeight]) -> torch.Tensor | None:
+    """pack_tiles of the parts' rows stacked (one format and width; every part but the last
+    fills whole tiles), each part packed straight into its rows of one tensor: no copy of the
+    blocks or the tiles is made. None without the native library."""
+    ops = load_native()
+    if ops is None:
+        return None
+    first = parts[0]
+    if any((p.qtype, p.in_features) != (first.qtype, first.in_features) for p in parts) or any(
+        p.out_features % TILE_ROWS for p in parts[:-1]
+    ):
+        raise ValueError("pack_parts needs parts of one format and width, whole tiles but the last")
+    counts = [-(-part.out_features // TILE_ROWS) for part in parts]
+    width = ops.tile_bytes(first.qtype, first.in_features)
+    packed = torch.empty(sum(counts), width, dtype=torch.uint8)
+    for part, rows in zip(parts, packed.split(counts), strict=True):
+        ops.pack_tiles(part.data, part.qtype, part.in_features, rows)
+    return packed
 
 
 def float_tiles_run(weight: QuantizedWeight, out_features: int | None = None) -> bool:

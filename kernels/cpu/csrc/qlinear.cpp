@@ -20,6 +20,7 @@
 
 #include <optional>
 #include <tuple>
+#include <vector>
 
 #include "qlinear_core.h"
 
@@ -120,6 +121,16 @@ at::Tensor pack_tiles(const at::Tensor& blocks, int64_t format, int64_t K,
   return packed;
 }
 
+// pack_tiles of every blocks[i] into outs[i], in one call: the loader packs a whole model with
+// the GIL released once (per-tensor calls waited for the GIL behind the tokenizer's thread).
+void pack_tiles_into(const std::vector<at::Tensor>& blocks, const std::vector<int64_t>& formats,
+                     const std::vector<int64_t>& Ks, const std::vector<at::Tensor>& outs) {
+  TORCH_CHECK(formats.size() == blocks.size() && Ks.size() == blocks.size() &&
+                  outs.size() == blocks.size(),
+              "pack_tiles_into needs as many formats, Ks and outs as blocks");
+  for (size_t i = 0; i < blocks.size(); ++i) pack_tiles(blocks[i], formats[i], Ks[i], outs[i]);
+}
+
 void check_packed(const at::Tensor& packed, int64_t format, int64_t N, int64_t K) {
   TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() && packed.dim() == 2 &&
                   packed.size(0) == (N + kTileCols - 1) / kTileCols &&
@@ -188,6 +199,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack_tiles", &goodspeed::pack_tiles, "blocks -> tiles of 16 columns (tile_pack.h)",
         pybind11::call_guard<pybind11::gil_scoped_release>(), pybind11::arg("blocks"),
         pybind11::arg("format"), pybind11::arg("K"), pybind11::arg("out") = pybind11::none());
+  m.def("pack_tiles_into", &goodspeed::pack_tiles_into, "pack_tiles of each blocks into its out",
+        pybind11::call_guard<pybind11::gil_scoped_release>(), pybind11::arg("blocks"),
+        pybind11::arg("formats"), pybind11::arg("Ks"), pybind11::arg("outs"));
   m.def("tile_bytes", &goodspeed::tile_bytes, "bytes of one tile of K inputs (tile_pack.h)",
         pybind11::arg("format"), pybind11::arg("K"));
   m.def("cpu_has_avx512", []() { return goodspeed::cpu_has_avx512(); },

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from kernels.cpu import TILE_ROWS, QuantizedWeight, concat_rows, pack_parts, pack_tiles
+from kernels.cpu import TILE_ROWS, QuantizedWeight, concat_rows, pack_parts, pack_runs, pack_tiles
 from tests.kernels.cpu.quant_cases import FORMATS, Q
 
 
@@ -84,3 +84,17 @@ def test_q6k_tiles_match_the_documented_layout(native, quant_cases):
     weight = quant_cases[Q.Q6_K].weight  # 37 rows: the last tile has 5 columns and 11 zero ones
     expected = q6k_tiles_reference(weight.data.numpy(), weight.out_features)
     assert np.array_equal(pack_tiles(weight).numpy(), expected)
+
+
+def test_pack_runs_packs_every_run_as_pack_parts_does(native, quant_cases):
+    weight = quant_cases[Q.Q6_K].weight
+    runs = [
+        [quant_cases[Q.Q4_K].weight],
+        [rows_of(weight, 0, 16), rows_of(weight, 16, 37)],
+        [quant_cases[Q.Q8_0].weight],
+    ]
+    packed = pack_runs(runs)
+    assert len(packed) == 3
+    for tiles, parts in zip(packed, runs, strict=True):
+        assert torch.equal(tiles, pack_tiles(concat_rows(parts)))
+    assert pack_runs([]) == []

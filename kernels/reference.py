@@ -31,7 +31,6 @@ import torch
 import torch.nn.functional as F
 
 from kernels.attention import AttentionMetadata, KVCacheSpec
-from kernels.host_memory import zeroed
 
 # Largest padded K+V gather of one decode group (see the module docstring for the measurement).
 GATHER_BUDGET_BYTES = 2 * 2**20
@@ -72,7 +71,9 @@ class ReferenceBackend:
     def allocate(self, spec: KVCacheSpec) -> None:
         self.spec = spec
         shape = (spec.num_blocks, 2, spec.block_size, spec.num_kv_heads, spec.head_dim)
-        self.kv_caches = [zeroed(shape, spec.dtype, spec.device) for _ in range(spec.num_layers)]
+        self.kv_caches = [
+            torch.zeros(shape, dtype=spec.dtype, device=spec.device) for _ in range(spec.num_layers)
+        ]
 
     # ----- per-step planning (host work shared by all layers) -----
 

@@ -237,15 +237,17 @@ def _die_with_parent() -> None:
 
 
 @contextmanager
-def running(name: str, command: list[str], log_dir: Path):
-    """Start a server, wait for /health, yield it as a Server; stop it however the block ends."""
+def running(name: str, command: list[str], log_dir: Path, cwd: Path = ROOT):
+    """Start a server, wait for /health, yield it as a Server; stop it however the block ends.
+    `cwd`: the checkout whose packages `python -m goodspeed.cli` runs (benchmarks/startup.py
+    starts two)."""
     port = free_port()
     command = [*command, "--port", str(port)]
     log_path = log_dir / f"{name}.log"
     log = open(log_path, "w")  # noqa: SIM115 - closed below
     start = time.perf_counter()
     process = subprocess.Popen(
-        command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, preexec_fn=_die_with_parent
+        command, stdout=log, stderr=subprocess.STDOUT, cwd=cwd, preexec_fn=_die_with_parent
     )
     url = f"http://127.0.0.1:{port}"
     try:

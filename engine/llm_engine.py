@@ -10,11 +10,16 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
+from typing import Any, TypeVar
 
 from engine.config import EngineConfig
 from engine.core.scheduler import Scheduler
+from engine.models.loader import resolve_model_path
 from engine.models.tokenizer import Tokenizer
 from engine.output.output_processor import OutputProcessor
 from engine.outputs import (
@@ -33,6 +38,7 @@ from engine.speculation.build import build_spec_driver
 from engine.structured.grammar import GrammarCompiler
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class LLMEngine:
@@ -61,10 +67,13 @@ class LLMEngine:
 
     @classmethod
     def from_config(cls, config: EngineConfig | None = None) -> LLMEngine:
+        """Load the model, and meanwhile its tokenizer on a second thread: the tokenizer is
+        seconds of Python (transformers' import, the tokenizer's JSON), the model's long parts
+        (tile packing, the KV cache) release the GIL."""
         config = config or EngineConfig()
+        tokenizer = _in_background(Tokenizer.from_path, resolve_model_path(config.model.model))
         runner = ModelRunner(config)
-        tokenizer = Tokenizer.from_path(runner.model_path)
-        return cls(config, runner, tokenizer)
+        return cls(config, runner, tokenizer.result())
 
     # ---- requests ------------------------------------------------------------------------
     def add_request(
@@ -205,6 +214,21 @@ class LLMEngine:
 def choice_ids(request_id: str, n: int) -> list[str]:
     """The engine's ids of a request's n choices: its own id, or `{id}-{i}` for n > 1."""
     return [request_id] if n == 1 else [f"{request_id}-{i}" for i in range(n)]
+
+
+def _in_background(work: Callable[..., T], *args: Any) -> Future[T]:
+    """work(*args) on a daemon thread (Ctrl-C during a load does not wait for it); the
+    future holds its result or its exception."""
+    future: Future[T] = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(work(*args))
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller as is
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name="goodspeed-tokenizer", daemon=True).start()
+    return future
 
 
 def _model_name(model: str) -> str:

@@ -25,6 +25,7 @@ from kernels.cpu import (
     dequantize,
     float_tiles_run,
     load_native,
+    pack_runs,
     qlinear,
 )
 
@@ -97,11 +98,14 @@ class QuantLinear(nn.Module):
         return out
 
     def tiles_of(self, run: WeightRun) -> torch.Tensor | None:
-        """The run's packed tiles where this activation mode runs them (integer modes: always;
-        float32: the AVX-512 formats), else None (the blocks as stored run)."""
-        if self.activations != "float32" or float_tiles_run(run.parts[0], run.out_features):
-            return run.tiles()
-        return None
+        """The run's packed tiles where this activation mode runs them, else None (the blocks
+        as stored run)."""
+        return run.tiles() if self.runs_tiles(run) else None
+
+    def runs_tiles(self, run: WeightRun) -> bool:
+        """Whether this mode runs `run` as tiles: integer modes always, float32 on the
+        AVX-512 formats."""
+        return self.activations != "float32" or float_tiles_run(run.parts[0], run.out_features)
 
     def prepare(self) -> None:
         """Make what the kernels will read in this mode now (packing), not at the first step."""
@@ -172,11 +176,17 @@ def set_activations(model: nn.Module, activations: str) -> None:
 
 
 def prepare_kernels(model: nn.Module) -> None:
-    """Pack every QuantLinear's weights for its mode now (load time), in parallel over the
-    kernels' threads, rather than at the first step."""
-    for module in model.modules():
-        if isinstance(module, QuantLinear):
-            module.prepare()
+    """Make what every QuantLinear's mode reads now (load time) rather than at the first step:
+    the tiles of every run that runs tiles, in one native call (pack_runs, in parallel over
+    the kernels' threads), and the blocks of the others."""
+    layers = [module for module in model.modules() if isinstance(module, QuantLinear)]
+    to_pack = [run for layer in layers for run in layer.runs if layer.runs_tiles(run)]
+    packed = pack_runs([run.packed_parts() for run in to_pack])
+    if packed is not None:
+        for run, tiles in zip(to_pack, packed, strict=True):
+            run.set_tiles(tiles)
+    for layer in layers:
+        layer.prepare()  # the blocks of the runs left (and tiles, without the native library)
 
 
 def weight_format(model: nn.Module) -> str:

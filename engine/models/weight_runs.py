@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.cpu import TILE_ROWS, QuantizedWeight, concat_rows, pack_tiles
+from kernels.cpu import TILE_ROWS, QuantizedWeight, concat_rows, pack_parts
 
 
 class WeightRun:
@@ -38,16 +38,21 @@ class WeightRun:
 
     def tiles(self) -> torch.Tensor | None:
         """The run packed into tiles of 16 columns (made once), or None without the native
-        library. Parts that fill whole tiles are packed one by one, so no concatenated copy of
-        the blocks is made."""
+        library."""
         if self._tiles is None:
-            whole = all(part.out_features % TILE_ROWS == 0 for part in self.parts[:-1])
-            if len(self.parts) == 1 or not whole:
-                self._tiles = pack_tiles(self.blocks())
-            else:
-                packed = [pack_tiles(part) for part in self.parts]
-                self._tiles = None if packed[0] is None else torch.cat(packed)
+            self._tiles = pack_parts(self.packed_parts())
         return self._tiles
+
+    def packed_parts(self) -> list[QuantizedWeight]:
+        """What the tiles are packed from: the parts themselves when every part but the last
+        fills whole tiles (each packed into its rows: no concatenated copy of the blocks),
+        else the blocks concatenated."""
+        whole = all(part.out_features % TILE_ROWS == 0 for part in self.parts[:-1])
+        return self.parts if whole else [self.blocks()]
+
+    def set_tiles(self, tiles: torch.Tensor) -> None:
+        """Tiles packed for this run elsewhere (pack_runs, a whole model in one call)."""
+        self._tiles = tiles
 
     def nbytes(self) -> int:
         """Bytes this run holds of its own (the parts are the file's)."""

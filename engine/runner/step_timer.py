@@ -15,6 +15,8 @@ written here is ever hashed into it.
 
 from __future__ import annotations
 
+import functools
+import platform
 import random
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -50,10 +52,12 @@ class StepTimer:
 
     @property
     def identity(self) -> tuple[str, str, str, int]:
-        """What the timings depend on, the profile cache's key: (model, device, dtype,
-        weight format and KV dtype, threads). The model by file name and architecture, so a rebuilt copy
-        of the same model in another directory shares the entry; the weight format names the
-        native kernels' build, so new kernels get a new profile."""
+        """What the timings depend on, the profile cache's key: (model, device, backend and
+        processor, dtype, weight format and KV dtype, threads). The model by file name and
+        architecture, so a rebuilt copy of the same model in another directory shares the
+        entry; the processor by name, so a home directory shared by machines keeps one entry
+        per kind; the weight format names the native kernels' build, so new kernels get a new
+        profile."""
         runner, arch = self.runner, self.runner.arch
         model = f"{Path(runner.model_path).name}:{arch.num_layers}x{arch.hidden_size}"
         model += f"x{arch.intermediate_size}:h{arch.num_heads}/{arch.num_kv_heads}"
@@ -64,7 +68,8 @@ class StepTimer:
         kv_dtype = getattr(runner, "kv_dtype", runner.dtype)
         if kv_dtype != runner.dtype:
             dtype += f"/kv-{str(kv_dtype).removeprefix('torch.')}"
-        return model, f"{runner.device}/{backend}", dtype, torch.get_num_threads()
+        device = f"{runner.device}/{backend}@{processor_name(runner.device)}"
+        return model, device, dtype, torch.get_num_threads()
 
     def check_pristine(self) -> None:
         manager = self.block_manager
@@ -111,3 +116,18 @@ class StepTimer:
 
     def _tokens(self, count: int) -> list[int]:
         return [self.rng.randrange(self.vocab_size) for _ in range(count)]
+
+
+@functools.cache
+def processor_name(device: torch.device) -> str:
+    """The GPU's name, or the CPU's model name (/proc/cpuinfo), or what platform knows."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

@@ -35,6 +35,8 @@ __all__ = [
     "is_native_type",
     "load_native",
     "native_available",
+    "pack_parts",
+    "pack_runs",
     "pack_tiles",
     "qlinear",
     "set_linear_isa_cap",
@@ -104,6 +106,44 @@ def pack_tiles(weight: QuantizedWeight) -> torch.Tensor | None:
     if ops is None:
         return None
     return ops.pack_tiles(weight.data, weight.qtype, weight.in_features)
+
+
+def pack_parts(parts: list[QuantizedWeight]) -> torch.Tensor | None:
+    """pack_tiles of the parts' rows stacked (one format and width; every part but the last
+    fills whole tiles), each part packed straight into its rows of one tensor: no copy of the
+    blocks or the tiles is made. None without the native library."""
+    packed = pack_runs([parts])
+    return None if packed is None else packed[0]
+
+
+def pack_runs(runs: list[list[QuantizedWeight]]) -> list[torch.Tensor] | None:
+    """pack_parts of every run, in one native call: a model's weights packed with the GIL
+    released once (a call per tensor waited for the GIL behind the tokenizer's loading
+    thread each time). None without the native library."""
+    ops = load_native()
+    if ops is None:
+        return None
+    packed, blocks, formats, widths, outs = [], [], [], [], []
+    for parts in runs:
+        first = parts[0]
+        if any((p.qtype, p.in_features) != (first.qtype, first.in_features) for p in parts) or any(
+            p.out_features % TILE_ROWS for p in parts[:-1]
+        ):
+            raise ValueError(
+                "pack_parts needs parts of one format and width, whole tiles but the last"
+            )
+        counts = [-(-part.out_features // TILE_ROWS) for part in parts]
+        tiles = torch.empty(
+            sum(counts), ops.tile_bytes(first.qtype, first.in_features), dtype=torch.uint8
+        )
+        packed.append(tiles)
+        for part, rows in zip(parts, tiles.split(counts), strict=True):
+            blocks.append(part.data)
+            formats.append(part.qtype)
+            widths.append(part.in_features)
+            outs.append(rows)
+    ops.pack_tiles_into(blocks, formats, widths, outs)
+    return packed
 
 
 def float_tiles_run(weight: QuantizedWeight, out_features: int | None = None) -> bool:

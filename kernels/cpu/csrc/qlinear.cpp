@@ -20,6 +20,7 @@
 
 #include <optional>
 #include <tuple>
+#include <vector>
 
 #include "qlinear_core.h"
 
@@ -97,13 +98,19 @@ void qlinear_out(const at::Tensor& x, const std::optional<at::Tensor>& blocks, i
 }
 
 // blocks [N, row_bytes] -> [ceil(N / 16), tile bytes] (tile_pack.h; a last partial tile is
-// padded with zero columns).
-at::Tensor pack_tiles(const at::Tensor& blocks, int64_t format, int64_t K) {
+// padded with zero columns), written into `out` when given (the parts of a fused projection
+// packed into one tensor: no concatenated copy of blocks or tiles) and returned.
+at::Tensor pack_tiles(const at::Tensor& blocks, int64_t format, int64_t K,
+                      std::optional<at::Tensor> out) {
   TORCH_CHECK(blocks.is_cpu(), "pack_tiles runs on CPU tensors only");
   check_weight(blocks, format, K);
   const int64_t N = blocks.size(0), num_tiles = (N + kTileCols - 1) / kTileCols;
   const int64_t bytes = tile_bytes(format, K), row_bytes = blocks.size(1);
-  at::Tensor packed = at::empty({num_tiles, bytes}, blocks.options());
+  TORCH_CHECK(!out || (out->is_cpu() && out->scalar_type() == at::kByte &&
+                       out->is_contiguous() && out->dim() == 2 &&
+                       out->size(0) == num_tiles && out->size(1) == bytes),
+              "out must be a contiguous uint8 CPU tensor [ceil(N / 16), tile bytes]");
+  at::Tensor packed = out ? *out : at::empty({num_tiles, bytes}, blocks.options());
   const uint8_t* src = blocks.data_ptr<uint8_t>();
   uint8_t* dst = packed.data_ptr<uint8_t>();
   at::parallel_for(0, num_tiles, 1, [&](int64_t begin, int64_t end) {
@@ -112,6 +119,16 @@ at::Tensor pack_tiles(const at::Tensor& blocks, int64_t format, int64_t K) {
     }
   });
   return packed;
+}
+
+// pack_tiles of every blocks[i] into outs[i], in one call: the loader packs a whole model with
+// the GIL released once (per-tensor calls waited for the GIL behind the tokenizer's thread).
+void pack_tiles_into(const std::vector<at::Tensor>& blocks, const std::vector<int64_t>& formats,
+                     const std::vector<int64_t>& Ks, const std::vector<at::Tensor>& outs) {
+  TORCH_CHECK(formats.size() == blocks.size() && Ks.size() == blocks.size() &&
+                  outs.size() == blocks.size(),
+              "pack_tiles_into needs as many formats, Ks and outs as blocks");
+  for (size_t i = 0; i < blocks.size(); ++i) pack_tiles(blocks[i], formats[i], Ks[i], outs[i]);
 }
 
 void check_packed(const at::Tensor& packed, int64_t format, int64_t N, int64_t K) {
@@ -180,7 +197,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("bias"), pybind11::arg("out"), pybind11::arg("isa") = 0,
         pybind11::arg("act") = 0, pybind11::arg("packed") = pybind11::none());
   m.def("pack_tiles", &goodspeed::pack_tiles, "blocks -> tiles of 16 columns (tile_pack.h)",
-        pybind11::arg("blocks"), pybind11::arg("format"), pybind11::arg("K"));
+        pybind11::call_guard<pybind11::gil_scoped_release>(), pybind11::arg("blocks"),
+        pybind11::arg("format"), pybind11::arg("K"), pybind11::arg("out") = pybind11::none());
+  m.def("pack_tiles_into", &goodspeed::pack_tiles_into, "pack_tiles of each blocks into its out",
+        pybind11::call_guard<pybind11::gil_scoped_release>(), pybind11::arg("blocks"),
+        pybind11::arg("formats"), pybind11::arg("Ks"), pybind11::arg("outs"));
+  m.def("tile_bytes", &goodspeed::tile_bytes, "bytes of one tile of K inputs (tile_pack.h)",
+        pybind11::arg("format"), pybind11::arg("K"));
   m.def("cpu_has_avx512", []() { return goodspeed::cpu_has_avx512(); },
         "AVX-512 (F, BW, VL, DQ) with VNNI is usable");
   m.def("dequantize", &goodspeed::dequantize, "blocks [N, row_bytes] -> float32 [N, K]",

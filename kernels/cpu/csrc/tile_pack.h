@@ -54,18 +54,20 @@ inline int64_t tile_bytes(int64_t format, int64_t K) {
 
 namespace pack_detail {
 
+inline void store_u32(uint8_t* p, uint32_t v) { std::memcpy(p, &v, 4); }
+
 // Copies the fp16 at byte `at` of each column's block into 16 consecutive halves.
 inline void halves(const uint8_t* const blocks[16], int64_t at, uint8_t* dst) {
   for (int c = 0; c < 16; ++c) std::memcpy(dst + 2 * c, blocks[c] + at, 2);
 }
 
-// Nibble planes: plane v byte 4c + t = bytes[c][4v + t] for v < num_planes.
+// Byte planes: plane v byte 4c + t = bytes[c][4v + t] ^ flip for v < num_planes (a column's
+// 4 bytes of a plane are 4 consecutive bytes of its block: moved as one 32-bit word).
 inline void byte_planes(const uint8_t* const bytes[16], int64_t num_planes, uint8_t* dst,
                         uint8_t flip = 0) {
+  const uint32_t flip4 = 0x01010101u * flip;
   for (int64_t v = 0; v < num_planes; ++v) {
-    for (int c = 0; c < 16; ++c) {
-      for (int t = 0; t < 4; ++t) dst[64 * v + 4 * c + t] = bytes[c][4 * v + t] ^ flip;
-    }
+    for (int c = 0; c < 16; ++c) store_u32(dst + 64 * v + 4 * c, load_u32(bytes[c] + 4 * v) ^ flip4);
   }
 }
 
@@ -145,14 +147,9 @@ inline void pack_k45(const uint8_t* const b[16], bool five, uint8_t* dst) {
   }
 }
 
-// Q6_K element e of a super-block: (low 4 bits, top 2 bits), as gguf reads them.
-inline void q6_parts(const uint8_t* b, int e, int* low, int* top) {
-  const int h = e / 128, g = (e % 128) / 32, l = e % 32;
-  const uint8_t byte = b[64 * h + 32 * (g % 2) + l];
-  *low = g < 2 ? byte & 0x0F : byte >> 4;
-  *top = (b[128 + 32 * h + l] >> (2 * g)) & 3;
-}
-
+// Q6_K: inputs 32g .. 32g + 31 (packing group g) are gguf's half h = g / 4, quarter q = g % 4:
+// input 32g + l keeps its low 4 bits in nibble q / 2 of ql[64h + 32(q % 2) + l] and its top 2
+// bits in bits 2q, 2q + 1 of qh[32h + l] (qh = byte 128 of the block), as gguf reads them.
 inline void pack_q6k(const uint8_t* const b[16], uint8_t* dst) {
   halves(b, 208, dst);
   for (int c = 0; c < 16; ++c) {
@@ -160,17 +157,20 @@ inline void pack_q6k(const uint8_t* const b[16], uint8_t* dst) {
   }
   uint8_t* out = dst + 288;
   for (int g = 0; g < 8; ++g, out += 384) {
+    const int h = g / 4, q = g % 4, low_shift = q < 2 ? 0 : 4, top_shift = 2 * q;
     for (int c = 0; c < 16; ++c) {
-      for (int v = 0; v < 4; ++v) {
-        for (int t = 0; t < 4; ++t) {
-          int lo, top_lo, hi, top_hi;
-          q6_parts(b[c], 32 * g + 4 * v + t, &lo, &top_lo);
-          q6_parts(b[c], 32 * g + 16 + 4 * v + t, &hi, &top_hi);
-          out[64 * v + 4 * c + t] = (uint8_t)(lo | (hi << 4));
-          out[256 + 4 * c + t] |= (uint8_t)(top_lo << (2 * v));
-          out[320 + 4 * c + t] |= (uint8_t)(top_hi << (2 * v));
-        }
+      const uint8_t* ql = b[c] + 64 * h + 32 * (q % 2);
+      const uint8_t* qh = b[c] + 128 + 32 * h;
+      uint32_t top_lo = 0, top_hi = 0;
+      for (int v = 0; v < 4; ++v) {  // 4 inputs at once, one per byte of a 32-bit word
+        const uint32_t lo = (load_u32(ql + 4 * v) >> low_shift) & 0x0F0F0F0Fu;
+        const uint32_t hi = (load_u32(ql + 16 + 4 * v) >> low_shift) & 0x0F0F0F0Fu;
+        store_u32(out + 64 * v + 4 * c, lo | (hi << 4));
+        top_lo |= ((load_u32(qh + 4 * v) >> top_shift) & 0x03030303u) << (2 * v);
+        top_hi |= ((load_u32(qh + 16 + 4 * v) >> top_shift) & 0x03030303u) << (2 * v);
       }
+      store_u32(out + 256 + 4 * c, top_lo);
+      store_u32(out + 320 + 4 * c, top_hi);
     }
   }
 }

@@ -69,3 +69,10 @@ def test_rejects_non_gguf_files(tmp_path):
     path.write_bytes(b"NOPE" + bytes(32))
     with pytest.raises(ValueError, match="not a GGUF file"):
         read_gguf(path)
+
+
+def test_find_strings_indexes_the_skipped_array(tmp_path):
+    ours = read_gguf(write_sample(tmp_path / "s.gguf"))
+    found = ours.find_strings("sample.words", ["bb", "ççç", "", "zz", "a"])
+    assert found == {"a": 0, "bb": 1, "ççç": 2, "": 3}
+    assert ours.find_strings("sample.ints", ["a"]) == {}

@@ -51,3 +51,44 @@ def test_smollm2_decodes_like_transformers(smollm2_path):
     tokenizer = Tokenizer.from_path(smollm2_path)
     assert tokenizer._decode == tokenizer.hf._tokenizer.decode
     assert_decodes_like_hf(tokenizer, 2000)
+
+
+def test_gguf_tokenizer_pickle_restores_the_same_tokenizer(smollm2_path, tmp_path, monkeypatch):
+    from engine.models import tokenizer as module
+
+    monkeypatch.setenv("GOODSPEED_CACHE_DIR", str(tmp_path))
+    built = Tokenizer.from_path(smollm2_path)  # from the GGUF: the directory and the pickle
+    cache = module._cache_dir(smollm2_path)
+    assert module._pickle_path(cache).is_file()
+    assert not list(cache.glob("*.tmp"))
+    loaded = Tokenizer.from_path(smollm2_path)  # from the pickle
+    assert type(loaded.hf) is type(built.hf)
+    assert loaded.hf.chat_template == built.hf.chat_template
+    assert (loaded.eos_token_id, loaded.bos_token_id) == (built.eos_token_id, built.bos_token_id)
+    assert loaded.vocab_size == built.vocab_size
+    assert loaded.all_special_ids == built.all_special_ids
+    assert loaded._decode == loaded.hf._tokenizer.decode  # still the Rust decode
+    text = "Hello <|im_start|>world, the café costs 3€!\n\tdef f(x): return x ** 2"
+    assert loaded.encode(text) == built.encode(text)
+    messages = [{"role": "user", "content": text}]
+    assert loaded.apply_chat_template(messages) == built.apply_chat_template(messages)
+    assert_decodes_like_hf(loaded, 200)
+    for ids in random_ids(built.vocab_size, 200, seed=1):
+        assert loaded.decode(ids) == built.decode(ids)
+
+
+def test_a_bad_or_outdated_tokenizer_pickle_is_replaced(smollm2_path, tmp_path, monkeypatch):
+    from engine.models import tokenizer as module
+
+    monkeypatch.setenv("GOODSPEED_CACHE_DIR", str(tmp_path))
+    reference = Tokenizer.from_path(smollm2_path)
+    cache = module._cache_dir(smollm2_path)
+    pickled = module._pickle_path(cache)
+    pickled.write_bytes(b"not a pickle")
+    assert Tokenizer.from_path(smollm2_path).encode("a b c") == reference.encode("a b c")
+    assert module._unpickled(cache) is not None  # rewritten from the directory
+    import tokenizers
+
+    monkeypatch.setattr(tokenizers, "__version__", "0.0.0-other")
+    assert module._pickle_path(cache) != pickled  # another tokenizers: another pickle
+    assert module._unpickled(cache) is None

@@ -249,3 +249,13 @@ def test_the_cache_key_names_the_weight_format(tiny_model_dir, tmp_path):
     dense = cache_key(*timer.identity)
     engine.runner.weight_format = "gguf:0123abcd"
     assert cache_key(*timer.identity) == dense.replace("/dense|", "/gguf:0123abcd|")
+
+
+def test_the_cache_key_names_the_processor(tiny_model_dir, tmp_path):
+    """A fit measured on one processor must not be reused on another (a shared home)."""
+    from engine.runner.step_timer import processor_name
+
+    engine = LLMEngine.from_config(engine_config(tiny_model_dir, tmp_path))
+    timer = StepTimer(engine.runner, engine.scheduler.block_manager)
+    name = processor_name(engine.runner.device)
+    assert name and f"@{name}|" in cache_key(*timer.identity)

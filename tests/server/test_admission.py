@@ -76,6 +76,19 @@ def test_streamed_headers_are_sent_once_the_request_is_scheduled(start_server):
 
 
 @pytest.mark.parametrize("stream", [False, True])
+def test_admission_ends_when_the_request_is_scheduled_not_at_the_next_poll(start_server, stream):
+    # The admission wait also watches for a drain; it once waited for both (asyncio.wait's
+    # default), so every request sat out a whole poll. With a poll and an admission timeout
+    # longer than the client's patience, that would now time the client out.
+    engine = FakeEngine(step_delay=0.05)
+    server = start_server(engine, disconnect_poll_s=4 * WAIT_S, admission_timeout_s=4 * WAIT_S)
+    body = {"prompt": "x", "max_tokens": 2, "stream": stream}
+    for _ in range(2):
+        response = httpx.post(server.url + COMPLETIONS, json=body, timeout=WAIT_S)
+        assert response.status_code == 200
+
+
+@pytest.mark.parametrize("stream", [False, True])
 def test_queued_past_the_admission_timeout_is_503_and_counted(start_server, stream):
     server, client, first, lines = one_running(start_server, admission_timeout_s=0.3)
     body = {"prompt": "y", "max_tokens": 3, "stream": stream}

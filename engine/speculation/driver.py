@@ -164,11 +164,14 @@ class SpecDriver:
         drafts = self.proposer.propose(asks) if asks else Drafts()
         chains = _cut_at_grammar(drafts.chains, sched)
         elapsed = time.perf_counter() - start
+        # Prefill reads are not counted as catch-up: they ride with the target's prefill rows
+        # one for one, so a fit could not tell the two apart and would price the draft's
+        # catch-up at the target's prefill rate; every plan's base pays them alike anyway.
         return Drafts(
             chains,
             drafts.trees,
             proposer_time=elapsed,
-            num_catchup_tokens=drafts.num_catchup_tokens + warmed,
+            num_catchup_tokens=drafts.num_catchup_tokens,
             target_topk=topk,
         )
 

@@ -157,8 +157,9 @@ def seed_cost_model(
     key = cache_key(*timer.identity)
     if graphs.enabled:  # which steps replay graphs changes the costs
         key += f"|graphs={graphs.describe()}"
-    if draft_passes is not None:  # its passes are part of the fit
-        key += f"|draft={spec_config.draft_model}"
+    if draft_passes is not None:  # its passes are part of the fit, and so is how they run
+        key += f"|draft={spec_config.draft_model}|draft_weights={spec_config.draft_weights}"
+        key += f"|draft_vocab={spec_config.draft_vocab}"
     path = spec_config.cost_cache_path
     cache = CostModelCache(path) if path else None
     if cache is not None and _load_cached(cost_model, cache, key):

@@ -224,6 +224,13 @@ def test_a_draft_model_profile_times_its_passes(tiny_model_dir, tmp_path):
     llm = LLM(config=engine_config(tiny_model_dir, tmp_path, **flat))
     driver, engine = llm.engine.spec, llm.engine
     assert driver.seed_report.source == "profile" and "draft=self:1" in driver.seed_report.key
+    key = driver.seed_report.key  # how the draft runs is part of it too
+    assert "draft_weights=auto" in key and "draft_vocab=0" in key
+    other = dict(flat, draft_vocab=100)
+    assert (
+        LLM(config=engine_config(tiny_model_dir, tmp_path, **other)).engine.spec.seed_report.key
+        != key
+    )
     assert not engine.has_unfinished_requests()
     timer = StepTimer(engine.runner, engine.scheduler.block_manager)
     passes = driver.proposer.time_passes

@@ -30,12 +30,9 @@ namespace QINT_NS {
 
 #define QI_UNROLL _Pragma("GCC unroll 16")
 
-#ifndef GS_PREFETCH_ROWS
-#define GS_PREFETCH_ROWS 2
-#endif
 // Calls with at least this many rows prefetch the next tile (below it the loop is bound by
 // memory and the hardware prefetcher keeps up alone).
-constexpr int64_t kPrefetchRows = GS_PREFETCH_ROWS;
+constexpr int64_t kPrefetchRows = 2;
 
 // One pass over P plane pairs: plane a (inputs ia + 4p) and plane b (inputs ib + 4p) of each
 // pair p, dotted with R rows' activations into sa[r], sb[r] (exact integer sums).
@@ -143,7 +140,7 @@ struct K45 {
         const V::F32 m = V::mul(dmin, V::bytes_u8(blk + 192 + 16 * unit + c0));
         QI_UNROLL for (int r = 0; r < R; ++r) {
           const int64_t row = r0 + r, group = 8 * b + unit;
-          y[r] = V::fma(V::mul(a, V::set1(x.scale(row, group))), V::cvt(s[half][r]), y[r]);
+          y[r] = scaled_sum(y[r], a, x.scale(row, group), s[half][r], 0);
           y[r] = V::fnma(m, V::set1(x.scaled_group_sum(row, group)), y[r]);
         }
       }

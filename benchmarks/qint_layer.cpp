@@ -1,0 +1,97 @@
+// One layer through the AVX-512 integer tile kernel (kernels/cpu/csrc/qint_avx512.cpp), outside
+// Python: where a verify-shaped call's time goes. Prints the machine's `vpdpbusd zmm` rate (12
+// independent chains), then per activation mode and M the best of 30 calls on a K = 1536,
+// N = 8960 layer of random tiles (fine for timing: integer work does not depend on the values),
+// in ns per vpdpbusd the layer needs (int16 needs two per four products). --dram: 32 such layers
+// in one buffer, past the L3, streamed from memory; --threads 2: the tiles split in halves.
+//
+//   TORCH=.venv/lib/python3.11/site-packages/torch/include
+//   g++ -O3 -std=c++17 -ffp-contract=off -fopenmp -isystem $TORCH \
+//       -isystem $TORCH/torch/csrc/api/include -Ikernels/cpu/csrc benchmarks/qint_layer.cpp \
+//       kernels/cpu/csrc/qint_avx512.cpp -o /tmp/qint_layer -lpthread
+//   /tmp/qint_layer 12            # Q4_K (ggml type ids: 8 Q8_0, 6 Q5_0, 14 Q6_K, ...)
+//   /tmp/qint_layer 12 --dram --threads 2
+#include <immintrin.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "qint.h"
+
+using namespace goodspeed;
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) double vnni_ns() {
+  __m512i acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_epi32(i);
+  __m512i u = _mm512_set1_epi32(3);
+  const __m512i v = _mm512_set1_epi32(5);
+  const long n = 50000000;
+  const auto start = std::chrono::steady_clock::now();
+  for (long i = 0; i < n; ++i) {
+#pragma GCC unroll 12
+    for (int k = 0; k < 12; ++k) acc[k] = _mm512_dpbusd_epi32(acc[k], u, v);
+    __asm__ volatile("" : "+v"(u));
+  }
+  const double ns = seconds_since(start) * 1e9 / (n * 12.0);
+  __m512i sum = acc[0];
+  for (int i = 1; i < 12; ++i) sum = _mm512_add_epi32(sum, acc[i]);
+  if (_mm512_reduce_add_epi32(sum) == 42) std::puts("");  // keeps the chains alive
+  return ns;
+}
+
+void run(const QintJob& job, int64_t tiles, int64_t M, bool two) {
+  if (!two) return qint_tiles_avx512(job, 0, tiles, 0, M);
+  std::thread half([&] { qint_tiles_avx512(job, 0, tiles / 2, 0, M); });
+  qint_tiles_avx512(job, tiles / 2, tiles, 0, M);
+  half.join();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (!cpu_has_avx512()) {
+    std::puts("this CPU lacks AVX-512 with VNNI");
+    return 1;
+  }
+  const int64_t format = argc > 1 ? std::atol(argv[1]) : kQ4_K;
+  bool dram = false, two = false;
+  for (int i = 2; i < argc; ++i) {
+    dram |= std::strcmp(argv[i], "--dram") == 0;
+    two |= std::strcmp(argv[i], "--threads") == 0 && i + 1 < argc && std::atoi(argv[i + 1]) == 2;
+  }
+  std::printf("vpdpbusd zmm: %.3f ns each (12 independent chains, one thread)\n", vnni_ns());
+  const int64_t K = 1536, N = 8960 * (dram ? 32 : 1), tiles = N / kTileCols;
+  std::vector<uint8_t> packed(tile_bytes(format, K) * tiles);
+  std::srand(0);
+  for (auto& byte : packed) byte = (uint8_t)((std::rand() & 0x3f) | 0x40);  // no NaN scales
+  for (ActMode mode : {ActMode::kInt8, ActMode::kInt16}) {
+    for (int64_t M : {1, 2, 3, 4, 5, 8}) {
+      std::vector<float> x(M * K);
+      for (auto& value : x) value = (std::rand() % 2000 - 1000) / 1000.0f;
+      const QuantizedActs acts(x.data(), K, M, K, mode);
+      std::vector<float> out(M * N);
+      const QintJob job{format, packed.data(), acts.view(), out.data(), N, nullptr, N};
+      double best = 1e9;
+      for (int rep = 0; rep < 30; ++rep) {
+        const auto start = std::chrono::steady_clock::now();
+        run(job, tiles, M, two);
+        best = std::min(best, seconds_since(start));
+      }
+      const double dots = (double)M * K * N / 64 * (mode == ActMode::kInt16 ? 2 : 1);
+      std::printf("type %ld %s M=%ld: %.3f ms, %.3f ns per vpdpbusd, %.3f ms per row\n",
+                  (long)format, mode == ActMode::kInt16 ? "int16" : "int8", (long)M, best * 1e3,
+                  best * 1e9 / dots, best * 1e3 / M);
+    }
+  }
+  return 0;
+}

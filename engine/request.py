@@ -157,6 +157,11 @@ class Request:
             return self.prompt_token_ids[start:end]
         return self.prompt_token_ids[start:] + self.output_token_ids[: end - num_prompt]
 
+    def token_view(self) -> TokenView:
+        """The verified tokens as a read-only sequence, without concatenating them: reads
+        cost what they read (for work done every step that reads only a tail)."""
+        return TokenView(self)
+
     @property
     def is_finished(self) -> bool:
         return self.status.finished
@@ -237,3 +242,33 @@ def check_token_ids(params: SamplingParams, vocab_size: int) -> None:
         bad = [t for t in ids if not 0 <= t < vocab_size]
         if bad:
             raise ValueError(f"{name}: token ids must be in [0, {vocab_size}), got {bad[:5]}")
+
+
+class TokenView(Sequence[int]):
+    """A request's prompt + output tokens as of its creation, read in place."""
+
+    __slots__ = ("_request", "_len")
+
+    def __init__(self, request: Request) -> None:
+        self._request = request
+        self._len = request.num_tokens
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, index):  # int or slice, as a list's
+        if isinstance(index, slice):
+            start, stop, step = index.indices(self._len)
+            if step != 1:
+                return [self[i] for i in range(start, stop, step)]
+            return self._request.token_ids_between(start, max(start, stop))
+        if index < 0:
+            index += self._len
+        if not 0 <= index < self._len:
+            raise IndexError("token index out of range")
+        prompt = self._request.prompt_token_ids
+        return (
+            prompt[index]
+            if index < len(prompt)
+            else self._request.output_token_ids[index - len(prompt)]
+        )

@@ -100,10 +100,13 @@ class SpecDriver:
         the scheduler will admit (while seats and budget last)."""
         if not self.enabled:
             return {}
+        start = time.perf_counter()  # planning time: the proposer's offers, the policy's plan
         candidates = []
         for request in running:
             max_draft_tokens = min(self._cap(request), request.num_remaining_output_tokens - 1)
             caught_up = request.num_computed_tokens == request.num_tokens - 1
+            if caught_up and max_draft_tokens > 0:
+                max_draft_tokens = self._offer(request, max_draft_tokens)
             if caught_up and max_draft_tokens > 0:
                 candidates.append(
                     SpecCandidate(
@@ -114,13 +117,23 @@ class SpecDriver:
                         self._catchup_tokens(request),
                     )
                 )
-        shapes = self._step_shapes(running, waiting)
-        self._base = StepFeatures.from_shapes(shapes, self.draft_model, self.graphs)
-        start = time.perf_counter()
-        plan = self.policy.plan(candidates, self._base) if candidates else {}
+        plan = {}
+        if candidates:
+            shapes = self._step_shapes(running, waiting)
+            self._base = StepFeatures.from_shapes(shapes, self.draft_model, self.graphs)
+            plan = self.policy.plan(candidates, self._base)
         self.last_plan_time = time.perf_counter() - start
         self.last_chosen_k = tuple(plan.values())
         return plan
+
+    def _offer(self, request: Request, max_draft_tokens: int) -> int:
+        """The cap lowered to what the proposer can draft now, where it can say so cheaply
+        before the plan (`offer`, an optional capability: the n-gram lookup); a proposer that
+        cannot say is planned up to the cap."""
+        offer = getattr(self.proposer, "offer", None)
+        if offer is None:
+            return max_draft_tokens
+        return offer(request.spec.memos, request.token_view(), max_draft_tokens, self.tree)
 
     def _catchup_tokens(self, request: Request) -> int:
         """Tokens the draft model would feed to catch up before drafting for the request."""

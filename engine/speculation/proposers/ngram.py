@@ -115,16 +115,33 @@ class NgramProposer:
             lambda r: self._propose_tree(self._index(r), r.num_draft_tokens, r.tree_template),
         )
 
+    def offer(
+        self, memos: dict, token_ids: Sequence[int], num_draft_tokens: int, tree: bool
+    ) -> int:
+        """The most drafts propose() would give the request now (0: no match), asked before
+        the plan, so a policy neither plans drafts that cannot come nor counts their absence
+        as rejections. Syncs the index; a chain is as long as its match's continuation."""
+        index = self._index_of(memos)
+        index.sync(token_ids)
+        ends = index.candidate_ends(num_draft_tokens, limit=1)
+        if not ends:
+            return 0
+        return num_draft_tokens if tree else min(num_draft_tokens, len(token_ids) - ends[0])
+
     def observe(self, observations: Sequence[Observation]) -> None:
         """Nothing to do: the index syncs from ProposeRequest.token_ids, which carries the
         verified tokens (and the prompt, which observe never sees)."""
 
     def _index(self, request: ProposeRequest) -> NgramIndex:
-        index = request.memos.get(self.name)
+        index = self._index_of(request.memos)
+        index.sync(request.token_ids)
+        return index
+
+    def _index_of(self, memos: dict) -> NgramIndex:
+        index = memos.get(self.name)
         if index is None:
             index = NgramIndex(self.ngram_min, self.ngram_max)
-            request.memos[self.name] = index
-        index.sync(request.token_ids)
+            memos[self.name] = index
         return index
 
     @staticmethod

@@ -93,6 +93,18 @@ def test_goodput_trees_plan_node_budgets_and_are_greedy_lossless(
     assert llm.engine.spec.num_draft_tokens_total > 0
 
 
+@pytest.mark.parametrize("policy", ["goodput", "fixed:3"])
+def test_ngram_offers_bound_the_plan(tiny_model_dir, tmp_path, reference, policy):
+    """The n-gram proposer says before the plan what it can draft: a request without a match
+    is not planned (its estimate sees no phantom rejection), and every planned draft comes."""
+    llm = make_llm(tiny_model_dir, tmp_path, speculative_proposer="ngram", spec_policy=policy)
+    plans = record_plans(llm)
+    assert generate(llm) == reference
+    planned = sum(k for plan in plans for k in plan.values())
+    assert planned > 0 and llm.engine.spec.num_draft_tokens_total == planned
+    assert any(plan == {} for plan in plans[len(PROMPTS) :])  # steps with no match plan none
+
+
 def test_fixed_policy_does_not_profile_and_is_lossless(tiny_model_dir, tmp_path, reference):
     llm = make_llm(tiny_model_dir, tmp_path, speculative_proposer="ngram", spec_policy="fixed:3")
     assert llm.engine.spec.seed_report is None

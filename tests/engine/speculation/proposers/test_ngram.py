@@ -68,6 +68,24 @@ def test_no_match_or_no_budget_gives_no_drafts():
     assert drafts.num_draft_tokens("fresh") == 0
 
 
+def test_offer_is_what_propose_then_drafts():
+    """offer() (asked before the plan) says how many drafts propose() gives: 0 without a
+    match, a chain as long as its match's continuation, the node budget for trees."""
+    proposer = NgramProposer(ngram_min=1, ngram_max=3)
+    rng = random.Random(3)
+    for trial in range(200):
+        token_ids = [rng.randrange(6) for _ in range(rng.randrange(1, 30))]
+        k = rng.randrange(1, 8)
+        offered = proposer.offer(memos(f"o{trial}"), token_ids, k, tree=False)
+        drafted = chain(proposer, token_ids, offered, f"o{trial}") if offered else []
+        assert len(drafted) == offered <= k
+        assert offered == 0 or len(chain(proposer, token_ids, k, f"o{trial}")) >= offered
+        if offered == 0:
+            assert chain(proposer, token_ids, k, f"o{trial}") == []
+    assert proposer.offer(memos("t"), [1, 2, 1], 5, tree=True) == 5
+    assert proposer.offer(memos("u"), [1, 2, 3], 5, tree=True) == 0
+
+
 def test_incremental_index_equals_brute_force_rescan():
     rng = random.Random(0)
     for trial in range(150):

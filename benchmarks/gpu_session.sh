@@ -48,11 +48,15 @@ if [ "$MODE" = a ]; then
     cp .gpu/m.part1 /tmp/m.part1 && rm -rf /tmp/gpu_data && cp -r .gpu/data /tmp/gpu_data
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
     python3 -c 'import torch, flashinfer; print("torch", torch.__version__, "flashinfer", flashinfer.__version__)'
-    part tests 240 python3 -m pytest -q -p no:cacheprovider \
+    part tests 240 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_triton_fused.py \
         tests/kernels/test_flashinfer_gpu.py tests/e2e/test_gpu_engine.py \
         --junitxml="$R/gpu_tests.xml"
-    part bench-1b 120 python3 benchmarks/gpu_bench.py --out "$R" --name llama1b \
-        --backends flashinfer,flashinfer+graphs --batch-sizes 1,8,64
+    # The decoder's small ops as Triton kernels (default) and as PyTorch ops (GOODSPEED_TRITON=0)
+    for variant in torch triton; do
+        part "bench-1b-$variant" 120 env GOODSPEED_TRITON="$([ $variant = torch ] && echo 0 || echo 1)" \
+            python3 benchmarks/gpu_bench.py --out "$R" --name "llama1b_$variant" \
+            --backends flashinfer,flashinfer+graphs --batch-sizes 1,8,64
+    done
 else
     [ -f .gpu/m.part2 ] && cat /tmp/m.part1 .gpu/m.part2 >"$MODEL"
     sha256sum "$MODEL"
@@ -61,10 +65,16 @@ else
         --max-tokens 128 --configs off,ngram-chain --workloads copy,chat)
     part spec-goodput 120 python3 benchmarks/spec_bench.py "${SPEC[@]}" --policy goodput \
         --out "$R/spec_goodput.json" --markdown "$R/spec_goodput.md"
-    part bench-smollm2 100 python3 benchmarks/gpu_bench.py --out "$R" --name smollm2 \
-        --model "$MODEL" --backends flashinfer,flashinfer+graphs --batch-sizes 1,8,32,64
-    part engine 90 python3 benchmarks/gpu_checks.py --model "$MODEL" "${DATA[@]}" --out "$R" \
-        --parts throughput --throughput-engines fi-graphs
+    for variant in torch triton; do  # GOODSPEED_TRITON=0: the small ops as PyTorch ops
+        flag="$([ $variant = torch ] && echo 0 || echo 1)"
+        part "bench-smollm2-$variant" 100 env GOODSPEED_TRITON="$flag" python3 \
+            benchmarks/gpu_bench.py --out "$R" --name "smollm2_$variant" --model "$MODEL" \
+            --backends flashinfer,flashinfer+graphs --batch-sizes 1,8,32,64
+        mkdir -p "$R/engine_$variant"
+        part "engine-$variant" 90 env GOODSPEED_TRITON="$flag" python3 benchmarks/gpu_checks.py \
+            --model "$MODEL" "${DATA[@]}" --out "$R/engine_$variant" --parts throughput \
+            --throughput-engines fi-graphs
+    done
     part sweep 150 python3 benchmarks/engine_sweep.py --model "$MODEL" --device cuda \
         --dtype bfloat16 "${DATA[@]}" --policies off,goodput,fixed:3 --multipliers 1,4,16 \
         --num-prompts 16 --max-tokens 64 --out "$R/sweep.json"

@@ -2,7 +2,7 @@
 
 Two engines on the same model: `torch` (reference attention: gather + SDPA; RMSNorm, RoPE,
 SiLU·mul as PyTorch ops) and `lean` (kernels/cpu/paged_attention.py attention and the fused ops of
-kernels/cpu/fused.py). Both run the same native quantized linears. Each round times `--steps`
+kernels/fused.py). Both run the same native quantized linears. Each round times `--steps`
 engine steps of each with `--rows` greedy requests decoding; the time inside the linear
 kernels is measured with a timer around each QuantLinear call, so
 non-matmul = step - linears (Python, small ops, attention, sampling).
@@ -36,7 +36,7 @@ from benchmarks.profile_step import start_decoding  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.front.llm import LLM  # noqa: E402
 from engine.models.linear import QuantLinear  # noqa: E402
-from kernels.cpu import fused  # noqa: E402
+from kernels import fused  # noqa: E402
 
 LINEAR_SECONDS = [0.0]
 

@@ -1,8 +1,8 @@
 """The small layers of a Llama-family decoder: RMSNorm (with the residual add), RoPE.
 
 Numerics follow transformers' Llama: RMSNorm in float32, RoPE in the rotate-half convention
-with cos/sin computed in float32. The arithmetic is in kernels/cpu/fused.py: native fused ops
-on CPU float32, PyTorch elsewhere (GPU, other dtypes, no compiler).
+with cos/sin computed in float32. The arithmetic is in kernels/fused.py: native fused ops
+on CPU float32, Triton kernels on CUDA, PyTorch elsewhere (other dtypes, no compiler).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from engine.models.arch_config import ModelArchConfig
-from kernels.cpu.fused import add_rms_norm, rope_
+from kernels.fused import add_rms_norm, rope_
 
 
 class RMSNorm(nn.Module):

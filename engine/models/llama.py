@@ -29,7 +29,7 @@ from engine.models.linear import Linear, QuantEmbedding, install_quantized, line
 from engine.models.native_stack import NativeStack
 from kernels.attention import AttentionBackend, KVCacheSpec
 from kernels.cpu import QuantizedWeight
-from kernels.cpu.fused import gelu_tanh_mul, silu_mul
+from kernels.fused import gelu_tanh_mul, silu_mul
 
 __all__ = ["LlamaForCausalLM", "ModelArchConfig"]
 

@@ -1,4 +1,4 @@
-"""The fused decode-step ops (kernels/cpu/fused.py): native results against their PyTorch
+"""The fused decode-step ops (kernels/fused.py): native results against their PyTorch
 twins on odd shapes, row independence (a row alone = the row in a batch, bitwise), the
 residual update of add_rms_norm, and the PyTorch path taken where the native one must not run."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.cpu import fused
+from kernels import fused
 
 pytestmark = pytest.mark.usefixtures("native")
 

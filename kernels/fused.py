@@ -1,4 +1,5 @@
-"""The small ops of a decoder layer, fused: native on CPU float32, PyTorch everywhere else.
+"""The small ops of a decoder layer, fused: native on CPU float32, Triton on CUDA
+(kernels/gpu/triton_fused.py, where Triton imports), PyTorch everywhere else.
 
 `add_rms_norm(residual, delta, weight, eps)` -> (residual + delta, RMSNorm of it);
 `rope_(x, positions, cos, sin_signed)` rotates x [T, heads, D] in place (rotate-half);
@@ -15,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.cpu.build import load_native
+from kernels.gpu import triton_fused
 
 
 def native_ops(x: torch.Tensor):
@@ -24,12 +26,21 @@ def native_ops(x: torch.Tensor):
     return load_native()
 
 
+def _triton(x: torch.Tensor, *others: torch.Tensor | None) -> bool:
+    """Whether the Triton twins run: CUDA tensors (all on one device), Triton importable."""
+    if not x.is_cuda or not triton_fused.runs_on(x):
+        return False
+    return all(o is None or o.device == x.device for o in others)
+
+
 def add_rms_norm(
     residual: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(residual + delta, weight * rms_norm(residual + delta)); delta None: no add."""
     ops = native_ops(residual)
     if ops is None or residual.dim() != 2 or weight.dtype != torch.float32:
+        if residual.dim() == 2 and weight.dtype == residual.dtype and _triton(residual, delta):
+            return triton_fused.add_rms_norm(residual, delta, weight, eps)
         return _add_rms_norm_torch(residual, delta, weight, eps)
     out = torch.empty_like(residual)
     ops.rms_norm_out(residual, delta, weight, eps, out)
@@ -50,10 +61,16 @@ def rope_(
     """x [T, heads, D] <- x * cos[pos] + roll(x, D/2) * sin_signed[pos]; returns x."""
     ops = native_ops(x)
     if ops is None or x.stride(-1) != 1 or cos.dtype != torch.float32:
-        c, s = cos[positions, None], sin_signed[positions, None]
-        x.copy_(torch.addcmul(x * c, torch.roll(x, x.shape[-1] // 2, dims=-1), s))
-        return x
+        if x.stride(-1) == 1 and _triton(x, positions, cos, sin_signed):
+            return triton_fused.rope_(x, positions, cos, sin_signed)
+        return _rope_torch_(x, positions, cos, sin_signed)
     ops.rope_(x, positions.contiguous(), cos, sin_signed)
+    return x
+
+
+def _rope_torch_(x, positions, cos, sin_signed):
+    c, s = cos[positions, None], sin_signed[positions, None]
+    x.copy_(torch.addcmul(x * c, torch.roll(x, x.shape[-1] // 2, dims=-1), s))
     return x
 
 
@@ -62,8 +79,9 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     ops = native_ops(gate_up)
     half = gate_up.shape[-1] // 2
     if ops is None or gate_up.dim() != 2 or gate_up.stride(-1) != 1:
-        gate, up = gate_up.split(half, dim=-1)
-        return F.silu(gate) * up
+        if gate_up.dim() == 2 and _triton(gate_up):
+            return triton_fused.gated(gate_up, gelu=False)
+        return _gated_torch(gate_up, gelu=False)
     out = torch.empty(gate_up.shape[0], half, dtype=torch.float32)
     ops.silu_mul_out(gate_up, out)
     return out
@@ -74,8 +92,14 @@ def gelu_tanh_mul(gate_up: torch.Tensor) -> torch.Tensor:
     ops = native_ops(gate_up)
     half = gate_up.shape[-1] // 2
     if ops is None or gate_up.dim() != 2 or gate_up.stride(-1) != 1:
-        gate, up = gate_up.split(half, dim=-1)
-        return F.gelu(gate, approximate="tanh") * up
+        if gate_up.dim() == 2 and _triton(gate_up):
+            return triton_fused.gated(gate_up, gelu=True)
+        return _gated_torch(gate_up, gelu=True)
     out = torch.empty(gate_up.shape[0], half, dtype=torch.float32)
     ops.gelu_tanh_mul_out(gate_up, out)
     return out
+
+
+def _gated_torch(gate_up: torch.Tensor, gelu: bool) -> torch.Tensor:
+    gate, up = gate_up.split(gate_up.shape[-1] // 2, dim=-1)
+    return (F.gelu(gate, approximate="tanh") if gelu else F.silu(gate)) * up

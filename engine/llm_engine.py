@@ -82,13 +82,15 @@ class LLMEngine:
         prompt_token_ids: list[int],
         params: SamplingParams,
         arrival_time: float | None = None,
+        final_only: bool = False,
     ) -> None:
-        """Check the request (ValueError: a live id, a bad prompt or token id) and admit it."""
+        """Check the request (ValueError: a live id, a bad prompt or token id) and admit it.
+        final_only: step() reports it once, finished (offline callers that want no stream)."""
         ids = {request_id, *choice_ids(request_id, params.n)}
         if any(self.scheduler.requests_of(i) for i in ids):
             raise ValueError(f"request_id {request_id!r} is already in use")
         check_request(prompt_token_ids, params, self.vocab_size, self.max_model_len)
-        self.admit(request_id, prompt_token_ids, params, arrival_time)
+        self.admit(request_id, prompt_token_ids, params, arrival_time, final_only)
 
     def admit(
         self,
@@ -96,6 +98,7 @@ class LLMEngine:
         prompt_token_ids: list[int],
         params: SamplingParams,
         arrival_time: float | None = None,
+        final_only: bool = False,
     ) -> None:
         """Queue a checked request as one Request per choice (AsyncEngine checks on the event
         loop, so the engine thread does not check again); a grammar that does not compile is
@@ -119,7 +122,7 @@ class LLMEngine:
                 seed=base_seed + index,
                 grammar=grammars[index] if grammars else None,
             )
-            self.outputs.add(request)
+            self.outputs.add(request, final_only)
             self.scheduler.add_request(request)
 
     def abort_request(self, request_id: str) -> None:

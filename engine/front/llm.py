@@ -57,7 +57,8 @@ class LLM:
         for prompt, sp in zip(prompts, params_list):
             request_id = f"offline-{self._counter}"
             self._counter += 1
-            self.engine.add_request(request_id, self.encode(prompt), sp)
+            final_only = on_output is None  # nobody watches the steps: one output each
+            self.engine.add_request(request_id, self.encode(prompt), sp, final_only=final_only)
             order.extend([request_id] if sp.n == 1 else [f"{request_id}-{i}" for i in range(sp.n)])
         finals = self._run(len(order), use_tqdm, on_output)
         return [finals[request_id] for request_id in order]

@@ -22,6 +22,9 @@ class OutputState:
     pending_logprobs: list[TokenLogprobs] = field(default_factory=list)
     prompt_logprobs: list[TokenLogprobs | None] = field(default_factory=list)
     prompt_logprobs_sent: bool = False
+    # Report the request once, finished: no output per step (offline generate). The text is
+    # then detokenized once at the end, unless stop strings need it every step.
+    final_only: bool = False
 
 
 class OutputProcessor:
@@ -30,7 +33,7 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self.proposer = proposer
 
-    def add(self, request: Request) -> None:
+    def add(self, request: Request, final_only: bool = False) -> None:
         params = request.sampling_params
         detokenizer = None
         if self.tokenizer is not None:
@@ -41,7 +44,7 @@ class OutputProcessor:
                 include_stop_str_in_output=params.include_stop_str_in_output,
                 skip_special_tokens=params.skip_special_tokens,
             )
-        request.output = OutputState(detokenizer)
+        request.output = OutputState(detokenizer, final_only=final_only and not params.stop)
 
     def record_step(self, request: Request, step_output: RequestStepOutput) -> None:
         """Keep logprobs produced this step until the tokens they belong to are reported."""
@@ -60,6 +63,8 @@ class OutputProcessor:
         state = request.output
         if state is None:  # its final output was made already
             return None, None
+        if state.final_only and not request.is_finished:
+            return None, None  # its tokens wait, unreported, for the final output
         new_ids = request.output_token_ids[state.num_reported_tokens :]  # a fresh list
         state.num_reported_tokens = request.num_output_tokens
         new_text, stop_string = _detokenize(state.detokenizer, new_ids, request.is_finished)

@@ -238,21 +238,7 @@ class SpecDriver:
     def observe(self, sched: SchedulerOutput, drafts: Drafts, out: ModelOutput) -> None:
         if sched.is_empty:
             return
-        results, observations = [], []
-        for scheduled in sched.scheduled:
-            step = out.outputs.get(scheduled.request_id)
-            if step is None or not step.token_ids:
-                continue
-            memos = scheduled.request.spec.memos
-            observations.append(Observation(step, drafts.draft_ids(step.request_id), memos))
-            tree = drafts.trees.get(scheduled.request_id)
-            if tree is not None and self.tree_shape is not None:
-                self.tree_shape.observe(tree, accepted_path(tree, step.token_ids))
-            result = self._result(scheduled, step.num_draft_tokens, step.num_accepted_tokens)
-            if result is not None:
-                results.append(result)
-        if self.proposer is not None and observations:
-            self.proposer.observe(observations)
+        results = self._observe_requests(sched, drafts, out) if self.proposer is not None else []
         shapes = [
             (s.start, s.num_new_tokens - s.num_draft_tokens, drafts.num_draft_tokens(s.request_id))
             for s in sched.scheduled
@@ -271,6 +257,27 @@ class SpecDriver:
             self.policy.observe(results, features, model_seconds)
         else:
             self.cost_model.observe(features, model_seconds)
+
+    def _observe_requests(
+        self, sched: SchedulerOutput, drafts: Drafts, out: ModelOutput
+    ) -> list[SpecResult]:
+        """Each verified request to the proposer (and the tree shape); its outcome counted."""
+        results, observations = [], []
+        for scheduled in sched.scheduled:
+            step = out.outputs.get(scheduled.request_id)
+            if step is None or not step.token_ids:
+                continue
+            memos = scheduled.request.spec.memos
+            observations.append(Observation(step, drafts.draft_ids(step.request_id), memos))
+            tree = drafts.trees.get(scheduled.request_id)
+            if tree is not None and self.tree_shape is not None:
+                self.tree_shape.observe(tree, accepted_path(tree, step.token_ids))
+            result = self._result(scheduled, step.num_draft_tokens, step.num_accepted_tokens)
+            if result is not None:
+                results.append(result)
+        if observations:
+            self.proposer.observe(observations)
+        return results
 
     def _features(
         self, sched: SchedulerOutput, shapes: list[tuple[int, int, int]], drafts: Drafts

@@ -7,6 +7,7 @@ every plan is timed whole (slots, exploration, search), as the engine runs it ea
 CPU time of this process (the median over --repeats runs of --rounds plans each).
 
     .venv/bin/python benchmarks/plan_time.py --requests 8 32 64 --k 4
+    .venv/bin/python benchmarks/plan_time.py --requests 1 2 4 8 16 --costs gpu
 """
 
 from __future__ import annotations
@@ -33,27 +34,38 @@ PROPOSER_SETS = {
 }
 
 
-def synthetic_seconds(f: StepFeatures) -> float:
+def cpu_seconds(f: StepFeatures) -> float:
     """A CPU-like step: 20 ms + 0.4 ms per row + 4 ms per draft pass + 1 ms per verify."""
     return (
         0.02 + 4e-4 * f.num_batched_tokens + 4e-3 * f.num_draft_steps + 1e-3 * f.num_spec_requests
     )
 
 
-def fitted_model(k: int) -> OnlineLinearCostModel:
+def gpu_seconds(f: StepFeatures) -> float:
+    """A GPU-like step (SmolLM2 replayed on an H200, docs/benchmarks.md §4): 1.7 ms + 5 µs per
+    row + 0.3 ms per draft pass + 0.05 ms per verifying request."""
+    return (
+        1.7e-3 + 5e-6 * f.num_batched_tokens + 3e-4 * f.num_draft_steps + 5e-5 * f.num_spec_requests
+    )
+
+
+COSTS = {"cpu": cpu_seconds, "gpu": gpu_seconds}
+
+
+def fitted_model(k: int, costs: str = "cpu") -> OnlineLinearCostModel:
     model = OnlineLinearCostModel()
     grid = profile_grid(max_draft_tokens=k, draft_model=True)
-    model.fit([(f, synthetic_seconds(f)) for f in grid])
+    model.fit([(f, COSTS[costs](f)) for f in grid])
     return model
 
 
 def time_plans(
-    names: tuple[str, ...], num_requests: int, k: int, rounds: int
+    names: tuple[str, ...], num_requests: int, k: int, rounds: int, costs: str = "cpu"
 ) -> tuple[float, float]:
     """(ms per plan, the plan's predicted step in ms)."""
     rng = random.Random(0)
     policy = GoodputPolicy(
-        fitted_model(k),
+        fitted_model(k, costs),
         k,
         draft_model="draft" in names,
         proposers=names if len(names) > 1 else (),
@@ -79,11 +91,12 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--costs", choices=sorted(COSTS), default="cpu", help="synthetic step times")
     args = parser.parse_args()
     for num_requests in args.requests:
         for label, names in PROPOSER_SETS.items():
             runs = [
-                time_plans(names, num_requests, args.k, args.rounds) for _ in range(args.repeats)
+                time_plans(names, num_requests, args.k, args.rounds, args.costs) for _ in range(args.repeats)
             ]
             ms = statistics.median(ms for ms, _ in runs)
             step = runs[0][1]

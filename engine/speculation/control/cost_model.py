@@ -141,6 +141,34 @@ class OnlineLinearCostModel:
         seconds += tail[6] * eager_rows + tail[7] * f.num_catchup_tokens
         return max(self.min_seconds, seconds)
 
+    def predict_drafts(
+        self,
+        base: StepFeatures,
+        num_draft_tokens: np.ndarray,
+        num_spec_requests: np.ndarray,
+        num_draft_steps: np.ndarray | int = 0,
+        eager_on_drafts: bool = False,
+    ) -> np.ndarray:
+        """predict(base.with_drafts(d, s, p, graphs)) for arrays of d, s, p at once (the
+        search's candidate plans); eager_on_drafts: graphs.eager_on_drafts. Equal to the
+        scalar predictions up to float rounding."""
+        if self._dirty and (self._pending >= self.refit_every or not self._ever_solved):
+            self._solve()
+        c, f = self._coefficients, base
+        drafts = np.asarray(num_draft_tokens, dtype=float)
+        rows = f.num_batched_tokens + drafts
+        eager = (drafts > 0) if eager_on_drafts and not f.num_eager_steps else f.num_eager_steps > 0
+        ramps = np.interp(rows, ROW_KNOTS, self._ramp_sums)
+        row_seconds = np.where(eager, c[0], c[0] + c[1] * rows + ramps)
+        tail = c[2 + _NUM_RAMPS :]
+        steps = np.maximum(f.num_draft_steps, num_draft_steps)
+        seconds = row_seconds + tail[0] * f.num_requests + tail[1] * (f.num_kv_tokens + drafts)
+        seconds += tail[2] * (f.num_draft_tokens + drafts) + tail[3] * steps
+        seconds += tail[4] * (f.num_spec_requests + np.asarray(num_spec_requests))
+        seconds += tail[5] * eager + tail[6] * np.where(eager, rows, 0.0)
+        seconds += tail[7] * f.num_catchup_tokens
+        return np.maximum(self.min_seconds, seconds)
+
     def _row_seconds(self, rows: int) -> float:
         """Intercept + linear + piecewise-linear row cost, from the ramps' running sums."""
         c = self._coefficients

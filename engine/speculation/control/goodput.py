@@ -94,6 +94,9 @@ class GoodputPolicy(SpecPolicy):
         # every step's time, so the objective pays it like the step's fixed costs.
         self.plan_seconds = 0.0
         self._catchup_per_token = 0.0  # the cost model's, refreshed every plan
+        # The last plan put every request at its cap: the search tries that answer first
+        # (where verification is nearly free it is the usual one).
+        self._caps_last = False
 
     @property
     def choice(self) -> bool:
@@ -168,7 +171,8 @@ class GoodputPolicy(SpecPolicy):
 
     def _plan(self, candidates: Sequence[SpecCandidate], base: StepFeatures) -> SpecPlan:
         self._num_plans += 1
-        self._price_catchup()
+        if self.draft_model or DRAFT_PROPOSER in self.proposers:
+            self._price_catchup()
         options = [[self._slot(c, name) for name in self.proposers] for c in candidates]
         self._explore(candidates, options)
         if self.cost_model.fitted:
@@ -180,9 +184,11 @@ class GoodputPolicy(SpecPolicy):
                 self.graphs,
                 self.token_budget,
                 self.plan_seconds,
+                caps_first=self._caps_last,
             )
             result = best_lengths(problem)
             ks, chosen = result.ks, problem.chosen(result.picks)
+            self._caps_last = all(k == slot.cap for k, slot in zip(ks, chosen))
             self.last_predicted_step_time = result.predicted_seconds
         else:
             warmup_k = self._num_plans % (self.max_draft_tokens + 1)

@@ -53,6 +53,9 @@ def best_lengths(problem: SearchProblem) -> SearchResult:
     request's first draft is charged only its own cost."""
     if len(problem.options) == 1:
         return _one_request(problem)
+    caps = _caps_if_best(problem) if problem.caps_first else None
+    if caps is not None:
+        return caps
     floors = [options[0].floor for options in problem.options]
     best = problem.evaluate(floors)
     if _floors_are_best(problem, best):
@@ -123,6 +126,47 @@ def _floors_are_best(problem: SearchProblem, floors: SearchResult) -> bool:
     return True
 
 
+def _caps_if_best(problem: SearchProblem) -> SearchResult | None:
+    """Every request at its cap, when no plan beats it (where verification is nearly free, as
+    on a GPU replaying graphs, the common answer), else None; one pass, as _floors_are_best.
+    Only with one option per request and no draft model, so that the step time is g(D) +
+    beta * S (D drafts, S speculating requests; every StepFeatures-based model here is of
+    that form). Any other plan drops m drafts and s requests: it saves at most m times the
+    most an average dropped draft saves (over every m: on each linear piece of g that is
+    largest at an end, so the row knots and the ends suffice) plus s * beta, and it loses the
+    dropped drafts' gains. If each request's lost gains exceed the cap plan's goodput L times
+    its share of that bound, for every lower k, no plan reaches L."""
+    if problem.any_draft or any(len(options) > 1 for options in problem.options):
+        return None
+    slots = [options[0] for options in problem.options]
+    caps = [s.cap for s in slots]
+    if not problem.fits(caps):
+        return None
+    result = problem.evaluate(caps)
+    drafts, spec = sum(caps), sum(1 for k in caps if k > 0)
+    if drafts == 0:
+        return None
+    token, request = _most_saved_seconds(problem, drafts, spec)
+    level = result.goodput
+    for slot in slots:
+        top = slot.cumulative[slot.cap]
+        for k in range(slot.floor, slot.cap):
+            saved = (slot.cap - k) * token + ((request + slot.propose_seconds) if k == 0 else 0.0)
+            if top - slot.cumulative[k] < level * saved:
+                return None
+    return result
+
+
+def _most_saved_seconds(problem: SearchProblem, drafts: int, spec: int) -> tuple[float, float]:
+    """(max over m of (T(D, S) - T(D - m, S)) / m, T(D, S) - T(D, S - 1)) at the cap plan."""
+    rows = problem.base.num_batched_tokens + drafts
+    ms = {1, drafts} | {rows - knot + i for knot in ROW_KNOTS for i in (0, 1)}
+    ms = np.array(sorted(m for m in ms if 1 <= m <= drafts))
+    seconds, fewer_requests = problem.seconds_with([drafts, drafts], [spec, spec - 1])
+    saved = (seconds - problem.seconds_with(drafts - ms, spec)) / ms
+    return max(0.0, float(saved.max())), max(0.0, float(seconds - fewer_requests))
+
+
 def _least_draft_seconds(
     problem: SearchProblem, floors: SearchResult, features: StepFeatures, seconds: float
 ) -> float:
@@ -131,15 +175,11 @@ def _least_draft_seconds(
     most = sum(max(o.cap for o in options) - k for options, k in zip(problem.options, floors.ks))
     rows = features.num_batched_tokens
     ds = {1, most} | {knot - rows + i for knot in ROW_KNOTS for i in (0, 1)}
-    predict = problem.cost_model.predict
-    return max(
-        0.0,
-        min(
-            (predict(features.with_drafts(d, 0)) - seconds) / d
-            for d in ds
-            if 1 <= d <= max(1, most)
-        ),
-    )
+    ds = np.array(sorted(d for d in ds if 1 <= d <= max(1, most)))
+    spec = features.num_spec_requests - problem.base.num_spec_requests
+    floor_drafts = features.num_draft_tokens - problem.base.num_draft_tokens
+    more = problem.seconds_with(floor_drafts + ds, spec)
+    return max(0.0, float(((more - seconds) / ds).min()))
 
 
 def _one_request(problem: SearchProblem) -> SearchResult:
@@ -211,18 +251,22 @@ def _best_uniform(problem: SearchProblem, best: SearchResult, picks: list[int]) 
             max,
             initial=floor_steps,
         )
-        totals = list(zip(emitted, drafts, specs, cpu, steps))
-        for m in counts:
-            e, n_drafts, n_spec, seconds_cpu, n_steps = totals[m]
-            if room is not None and n_drafts > room:
-                break
-            features = base.with_drafts(n_drafts, n_spec, n_steps, problem.graphs)
-            seconds = problem.cost_model.predict(features) + seconds_cpu + problem.overhead_seconds
-            if e / seconds > best.goodput * (1.0 + 1e-12):
-                plan = [0] * len(slots)
-                for rank, i in enumerate(order):
-                    plan[i] = ks[rank] if rank < m else floors[rank]
-                best = SearchResult(tuple(plan), seconds, e / seconds, tuple(picks))
+        totals = np.array(list(zip(emitted, drafts, specs, cpu, steps)))[counts]
+        if room is not None:  # drafts grow with m: the counts that fit come first
+            totals = totals[totals[:, 1] <= room]
+        if not len(totals):
+            break
+        e, n_drafts, n_spec, seconds_cpu, n_steps = totals.T
+        seconds = problem.seconds_with(n_drafts, n_spec, n_steps)
+        seconds += seconds_cpu + problem.overhead_seconds
+        goodput = e / seconds
+        j = int(goodput.argmax())
+        if goodput[j] > best.goodput * (1.0 + 1e-12):
+            m = counts[j]
+            plan = [0] * len(slots)
+            for rank, i in enumerate(order):
+                plan[i] = ks[rank] if rank < m else floors[rank]
+            best = SearchResult(tuple(plan), float(seconds[j]), float(goodput[j]), tuple(picks))
     return best
 
 

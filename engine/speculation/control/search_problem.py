@@ -56,6 +56,9 @@ class SearchProblem:
     graphs: GraphShapes = NO_GRAPHS
     token_budget: int | None = None
     overhead_seconds: float = 0.0  # paid by every plan: the planning itself
+    # Try "every request at its cap" first (search._caps_if_best): the policy sets it when its
+    # last plan was that, so a search that would not find it there pays nothing for trying.
+    caps_first: bool = False
 
     @cached_property
     def options(self) -> tuple[tuple[SearchSlot, ...], ...]:
@@ -125,6 +128,22 @@ class SearchProblem:
         seconds += sum(s.propose_seconds for s, k in zip(slots, ks) if k > 0)
         picks = tuple(picks) if picks is not None else (0,) * len(slots)
         return SearchResult(tuple(ks), seconds, emitted / seconds, picks)
+
+    def seconds_with(self, drafts, spec, passes=0) -> np.ndarray:
+        """The cost model's seconds for the base plus d drafts on s speculating requests (and
+        p draft passes), for arrays of (d, s, p): the cost model's vectorised prediction where
+        it has one, else one prediction each."""
+        vectorised = getattr(self.cost_model, "predict_drafts", None)
+        if vectorised is not None:
+            return vectorised(self.base, drafts, spec, passes, self.graphs.eager_on_drafts)
+        drafts, spec, passes = np.broadcast_arrays(drafts, spec, passes)
+        with_drafts, graphs = self.base.with_drafts, self.graphs
+        return np.array(
+            [
+                self.cost_model.predict(with_drafts(int(d), int(s), int(p), graphs))
+                for d, s, p in zip(drafts.ravel(), spec.ravel(), passes.ravel())
+            ]
+        ).reshape(drafts.shape)
 
     def fits(self, ks: Sequence[int]) -> bool:
         budget = self.token_budget

@@ -8,6 +8,7 @@ import random
 
 import pytest
 
+from engine.speculation.control import search as search_module
 from engine.speculation.control.acceptance import expected_emitted
 from engine.speculation.control.search import SearchProblem, SearchSlot, best_lengths
 from engine.speculation.control.step_features import ROW_KNOTS, StepFeatures
@@ -138,3 +139,50 @@ def test_no_drafts_is_returned_only_when_it_is_the_optimum_on_jumping_costs():
             assert found.goodput >= (1 - 1e-12) * best
             fired += 1
     assert fired > 10  # the shortcut's answer occurs
+
+
+def search_with_caps(rates, caps, cost, caps_first: bool):
+    slots = [
+        SearchSlot([a**j for j in range(1, c + 1)], range(1, c + 1), c) for a, c in zip(rates, caps)
+    ]
+    problem = SearchProblem(slots, decode_base(len(rates)), cost, caps_first=caps_first)
+    return best_lengths(problem), search_module._caps_if_best(problem)
+
+
+def brute_force_caps(rates, caps, cost) -> tuple[float, tuple[int, ...]]:
+    base, best = decode_base(len(rates)), (0.0, ())
+    for ks in itertools.product(*(range(c + 1) for c in caps)):
+        f = base.with_drafts(sum(ks), sum(k > 0 for k in ks))
+        emitted = sum(expected_emitted(a, k) for a, k in zip(rates, ks, strict=True))
+        best = max(best, (emitted / cost.predict(f), ks))
+    return best
+
+
+@pytest.mark.parametrize("caps_first", [False, True])
+def test_every_request_at_its_cap_is_returned_only_when_it_is_the_optimum(caps_first):
+    """The "caps" shortcut (search._caps_if_best): on GPU-like costs (a draft row nearly free,
+    a jump where the rows pass a knot) it fires often, and whenever it answers, nothing beats
+    it; trying it first (the policy's hint) finds the same plan as not trying it, or better."""
+    rng = random.Random(11)
+    fired = optimal = 0
+    for _ in range(150):
+        n = rng.randint(2, 4)
+        rates = [rng.uniform(0.0, 0.95) for _ in range(n)]
+        caps = [rng.randint(1, 4) for _ in range(n)]
+        cost = JumpCost(
+            knot=rng.choice([k for k in ROW_KNOTS if n <= k <= 5 * n]),
+            jump=rng.choice([0.0, rng.uniform(0.0, 0.001)]),
+            intercept=rng.uniform(0.001, 0.004),
+            per_token=rng.uniform(1e-6, rng.choice([5e-5, 3e-4])),
+            per_spec_request=rng.choice([0.0, rng.uniform(0, 3e-4)]),
+        )
+        best, best_ks = brute_force_caps(rates, caps, cost)
+        optimal += list(best_ks) == caps
+        found, shortcut = search_with_caps(rates, caps, cost, caps_first)
+        other, _ = search_with_caps(rates, caps, cost, not caps_first)
+        assert found.goodput >= (1 - 1e-12) * min(other.goodput, best)  # the order costs nothing
+        if shortcut is not None:
+            assert list(shortcut.ks) == caps
+            assert shortcut.goodput >= (1 - 1e-12) * best
+            fired += 1
+    assert optimal >= 20 and fired >= 0.8 * optimal  # it answers where caps are best

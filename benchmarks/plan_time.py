@@ -91,12 +91,15 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--costs", choices=sorted(COSTS), default="cpu", help="synthetic step times")
+    parser.add_argument(
+        "--costs", choices=sorted(COSTS), default="cpu", help="synthetic step times"
+    )
     args = parser.parse_args()
     for num_requests in args.requests:
         for label, names in PROPOSER_SETS.items():
             runs = [
-                time_plans(names, num_requests, args.k, args.rounds, args.costs) for _ in range(args.repeats)
+                time_plans(names, num_requests, args.k, args.rounds, args.costs)
+                for _ in range(args.repeats)
             ]
             ms = statistics.median(ms for ms, _ in runs)
             step = runs[0][1]

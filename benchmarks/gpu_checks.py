@@ -160,7 +160,10 @@ def check_speculation(args, prompts) -> dict:
 def engine_throughput(args, prompts) -> dict:
     """Per engine and batch size: tok/s over the whole generate call (prefill included) and
     decode tok/s, from the moment every request has its first token to the last token (what
-    the decode harness of gpu_bench.py measures, without the engine's prefill)."""
+    the decode harness of gpu_bench.py measures, without the engine's prefill), both with an
+    output per step (on_output: how a stream runs); then the same batch with one output per
+    request (offline generate, final_only): its total tok/s, and its decode tok/s estimated as
+    the tokens after the first ones over its time less the streamed run's prefill time."""
     result = {}
     params = SamplingParams(temperature=0, max_tokens=args.new_tokens, ignore_eos=True)
     for name in args.throughput_engines.split(","):
@@ -181,7 +184,17 @@ def engine_throughput(args, prompts) -> dict:
             outputs = llm.generate(batch, params, use_tqdm=False, on_output=on_output)
             seconds = time.perf_counter() - start
             tokens = sum(len(o.output_token_ids) for o in outputs)
-            result[name][size] = dict(total_tok_s=tokens / seconds, decode_tok_s=decode_rate(marks))
+            prefill = max(series[0][0] for series in marks.values()) - start
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            llm.generate(batch, params, use_tqdm=False)  # one output per request
+            final = time.perf_counter() - start
+            result[name][size] = dict(
+                total_tok_s=tokens / seconds,
+                decode_tok_s=decode_rate(marks),
+                final_total_tok_s=tokens / final,
+                final_decode_tok_s=(tokens - size) / max(final - prefill, 1e-9),
+            )
             print(f"engine {name} batch {size}: {result[name][size]}", flush=True)
         del llm
     return result

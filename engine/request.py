@@ -91,6 +91,7 @@ class SpecState:
 
     counts: SpecCounts = field(default_factory=SpecCounts)
     proposer: str = ""  # the proposer drafting for it this step (proposer choice)
+    kind: str = ""  # the kind of its proposal this step (SpecCandidate.kind), for its result
     # Per proposer: its acceptance estimate's counts (control/acceptance.py) and the plan that
     # last ran it (control/goodput.py's exploration).
     acceptance: dict[str, list[float]] = field(default_factory=dict)

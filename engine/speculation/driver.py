@@ -105,8 +105,10 @@ class SpecDriver:
         for request in running:
             max_draft_tokens = min(self._cap(request), request.num_remaining_output_tokens - 1)
             caught_up = request.num_computed_tokens == request.num_tokens - 1
+            kind = ""
             if caught_up and max_draft_tokens > 0:
-                max_draft_tokens = self._offer(request, max_draft_tokens)
+                max_draft_tokens, kind = self._offer(request, max_draft_tokens)
+            request.spec.kind = kind
             if caught_up and max_draft_tokens > 0:
                 candidates.append(
                     SpecCandidate(
@@ -115,6 +117,7 @@ class SpecDriver:
                         max_draft_tokens,
                         request.spec,
                         self._catchup_tokens(request),
+                        kind,
                     )
                 )
         plan = {}
@@ -126,13 +129,13 @@ class SpecDriver:
         self.last_chosen_k = tuple(plan.values())
         return plan
 
-    def _offer(self, request: Request, max_draft_tokens: int) -> int:
-        """The cap lowered to what the proposer can draft now, where it can say so cheaply
-        before the plan (`offer`, an optional capability: the n-gram lookup); a proposer that
-        cannot say is planned up to the cap."""
+    def _offer(self, request: Request, max_draft_tokens: int) -> tuple[int, str]:
+        """(the cap lowered to what the proposer can draft now, the kind of that proposal)
+        where it can say so cheaply before the plan (`offer`, an optional capability: the
+        n-gram lookup); a proposer that cannot say is planned up to the cap, kind ""."""
         offer = getattr(self.proposer, "offer", None)
         if offer is None:
-            return max_draft_tokens
+            return max_draft_tokens, ""
         return offer(request.spec.memos, request.token_view(), max_draft_tokens, self.tree)
 
     def _catchup_tokens(self, request: Request) -> int:
@@ -308,13 +311,20 @@ class SpecDriver:
             self._count(name, num_draft_tokens, num_accepted)
             request.spec.counts.add(num_draft_tokens, num_accepted, name)
             return SpecResult(
-                request.request_id, num_draft_tokens, num_accepted, name, spec=request.spec
+                request.request_id,
+                num_draft_tokens,
+                num_accepted,
+                name,
+                spec=request.spec,
+                kind=request.spec.kind,
             )
         if scheduled.num_draft_tokens:
             # Planned, but the proposer found nothing: speculation bought nothing this
             # step, which the estimate must see (as one rejected draft), or it would keep
             # reserving slots for a request that never gets drafts.
-            return SpecResult(request.request_id, 1, 0, name, spec=request.spec)
+            return SpecResult(
+                request.request_id, 1, 0, name, spec=request.spec, kind=request.spec.kind
+            )
         return None
 
     def _count(self, proposer: str, num_draft_tokens: int, num_accepted: int) -> None:

@@ -89,6 +89,10 @@ class AcceptanceEstimator:
     a = EMA(successes) / EMA(trials) (accepted/drafted would be biased low by the truncation).
     Trees: EMAs of accepted length and node budget, inverted through the rank model.
     The global prior is the same estimate over all requests, clamped so it cannot collapse.
+
+    Kinds: where a proposal's kind is known before the plan (n-gram: the matched order), each
+    request keeps counts per kind (under "<name>#<kind>") and each kind has its own global
+    prior, first seeded from the overall one; the overall prior pools every kind.
     """
 
     def __init__(
@@ -109,7 +113,8 @@ class AcceptanceEstimator:
         self.global_decay = global_decay
         self.prior_weight = prior_weight
         self.prior_bounds = prior_bounds
-        self._global = self._seed(prior)
+        self._global = self._seed(prior)  # over every kind
+        self._kinds: dict[str, list[float]] = {}  # per kind: its own global counts
 
     def _seed(self, a: float) -> list[float]:
         # Pseudo-counts worth prior_weight observations: chains [successes, trials],
@@ -122,14 +127,18 @@ class AcceptanceEstimator:
             return tree_acceptance(counts[0] / counts[2], counts[1] / counts[2])
         return counts[0] / counts[1] if counts[1] > 0.0 else 0.0
 
-    def prior(self) -> float:
+    def prior(self, kind: str = "") -> float:
         low, high = self.prior_bounds
-        return min(high, max(low, self._rate(self._global)))
+        return min(high, max(low, self._rate(self._kinds.get(kind, self._global))))
 
-    def rate(self, spec: SpecState) -> float:
-        """The request's estimate (the prior until its drafts were verified)."""
-        counts = spec.acceptance.get(self.name)
-        return self.prior() if counts is None else self._rate(counts)
+    def _key(self, kind: str) -> str:
+        return f"{self.name}#{kind}" if kind else self.name
+
+    def rate(self, spec: SpecState, kind: str = "") -> float:
+        """The request's estimate for proposals of this kind (the kind's prior until its drafts
+        of that kind were verified)."""
+        counts = spec.acceptance.get(self._key(kind))
+        return self.prior(kind) if counts is None else self._rate(counts)
 
     def update(self, result: SpecResult) -> None:
         drafted, accepted = result.num_draft_tokens, result.num_accepted_tokens
@@ -139,7 +148,12 @@ class AcceptanceEstimator:
             sample = [accepted, drafted, 1.0]
         else:
             sample = [accepted, accepted + 1 if accepted < drafted else drafted]
-        counts = result.spec.acceptance.setdefault(self.name, self._seed(self.prior()))
+        kind = result.kind
+        counts = result.spec.acceptance.setdefault(self._key(kind), self._seed(self.prior(kind)))
+        pooled = [self._global]
+        if kind:
+            pooled.append(self._kinds.setdefault(kind, list(self._global)))
         for i, value in enumerate(sample):
             counts[i] = self.decay * counts[i] + value
-            self._global[i] = self.global_decay * self._global[i] + value
+            for totals in pooled:
+                totals[i] = self.global_decay * totals[i] + value

@@ -104,10 +104,11 @@ class GoodputPolicy(SpecPolicy):
 
     def _slot(self, candidate: SpecCandidate, proposer: str) -> SearchSlot:
         cap = max(0, min(self.max_draft_tokens, candidate.max_draft_tokens))
-        a = self.estimators[proposer].rate(candidate.spec)
+        estimator = self.estimators[proposer]
+        a = estimator.rate(candidate.spec, candidate.kind)
         # A draft model runs one pass per chain position, and one per node it expands in a
         # tree (a pass expands one node of every request), so k drafts cost k passes.
-        gains = self._gains(a, cap, self.estimators[proposer])
+        gains = self._gains(a, cap, estimator.prior(candidate.kind))
         if not self.choice:
             seconds = self._catchup_seconds(candidate) if self.draft_model else 0.0
             return SearchSlot(gains, range(1, cap + 1), cap, propose_seconds=seconds)
@@ -127,14 +128,14 @@ class GoodputPolicy(SpecPolicy):
         fed = predict(StepFeatures(num_catchup_tokens=tokens)) - predict(StepFeatures())
         self._catchup_per_token = max(0.0, fed) / tokens
 
-    def _gains(self, a: float, cap: int, acceptance: AcceptanceEstimator) -> Sequence[float]:
+    def _gains(self, a: float, cap: int, prior: float) -> Sequence[float]:
         """Chains: a^j. Trees: the learned shape's node path probabilities, scaled by how this
-        request's acceptance compares with everyone's (rank model, acceptance.py)."""
+        request's acceptance compares with everyone's (`prior`; rank model, acceptance.py)."""
         if not self.tree:
             return [a**j for j in range(1, cap + 1)]
         if self.tree_shape is None:
             return tree_gains(round(a * GRID))[0]
-        scale = min(2.0, a / max(acceptance.prior(), 1e-3))
+        scale = min(2.0, a / max(prior, 1e-3))
         scores = self.tree_shape.template(cap)[1]
         return [min(1.0, scale * p) for p in scores] + [0.0] * (cap - len(scores))
 
@@ -211,7 +212,7 @@ class GoodputPolicy(SpecPolicy):
         for result in results:
             self.estimators.get(result.proposer, self.acceptance).update(result)
 
-    def rate(self, spec: SpecState, proposer: str = "") -> float:
+    def rate(self, spec: SpecState, proposer: str = "", kind: str = "") -> float:
         """A request's acceptance estimate for a proposer (chains: per draft token; trees:
-        rank-1); "" or a name it does not choose among: its first estimate."""
-        return self.estimators.get(proposer, self.acceptance).rate(spec)
+        rank-1) and proposals of a kind; "" or a name it does not choose among: its first."""
+        return self.estimators.get(proposer, self.acceptance).rate(spec, kind)

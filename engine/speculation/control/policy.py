@@ -32,6 +32,9 @@ class SpecCandidate:
     # Verified tokens a separate draft model must feed before drafting for this request (all
     # since it last ran): a draft option pays them (StepFeatures.num_catchup_tokens).
     num_catchup_tokens: int = 0
+    # The kind of this step's proposal, where the proposer says it before the plan (n-gram:
+    # "n<matched order>"): acceptance is estimated per kind ("": one estimate).
+    kind: str = ""
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,7 @@ class SpecResult:
     num_accepted_tokens: int  # drafts accepted (tree: length of the accepted path)
     proposer: str = ""  # the proposer that drafted them (proposer choice; "" = the only one)
     spec: SpecState = field(kw_only=True)  # the request's speculation record
+    kind: str = field(default="", kw_only=True)  # the proposal's kind (SpecCandidate.kind)
 
 
 class SpecPolicy:

@@ -48,6 +48,15 @@ class NgramIndex:
         for n in range(self.ngram_min, min(self.ngram_max, end) + 1):
             self._ends.setdefault(tuple(tokens[end - n :]), []).append(end)
 
+    def longest_match(self) -> int:
+        """The largest n whose suffix n-gram occurred before (0: none): the order of the match
+        candidate_ends puts first."""
+        num_tokens = len(self.token_ids)
+        for n in range(min(self.ngram_max, num_tokens), self.ngram_min - 1, -1):
+            if len(self._ends.get(tuple(self.token_ids[num_tokens - n :]), ())) >= 2:
+                return n  # its own occurrence ends at num_tokens; another is a match
+        return 0
+
     def candidate_ends(self, num_draft_tokens: int, limit: int) -> list[int]:
         """Up to `limit` distinct earlier match ends, best first (see the module docstring)."""
         num_tokens = len(self.token_ids)
@@ -117,16 +126,20 @@ class NgramProposer:
 
     def offer(
         self, memos: dict, token_ids: Sequence[int], num_draft_tokens: int, tree: bool
-    ) -> int:
-        """The most drafts propose() would give the request now (0: no match), asked before
-        the plan, so a policy neither plans drafts that cannot come nor counts their absence
-        as rejections. Syncs the index; a chain is as long as its match's continuation."""
+    ) -> tuple[int, str]:
+        """(the most drafts propose() would give the request now, 0 without a match; the
+        match's kind, "n<order>"), asked before the plan, so a policy neither plans drafts
+        that cannot come nor counts their absence as rejections, and estimates acceptance per
+        matched order: a longer match predicts far better (SmolLM2 on chat, greedy: a 1-gram
+        match's k = 4 chain got 0.34 tokens accepted, a 4-gram's 2.5; docs/benchmarks.md §4f).
+        Syncs the index; a chain is as long as its match's continuation."""
         index = self._index_of(memos)
         index.sync(token_ids)
         ends = index.candidate_ends(num_draft_tokens, limit=1)
         if not ends:
-            return 0
-        return num_draft_tokens if tree else min(num_draft_tokens, len(token_ids) - ends[0])
+            return 0, ""
+        kind = f"n{index.longest_match()}"
+        return (num_draft_tokens if tree else min(num_draft_tokens, len(token_ids) - ends[0])), kind
 
     def observe(self, observations: Sequence[Observation]) -> None:
         """Nothing to do: the index syncs from ProposeRequest.token_ids, which carries the

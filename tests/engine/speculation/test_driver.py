@@ -146,3 +146,21 @@ def test_finished_requests_leave_no_state_behind(tiny_model_dir, tmp_path):
     assert any(o.spec.num_draft_tokens for o in outputs)  # they did speculate
     # What the engine kept about each lived on its Request, and went with it.
     assert not request_state_in(llm.engine, lambda key: str(key).startswith("offline-"))
+
+
+def test_ngram_results_carry_the_matched_order(tiny_model_dir, tmp_path, reference):
+    """Each n-gram candidate's kind ("n<order>") reaches the policy with its result, so the
+    acceptance is learned per matched order."""
+    llm = make_llm(tiny_model_dir, tmp_path, speculative_proposer="ngram", spec_policy="goodput")
+    policy = llm.engine.spec.policy
+    kinds: list[str] = []
+    original = policy.observe
+
+    def observe(results, features, seconds):
+        kinds.extend(r.kind for r in results)
+        original(results, features, seconds)
+
+    policy.observe = observe
+    assert generate(llm) == reference
+    assert kinds and all(k in ("n1", "n2", "n3", "n4") for k in kinds)
+    assert len(set(kinds)) >= 2

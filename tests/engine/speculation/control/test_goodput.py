@@ -394,3 +394,45 @@ def test_tree_mode_plans_node_budgets_from_tree_results():
     plan = policy.plan(candidates("good", "poor", "dead", max_draft_tokens=64), decode_base(3))
     assert 0 < plan["poor"] < plan["good"] <= 32 and "dead" not in plan
     assert policy.rate(spec("good")) > policy.rate(spec("poor"))
+
+
+def kind_result(request_id: str, kind: str, num_draft_tokens: int, num_accepted: int):
+    return SpecResult(request_id, num_draft_tokens, num_accepted, spec=spec(request_id), kind=kind)
+
+
+def test_acceptance_is_estimated_per_kind_of_proposal():
+    """One request's long matches are accepted (a = 0.8), its short ones not (a = 0.2): each
+    kind's estimate finds its own rate, a new request starts from each kind's prior, and the
+    overall prior pools both."""
+    rng = random.Random(5)
+    estimator = AcceptanceEstimator(prior=0.5, decay=0.95, global_decay=0.995)
+    for _ in range(800):
+        kind, a = rng.choice((("n4", 0.8), ("n1", 0.2)))
+        k = rng.randint(1, 4)
+        accepted = 0
+        while accepted < k and rng.random() < a:
+            accepted += 1
+        estimator.update(kind_result("r", kind, k, accepted))
+    assert estimator.rate(spec("r"), "n4") == pytest.approx(0.8, abs=0.12)
+    assert estimator.rate(spec("r"), "n1") == pytest.approx(0.2, abs=0.12)
+    assert estimator.rate(spec("new"), "n4") == pytest.approx(0.8, abs=0.08)
+    assert estimator.rate(spec("new"), "n1") == pytest.approx(0.2, abs=0.08)
+    assert 0.3 < estimator.prior() < 0.7 and estimator.rate(spec("r")) == estimator.prior()
+    assert set(spec("r").acceptance) == {"#n4", "#n1"}  # per kind, on the request's record
+
+
+def test_goodput_speculates_on_the_kinds_that_pay():
+    """Verification costs 30% of a step: a long match (taught a = 0.8) is worth drafting for,
+    a 1-gram match (a = 0.15) is not, on the same request."""
+    policy = GoodputPolicy(LinearCost(intercept=0.01, per_token=1e-4, per_spec_request=3e-3), 4)
+    rng = random.Random(9)
+    for _ in range(200):
+        for kind, a in (("n4", 0.8), ("n1", 0.15)):
+            accepted = 0
+            while accepted < 4 and rng.random() < a:
+                accepted += 1
+            policy.observe([kind_result("r", kind, 4, accepted)], decode_base(1), 0.01)
+    long_match = SpecCandidate("r", 200, 4, spec("r"), kind="n4")
+    short_match = SpecCandidate("r", 200, 4, spec("r"), kind="n1")
+    assert policy.plan([long_match], decode_base(1)).get("r", 0) >= 3
+    assert policy.plan([short_match], decode_base(1)) == {}

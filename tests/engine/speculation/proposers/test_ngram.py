@@ -76,14 +76,26 @@ def test_offer_is_what_propose_then_drafts():
     for trial in range(200):
         token_ids = [rng.randrange(6) for _ in range(rng.randrange(1, 30))]
         k = rng.randrange(1, 8)
-        offered = proposer.offer(memos(f"o{trial}"), token_ids, k, tree=False)
+        offered, kind = proposer.offer(memos(f"o{trial}"), token_ids, k, tree=False)
+        assert kind == (f"n{brute_force_order(token_ids, 1, 3)}" if offered else "")
         drafted = chain(proposer, token_ids, offered, f"o{trial}") if offered else []
         assert len(drafted) == offered <= k
         assert offered == 0 or len(chain(proposer, token_ids, k, f"o{trial}")) >= offered
         if offered == 0:
             assert chain(proposer, token_ids, k, f"o{trial}") == []
-    assert proposer.offer(memos("t"), [1, 2, 1], 5, tree=True) == 5
-    assert proposer.offer(memos("u"), [1, 2, 3], 5, tree=True) == 0
+    assert proposer.offer(memos("t"), [1, 2, 1], 5, tree=True) == (5, "n1")
+    assert proposer.offer(memos("u"), [1, 2, 3], 5, tree=True) == (0, "")
+    assert proposer.offer(memos("v"), [7, 1, 2, 3, 9, 1, 2, 3], 2, tree=False) == (2, "n3")
+
+
+def brute_force_order(token_ids: list[int], n_min: int, n_max: int) -> int:
+    """The longest n whose suffix occurred earlier (0: none)."""
+    num_tokens = len(token_ids)
+    for n in range(min(n_max, num_tokens), n_min - 1, -1):
+        suffix = token_ids[num_tokens - n :]
+        if any(token_ids[e - n : e] == suffix for e in range(n, num_tokens)):
+            return n
+    return 0
 
 
 def test_incremental_index_equals_brute_force_rescan():

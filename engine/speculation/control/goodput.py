@@ -31,13 +31,23 @@ from engine.speculation.control.acceptance import (
 )
 from engine.speculation.control.cost_model import StepCostModel
 from engine.speculation.control.policy import SpecCandidate, SpecPolicy, SpecResult
-from engine.speculation.control.search import SearchProblem, SearchSlot, best_lengths
+from engine.speculation.control.search import (
+    Prices,
+    SearchProblem,
+    SearchSlot,
+    best_lengths,
+    best_response,
+    prices_at,
+)
 from engine.speculation.control.step_features import StepFeatures
 from engine.speculation.control.tree_shape import TreeShapeEstimator
 from engine.speculation.proposers.proposer import DRAFT_PROPOSER
 from kernels.graph_shapes import NO_GRAPHS, GraphShapes
 
 PLAN_DECAY = 0.9  # weight of the previous planning-time estimate
+# Between full searches, each request's k is its best response at the last search's prices
+# (search.Prices) for up to this many plans, while the batch keeps about its size and shape.
+REPRICE_EVERY = 8
 
 
 class GoodputPolicy(SpecPolicy):
@@ -97,6 +107,10 @@ class GoodputPolicy(SpecPolicy):
         # The last plan put every request at its cap: the search tries that answer first
         # (where verification is nearly free it is the usual one).
         self._caps_last = False
+        # The last full search's prices and the step they were taken at (None: search).
+        self._prices: Prices | None = None
+        self._priced_base = StepFeatures()
+        self._plans_since_search = 0
 
     @property
     def choice(self) -> bool:
@@ -142,11 +156,22 @@ class GoodputPolicy(SpecPolicy):
     def _explore(
         self, candidates: Sequence[SpecCandidate], options: list[list[SearchSlot]]
     ) -> None:
-        """Give one draft to the (request, proposer) idle longest, once idle for
-        explore_interval plans (past four candidates, for four plans per candidate, so that
-        under load the retries stay about one per four plans: each is a verify row every
-        request in the step waits for): that request gets only that option. One per plan, so
-        that under load the retries do not all land on the same step."""
+        """The probe of this plan (_probe), if any: that request gets only that option, with
+        one draft at least."""
+        probe = self._probe(candidates, [[o.cap for o in slot] for slot in options])
+        if probe is not None:
+            i, j = probe
+            options[i] = [options[i][j]]
+            options[i][0].floor = 1
+
+    def _probe(
+        self, candidates: Sequence[SpecCandidate], caps: list[list[int]]
+    ) -> tuple[int, int] | None:
+        """The (request, proposer) idle longest, once idle for explore_interval plans (past
+        four candidates, for four plans per candidate, so that under load the retries stay
+        about one per four plans: each is a verify row every request in the step waits for),
+        to be given one draft. One per plan, so that under load the retries do not all land
+        on the same step. caps[i][j]: proposer j's cap on request i."""
         interval = self.explore_interval
         if len(candidates) > 4:
             interval = max(interval, 4 * len(candidates))
@@ -155,12 +180,9 @@ class GoodputPolicy(SpecPolicy):
             for j, name in enumerate(self.proposers):
                 # the plan that last ran it on this request (or first saw the request)
                 last = candidate.spec.last_run.setdefault(name, self._num_plans)
-                if options[i][j].cap > 0 and self._num_plans - last >= interval:
+                if caps[i][j] > 0 and self._num_plans - last >= interval:
                     idle.append((last, i, j))
-        if idle:
-            _, i, j = min(idle)
-            options[i] = [options[i][j]]
-            options[i][0].floor = 1
+        return min(idle)[1:] if idle else None
 
     def plan(self, candidates: Sequence[SpecCandidate], base: StepFeatures) -> SpecPlan:
         start = time.perf_counter()
@@ -174,6 +196,10 @@ class GoodputPolicy(SpecPolicy):
         self._num_plans += 1
         if self.draft_model or DRAFT_PROPOSER in self.proposers:
             self._price_catchup()
+        if self._prices_hold(base):
+            plan = self._respond(candidates, base)
+            if plan is not None:
+                return plan
         options = [[self._slot(c, name) for name in self.proposers] for c in candidates]
         self._explore(candidates, options)
         if self.cost_model.fitted:
@@ -191,6 +217,7 @@ class GoodputPolicy(SpecPolicy):
             ks, chosen = result.ks, problem.chosen(result.picks)
             self._caps_last = all(k == slot.cap for k, slot in zip(ks, chosen))
             self.last_predicted_step_time = result.predicted_seconds
+            self._take_prices(problem, result, base)
         else:
             warmup_k = self._num_plans % (self.max_draft_tokens + 1)
             # Warm-up: proposers in turn, so the cost model sees each one's cost.
@@ -204,6 +231,57 @@ class GoodputPolicy(SpecPolicy):
             if k > 0:
                 candidate.spec.last_run[name] = self._num_plans
         return plan
+
+    # ---- between searches: best responses at the last search's prices -------------------
+    def _take_prices(self, problem: SearchProblem, result, base: StepFeatures) -> None:
+        """Keep the search's prices where a request's k depends on nothing shared: one
+        option per request, no draft-model passes, no token budget binding."""
+        simple = not self.choice and not problem.any_draft
+        self._prices = prices_at(problem, result) if simple and result.goodput > 0 else None
+        self._priced_base, self._plans_since_search = base, 0
+
+    def _prices_hold(self, base: StepFeatures) -> bool:
+        """The last prices still price this step: few plans since, about the same batch (size
+        within a quarter, the same eager or replayed step)."""
+        if self._prices is None or self._plans_since_search >= REPRICE_EVERY - 1:
+            return False
+        then = self._priced_base
+        size = max(1, then.num_requests // 4)
+        return (
+            abs(base.num_requests - then.num_requests) <= size
+            and base.num_eager_steps == then.num_eager_steps
+            and abs(base.num_batched_tokens - then.num_batched_tokens)
+            <= max(1, then.num_batched_tokens // 4)
+        )
+
+    def _respond(self, candidates: Sequence[SpecCandidate], base: StepFeatures) -> SpecPlan | None:
+        """Each request's best response at the held prices (a forced probe keeps its one
+        draft), the plan's step predicted once (metrics); None when the token budget binds
+        (the search decides which drafts go)."""
+        self._plans_since_search += 1
+        name, estimator = self.proposers[0], self.estimators[self.proposers[0]]
+        caps = [self._cap(c) for c in candidates]
+        probe = self._probe(candidates, [[cap] for cap in caps])
+        ks = []
+        for i, (candidate, cap) in enumerate(zip(candidates, caps)):
+            a = estimator.rate(candidate.spec, candidate.kind)
+            gains = self._gains(a, cap, estimator.prior(candidate.kind))
+            floor = 1 if probe is not None and probe[0] == i else 0
+            ks.append(best_response(gains, cap, floor, self._prices))
+        drafts = sum(ks)
+        if self.token_budget is not None and base.num_batched_tokens + drafts > self.token_budget:
+            self._prices = None
+            return None
+        plan = {c.request_id: k for c, k in zip(candidates, ks) if k > 0}
+        for candidate, k in zip(candidates, ks):
+            if k > 0:
+                candidate.spec.last_run[name] = self._num_plans
+        features = base.with_drafts(drafts, len(plan), 0, self.graphs)
+        self.last_predicted_step_time = self.cost_model.predict(features) + self.plan_seconds
+        return plan
+
+    def _cap(self, candidate: SpecCandidate) -> int:
+        return max(0, min(self.max_draft_tokens, candidate.max_draft_tokens))
 
     def observe(
         self, results: Sequence[SpecResult], features: StepFeatures, step_seconds: float

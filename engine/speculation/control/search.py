@@ -41,7 +41,15 @@ from engine.speculation.control.search_problem import (
 )
 from engine.speculation.control.step_features import ROW_KNOTS, StepFeatures
 
-__all__ = ["SearchProblem", "SearchResult", "SearchSlot", "best_lengths"]
+__all__ = [
+    "Prices",
+    "SearchProblem",
+    "SearchResult",
+    "SearchSlot",
+    "best_lengths",
+    "best_response",
+    "prices_at",
+]
 
 MAX_ROUNDS = 8  # Dinkelbach rounds per cap; it converges in 2-3 on real cost models
 
@@ -76,6 +84,38 @@ def best_lengths(problem: SearchProblem) -> SearchResult:
         if result.goodput > best.goodput * (1.0 + 1e-12) and _keeps_floors(problem, result):
             best = result
     return best
+
+
+@dataclass(frozen=True)
+class Prices:
+    """A plan's goodput level and marginal seconds (one more draft, a request's first): at
+    the optimum each request's k maximises E(k) - level * seconds(k) at these prices
+    (Dinkelbach's condition), so while the batch and the costs stay about the same, the
+    prices of the last search give each request its k without searching again."""
+
+    level: float
+    per_token: float
+    per_request: float
+
+
+def prices_at(problem: SearchProblem, result: SearchResult) -> Prices:
+    cap = max((o.cap for options in problem.options for o in options), default=0)
+    costs = _marginal_costs(problem, result.ks, result.picks, cap)
+    return Prices(result.goodput, costs.per_token, costs.per_request_free)
+
+
+def best_response(gains: Sequence[float], cap: int, floor: int, prices: Prices) -> int:
+    """The k in [floor, cap] maximising E(k) - level * (per_token * k + per_request * [k > 0])
+    (the first on ties), for gains g(1..cap)."""
+    level, token, request = prices.level, prices.per_token, prices.per_request
+    best_k, best = 0, 0.0
+    emitted = 0.0
+    for k in range(1, cap + 1):
+        emitted += gains[k - 1]
+        value = emitted - level * (token * k + request)
+        if k <= floor or value > best:
+            best_k, best = k, value
+    return best_k if best_k >= floor else floor
 
 
 def _forced_passes(problem: SearchProblem) -> int:

@@ -8,6 +8,7 @@ import random
 import pytest
 
 from engine.request import SpecState
+from engine.speculation.control import goodput as policy_module
 from engine.speculation.control.acceptance import (
     AcceptanceEstimator,
     expected_emitted,
@@ -436,3 +437,60 @@ def test_goodput_speculates_on_the_kinds_that_pay():
     short_match = SpecCandidate("r", 200, 4, spec("r"), kind="n1")
     assert policy.plan([long_match], decode_base(1)).get("r", 0) >= 3
     assert policy.plan([short_match], decode_base(1)) == {}
+
+
+def test_between_searches_requests_respond_to_the_last_prices():
+    """After a full search, the next plans of a batch of about the same size give each request
+    its best response at that search's prices: the same plan while nothing changed, a shorter
+    chain for a request whose acceptance fell, and a full search again every REPRICE_EVERY
+    plans or when the batch changes size."""
+    cost = LinearCost(intercept=0.01, per_token=4e-4, per_spec_request=1e-3)
+    policy = GoodputPolicy(cost, max_draft_tokens=6, explore_interval=1000)
+    ids = ["a", "b", "c", "d"]
+    for request_id, a in zip(ids, (0.9, 0.7, 0.5, 0.3)):
+        teach(policy, request_id, a)
+    searched = policy.plan(candidates(*ids, max_draft_tokens=6), decode_base(4))
+    assert policy._prices is not None and len(set(searched.values())) >= 2
+    assert policy.plan(candidates(*ids, max_draft_tokens=6), decode_base(4)) == searched
+    teach(policy, "a", 0.2, rounds=60)
+    responded = policy.plan(candidates(*ids, max_draft_tokens=6), decode_base(4))
+    assert responded.get("a", 0) < searched["a"]
+    assert policy._plans_since_search == 2
+    policy.plan(candidates(*ids[:2], max_draft_tokens=6), decode_base(2))  # half the batch
+    assert policy._plans_since_search == 0
+    for _ in range(policy_module.REPRICE_EVERY):
+        policy.plan(candidates(*ids[:2], max_draft_tokens=6), decode_base(2))
+    assert policy._plans_since_search < policy_module.REPRICE_EVERY - 1
+
+
+def goodput(policy: GoodputPolicy, cost, ids: list[str], plan: dict[str, int]) -> float:
+    emitted = sum(expected_emitted(policy.rate(spec(r)), plan.get(r, 0)) for r in ids)
+    drafts = decode_base(len(ids)).with_drafts(sum(plan.values()), len(plan))
+    return emitted / cost.predict(drafts)
+
+
+def test_a_response_to_a_searchs_prices_is_as_good_as_its_plan():
+    """Prices taken from one search and applied to the same batch give a plan of the same
+    predicted goodput (to 1%): the search's plan meets its own stationary condition."""
+    rng = random.Random(4)
+    responded = 0
+    for trial in range(40):
+        cost = LinearCost(
+            intercept=rng.uniform(0.002, 0.03),
+            per_token=rng.uniform(1e-5, 2e-3),
+            per_spec_request=rng.choice([0.0, rng.uniform(0, 3e-3)]),
+        )
+        policy = GoodputPolicy(cost, max_draft_tokens=4, explore_interval=1000)
+        ids = [f"t{trial}r{i}" for i in range(rng.randint(2, 6))]
+        for request_id in ids:
+            teach(policy, request_id, rng.uniform(0.05, 0.95))
+        base = decode_base(len(ids))
+
+        searched = policy.plan(candidates(*ids, max_draft_tokens=4), base)
+        if policy._prices is None:
+            continue
+        again = policy.plan(candidates(*ids, max_draft_tokens=4), base)
+        assert policy._plans_since_search == 1  # a response, not a search
+        assert goodput(policy, cost, ids, again) >= 0.99 * goodput(policy, cost, ids, searched)
+        responded += 1
+    assert responded >= 30

@@ -8,6 +8,14 @@ step's seconds from its features; search.py finds the counts. Until the cost mod
 k cycles through 0..max so the model sees the draft direction, and a request idle for
 `explore_interval` plans is given one draft, so an estimate that fell to ~0 can recover.
 
+Acceptance is estimated per kind of proposal where the proposer names one before the plan
+(SpecCandidate.kind: the n-gram match's order). Between full searches, for up to REPRICE_EVERY
+plans while the batch keeps its size and shape, each request's k is its best response at the
+last search's prices (search.Prices: the goodput level and the marginal seconds of a draft and
+of a speculating request), which is the search's own stationary condition and costs no
+cost-model calls; only where nothing is shared between requests (one proposer, no draft-model
+passes) and the token budget does not bind.
+
 Proposer choice (issue #12): with several proposers the policy keeps one acceptance estimate
 per request and proposer, gives the search one option per proposer (search.py), and writes
 the chosen proposer of each candidate on its record (SpecState.proposer; "" when it does not
@@ -34,6 +42,7 @@ from engine.speculation.control.policy import SpecCandidate, SpecPolicy, SpecRes
 from engine.speculation.control.search import (
     Prices,
     SearchProblem,
+    SearchResult,
     SearchSlot,
     best_lengths,
     best_response,
@@ -117,7 +126,7 @@ class GoodputPolicy(SpecPolicy):
         return len(self.proposers) > 1
 
     def _slot(self, candidate: SpecCandidate, proposer: str) -> SearchSlot:
-        cap = max(0, min(self.max_draft_tokens, candidate.max_draft_tokens))
+        cap = self._cap(candidate)
         estimator = self.estimators[proposer]
         a = estimator.rate(candidate.spec, candidate.kind)
         # A draft model runs one pass per chain position, and one per node it expands in a
@@ -233,7 +242,9 @@ class GoodputPolicy(SpecPolicy):
         return plan
 
     # ---- between searches: best responses at the last search's prices -------------------
-    def _take_prices(self, problem: SearchProblem, result, base: StepFeatures) -> None:
+    def _take_prices(
+        self, problem: SearchProblem, result: SearchResult, base: StepFeatures
+    ) -> None:
         """Keep the search's prices where a request's k depends on nothing shared: one
         option per request, no draft-model passes, no token budget binding."""
         simple = not self.choice and not problem.any_draft

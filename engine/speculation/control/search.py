@@ -17,6 +17,12 @@ running that for every cap M on the deepest chain (passes = M). The best of thos
 the uniform plans (every request at min(c, cap_i)) is returned; tests compare it with brute
 force, fixed costs included.
 
+Two one-pass shortcuts answer the common cases exactly: "no drafts" (_floors_are_best) and
+"every request at its cap" (_caps_if_best, tried first when the caller's last plan was that).
+A search's answer can also be kept as prices (Prices: its level and marginal costs); a
+request's best response at them (best_response) is its k in that plan, which the policy uses
+between searches.
+
 Proposer choice (several proposers loaded): a request's slot is one option per proposer, each
 with its own gains curve, and it picks the option and k maximising the same per-request value.
 Only the options that run the draft model are held to the pass cap M and charged its passes

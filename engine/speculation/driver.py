@@ -105,9 +105,9 @@ class SpecDriver:
         for request in running:
             max_draft_tokens = min(self._cap(request), request.num_remaining_output_tokens - 1)
             caught_up = request.num_computed_tokens == request.num_tokens - 1
-            kind = ""
+            kind, offers = "", {}
             if caught_up and max_draft_tokens > 0:
-                max_draft_tokens, kind = self._offer(request, max_draft_tokens)
+                max_draft_tokens, kind, offers = self._offer(request, max_draft_tokens)
             request.spec.kind = kind
             if caught_up and max_draft_tokens > 0:
                 candidates.append(
@@ -118,6 +118,7 @@ class SpecDriver:
                         request.spec,
                         self._catchup_tokens(request),
                         kind,
+                        offers,
                     )
                 )
         plan = {}
@@ -129,14 +130,26 @@ class SpecDriver:
         self.last_chosen_k = tuple(plan.values())
         return plan
 
-    def _offer(self, request: Request, max_draft_tokens: int) -> tuple[int, str]:
-        """(the cap lowered to what the proposer can draft now, the kind of that proposal)
-        where it can say so cheaply before the plan (`offer`, an optional capability: the
-        n-gram lookup); a proposer that cannot say is planned up to the cap, kind ""."""
+    def _offer(
+        self, request: Request, max_draft_tokens: int
+    ) -> tuple[int, str, dict[str, tuple[int, str]]]:
+        """(the cap lowered to what the proposer can draft now, the kind of that proposal, and
+        with proposer choice each member's offer) where it can say so cheaply before the plan
+        (`offer`, an optional capability: the n-gram lookup; a ProposerSet's `offers`); a
+        proposer that cannot say is planned up to the cap, kind "". With choice the cap stays
+        unless every member offered nothing."""
+        offers = getattr(self.proposer, "offers", None)
+        if offers is not None:
+            offered = offers(request.spec.memos, request.token_view(), max_draft_tokens, self.tree)
+            everyone = len(offered) == len(self.config.proposers)
+            if everyone and not any(n for n, _ in offered.values()):
+                return 0, "", offered
+            return max_draft_tokens, "", offered
         offer = getattr(self.proposer, "offer", None)
         if offer is None:
-            return max_draft_tokens, ""
-        return offer(request.spec.memos, request.token_view(), max_draft_tokens, self.tree)
+            return max_draft_tokens, "", {}
+        drafts, kind = offer(request.spec.memos, request.token_view(), max_draft_tokens, self.tree)
+        return drafts, kind, {}
 
     def _catchup_tokens(self, request: Request) -> int:
         """Tokens the draft model would feed to catch up before drafting for the request."""

@@ -126,12 +126,15 @@ class GoodputPolicy(SpecPolicy):
         return len(self.proposers) > 1
 
     def _slot(self, candidate: SpecCandidate, proposer: str) -> SearchSlot:
-        cap = self._cap(candidate)
+        cap, kind = self._cap(candidate), candidate.kind
+        offered = candidate.offers.get(proposer)
+        if offered is not None:  # proposer choice: what this member can draft now, its kind
+            cap, kind = min(cap, offered[0]), offered[1]
         estimator = self.estimators[proposer]
-        a = estimator.rate(candidate.spec, candidate.kind)
+        a = estimator.rate(candidate.spec, kind)
         # A draft model runs one pass per chain position, and one per node it expands in a
         # tree (a pass expands one node of every request), so k drafts cost k passes.
-        gains = self._gains(a, cap, estimator.prior(candidate.kind))
+        gains = self._gains(a, cap, estimator.prior(kind))
         if not self.choice:
             seconds = self._catchup_seconds(candidate) if self.draft_model else 0.0
             return SearchSlot(gains, range(1, cap + 1), cap, propose_seconds=seconds)
@@ -237,6 +240,8 @@ class GoodputPolicy(SpecPolicy):
         for candidate, slot, k in zip(candidates, chosen, ks):
             name = slot.proposer or self.proposers[0]
             candidate.spec.proposer = name if k > 0 and self.choice else ""
+            if self.choice:  # the chosen member's kind, for its result's estimate
+                candidate.spec.kind = candidate.offers.get(name, (0, ""))[1] if k > 0 else ""
             if k > 0:
                 candidate.spec.last_run[name] = self._num_plans
         return plan

@@ -13,7 +13,7 @@ engine/speculation/build.py parses the `--spec-policy` string.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from engine.outputs import SpecPlan
@@ -35,6 +35,9 @@ class SpecCandidate:
     # The kind of this step's proposal, where the proposer says it before the plan (n-gram:
     # "n<matched order>"): acceptance is estimated per kind ("": one estimate).
     kind: str = ""
+    # Proposer choice: per proposer that says it before the plan, (drafts it could give, their
+    # kind); a proposer not listed may draft up to max_draft_tokens.
+    offers: Mapping[str, tuple[int, str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

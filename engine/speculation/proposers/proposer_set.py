@@ -62,6 +62,18 @@ class ProposerSet:
             num_catchup_tokens=catchup,
         )
 
+    def offers(
+        self, memos: dict, token_ids: Sequence[int], num_draft_tokens: int, tree: bool
+    ) -> dict[str, tuple[int, str]]:
+        """Each member's offer (NgramProposer.offer: drafts it could give now, their kind),
+        for the members that can say before the plan; the others may draft up to the cap."""
+        offers = {}
+        for name, proposer in self.proposers.items():
+            offer = getattr(proposer, "offer", None)
+            if offer is not None:
+                offers[name] = offer(memos, token_ids, num_draft_tokens, tree)
+        return offers
+
     def catchup_tokens(self, memos: dict, num_tokens: int) -> int:
         """The draft model's catch-up for a request (0 without a draft model)."""
         draft = self.proposers.get(DRAFT_PROPOSER)

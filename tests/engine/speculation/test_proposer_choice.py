@@ -328,3 +328,19 @@ def _request(request_id: str, rng: random.Random):
     params = SamplingParams(temperature=0.0, max_tokens=rng.randint(8, 24))
     prompt = [rng.randint(5, 50) for _ in range(rng.randint(4, 20))]
     return Request(request_id, prompt, params)
+
+
+def test_with_choice_a_member_that_offers_nothing_is_not_chosen_and_kinds_reach_results():
+    """The n-gram member offers no match on "chat" this step (cap 0): the policy drafts with
+    another member there even though n-gram's estimate is the best; on "copy" it offers a
+    4-gram match, so n-gram drafts (at most what it offered) and the request's record names
+    the kind for the result's estimate."""
+    policy = choice_policy(LinearCost(0.01, 1e-3, per_draft_step=0.0005), explore_interval=1000)
+    for request_id in ("copy", "chat"):
+        teach(policy, request_id, {"ngram": 0.95, "recycle": 0.6, "draft": 0.6})
+    copy = SpecCandidate("copy", 200, 4, spec("copy"), offers={"ngram": (2, "n4")})
+    chat = SpecCandidate("chat", 200, 4, spec("chat"), offers={"ngram": (0, "")})
+    plan = policy.plan([copy, chat], decode_base(2))
+    assert spec("copy").proposer == "ngram" and spec("chat").proposer in ("recycle", "draft")
+    assert 0 < plan["copy"] <= 2
+    assert spec("copy").kind == "n4" and spec("chat").kind == ""

@@ -57,6 +57,11 @@ PLAN_DECAY = 0.9  # weight of the previous planning-time estimate
 # Between full searches, each request's k is its best response at the last search's prices
 # (search.Prices) for up to this many plans, while the batch keeps about its size and shape.
 REPRICE_EVERY = 8
+# A forced probe may cost at most this share of the time since the probed (request, proposer)
+# last ran: a draft model's probe first feeds everything it missed (hundreds of tokens after a
+# long idle spell), and probing it every explore_interval plans regardless cost auto a third
+# of its speed on the Qwen pair (docs/benchmarks.md §4g).
+EXPLORE_SHARE = 0.05
 
 
 class GoodputPolicy(SpecPolicy):
@@ -166,24 +171,36 @@ class GoodputPolicy(SpecPolicy):
         return [min(1.0, scale * p) for p in scores] + [0.0] * (cap - len(scores))
 
     def _explore(
-        self, candidates: Sequence[SpecCandidate], options: list[list[SearchSlot]]
+        self,
+        candidates: Sequence[SpecCandidate],
+        options: list[list[SearchSlot]],
+        base: StepFeatures,
     ) -> None:
         """The probe of this plan (_probe), if any: that request gets only that option, with
         one draft at least."""
-        probe = self._probe(candidates, [[o.cap for o in slot] for slot in options])
+        caps = [[o.cap for o in slot] for slot in options]
+        costs = [[o.propose_seconds for o in slot] for slot in options]
+        step = self.cost_model.predict(base) if self.cost_model.fitted else 0.0
+        probe = self._probe(candidates, caps, costs, step)
         if probe is not None:
             i, j = probe
             options[i] = [options[i][j]]
             options[i][0].floor = 1
 
     def _probe(
-        self, candidates: Sequence[SpecCandidate], caps: list[list[int]]
+        self,
+        candidates: Sequence[SpecCandidate],
+        caps: list[list[int]],
+        costs: list[list[float]] | None = None,
+        step_seconds: float = 0.0,
     ) -> tuple[int, int] | None:
         """The (request, proposer) idle longest, once idle for explore_interval plans (past
         four candidates, for four plans per candidate, so that under load the retries stay
         about one per four plans: each is a verify row every request in the step waits for),
         to be given one draft. One per plan, so that under load the retries do not all land
-        on the same step. caps[i][j]: proposer j's cap on request i."""
+        on the same step. caps[i][j]: proposer j's cap on request i; costs[i][j]: the seconds
+        of drafting with it beyond the step (a draft model's catch-up), which must stay within
+        EXPLORE_SHARE of the idle plans' steps (step_seconds each)."""
         interval = self.explore_interval
         if len(candidates) > 4:
             interval = max(interval, 4 * len(candidates))
@@ -192,7 +209,10 @@ class GoodputPolicy(SpecPolicy):
             for j, name in enumerate(self.proposers):
                 # the plan that last ran it on this request (or first saw the request)
                 last = candidate.spec.last_run.setdefault(name, self._num_plans)
-                if caps[i][j] > 0 and self._num_plans - last >= interval:
+                idle_plans = self._num_plans - last
+                cost = costs[i][j] if costs is not None else 0.0
+                affordable = cost <= EXPLORE_SHARE * idle_plans * step_seconds
+                if caps[i][j] > 0 and idle_plans >= interval and (cost == 0.0 or affordable):
                     idle.append((last, i, j))
         return min(idle)[1:] if idle else None
 
@@ -213,7 +233,7 @@ class GoodputPolicy(SpecPolicy):
             if plan is not None:
                 return plan
         options = [[self._slot(c, name) for name in self.proposers] for c in candidates]
-        self._explore(candidates, options)
+        self._explore(candidates, options, base)
         if self.cost_model.fitted:
             problem = SearchProblem(
                 options,

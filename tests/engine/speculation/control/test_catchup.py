@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from engine.speculation.control import goodput as goodput_module
 from engine.speculation.control.cost_model import OnlineLinearCostModel
 from engine.speculation.control.policy import SpecCandidate
 from engine.speculation.control.step_features import StepFeatures
@@ -62,19 +63,25 @@ def test_a_draft_option_pays_its_catchup():
     assert spec("behind").proposer != "draft"
 
 
-def test_a_forced_probe_is_predicted_with_its_catchup():
+def test_a_forced_probe_is_predicted_with_its_catchup_and_waits_until_affordable():
+    """A draft probe that first feeds 4000 tokens (0.2 s, twenty 10 ms steps) is forced only
+    once the request has been idle long enough that it costs at most EXPLORE_SHARE of that
+    time, and it is then predicted with its catch-up."""
     cost = CatchupCost(0.01, 1e-3, per_draft_step=5e-4)
     policy = choice_policy(cost, explore_interval=1)
     batch = [SpecCandidate("behind", 4200, 4, spec("behind"), 4000)]
-    seen = []
-    for _ in range(6):
+    seen, first = [], None
+    for index in range(600):
         planning = policy.plan_seconds  # the objective pays it too (test_plan_cost.py)
         plan = policy.plan(batch, decode_base(1))
         if spec("behind").proposer == "draft":
+            first = index if first is None else first
             k = plan["behind"]
             f = decode_base(1).with_drafts(k, 1, k)
             seen.append(policy.last_predicted_step_time - planning - cost.predict(f))
     assert seen and all(extra == pytest.approx(4000 * PER_CATCHUP_TOKEN) for extra in seen)
+    step = cost.predict(decode_base(1))
+    assert first >= 4000 * PER_CATCHUP_TOKEN / (goodput_module.EXPLORE_SHARE * step) - 2
 
 
 def teach_draft(policy, request_ids, rate: float) -> None:

@@ -73,8 +73,8 @@ def record_probes(policy) -> list:
     """Wrap the policy's exploration to list each plan's forced (request, proposer)."""
     explore, forced = policy._explore, []
 
-    def recording(batch, options):
-        explore(batch, options)
+    def recording(batch, options, base):
+        explore(batch, options, base)
         probe = [(c.request_id, o[0].proposer) for c, o in zip(batch, options) if o[0].floor > 0]
         forced.extend(probe)
 

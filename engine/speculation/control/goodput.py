@@ -6,7 +6,9 @@ Per request, the acceptance estimate (acceptance.py) gives the gain of each furt
 chains a^j, trees the path probability of the j-th best node. The cost model predicts the
 step's seconds from its features; search.py finds the counts. Until the cost model is fitted,
 k cycles through 0..max so the model sees the draft direction, and a request idle for
-`explore_interval` plans is given one draft, so an estimate that fell to ~0 can recover.
+`explore_interval` plans is given one draft, so an estimate that fell to ~0 can recover, when
+that probe's extra seconds (a draft model's catch-up) are within EXPLORE_SHARE of the idle
+plans' steps.
 
 Acceptance is estimated per kind of proposal where the proposer names one before the plan
 (SpecCandidate.kind: the n-gram match's order). Between full searches, for up to REPRICE_EVERY

@@ -139,6 +139,9 @@ class SeedReport:
     cache_path: str | None = None
 
 
+GRID_VERSION = 2  # bumped when profile_grid's shapes change: an older cached fit is not reused
+
+
 def seed_cost_model(
     cost_model: OnlineLinearCostModel,
     timer: StepTimer,
@@ -154,7 +157,7 @@ def seed_cost_model(
     if spec_config.spec_profile_seconds <= 0:
         logger.info("cost model: no start-up profile (spec_profile_seconds=0); learning online")
         return SeedReport("skipped")
-    key = cache_key(*timer.identity)
+    key = cache_key(*timer.identity) + f"|grid={GRID_VERSION}"
     if graphs.enabled:  # which steps replay graphs changes the costs
         key += f"|graphs={graphs.describe()}"
     if draft_passes is not None:  # its passes are part of the fit, and so is how they run

@@ -114,7 +114,11 @@ def profile_grid(
     contexts = sorted({16, max_context // 8, max_context})
     grid = []
     for size in sizes:
-        for k in ks:
+        # One and two requests get every k: there each extra row is a step of the row ramps,
+        # and a CPU's rows-per-pass kernel makes some steps jump (without 4-row samples at
+        # batch 1 a fit put +30 ms between 3 and 4 rows on the Qwen pair, where 1.7x -> 2.4x
+        # of a decode step was measured from 3 to 5 rows: docs/benchmarks.md §4g).
+        for k in range(max_draft_tokens + 1) if size <= 2 else ks:
             if size * (1 + k) > max_num_batched_tokens:
                 continue
             for context in contexts:

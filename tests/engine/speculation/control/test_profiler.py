@@ -19,6 +19,7 @@ from engine.llm_engine import LLMEngine
 from engine.request import Request
 from engine.runner.step_timer import StepTimer
 from engine.sampling_params import SamplingParams
+from engine.speculation.control import profiler
 from engine.speculation.control.cost_model import cache_key
 from engine.speculation.control.profiler import fit_to_pool, shapes_for, startup_grid
 from engine.speculation.control.step_features import StepFeatures, profile_grid
@@ -154,6 +155,7 @@ def test_cache_round_trips_through_the_engine(tiny_model_dir, tmp_path, caplog):
     assert first.spec.seed_report.source == "profile"
     assert "cost model: profiled" in caplog.text
     key = cache_key(*StepTimer(first.runner, first.scheduler.block_manager).identity)
+    key += f"|grid={profiler.GRID_VERSION}"  # a fit of another grid is not reused
     assert key == first.spec.seed_report.key and "|float32/dense|1" in key
     assert key in json.loads((tmp_path / "cost_models.json").read_text())
     caplog.clear()
@@ -266,3 +268,14 @@ def test_the_cache_key_names_the_processor(tiny_model_dir, tmp_path):
     timer = StepTimer(engine.runner, engine.scheduler.block_manager)
     name = processor_name(engine.runner.device)
     assert name and f"@{name}|" in cache_key(*timer.identity)
+
+
+def test_the_grid_times_every_draft_count_for_one_and_two_requests():
+    """Each extra verify row of a small batch is its own profile sample (row ramps can jump
+    between any two row counts); larger batches keep the sparse k's."""
+    grid = profile_grid(max_num_seqs=8, max_draft_tokens=6)
+    for size in (1, 2):
+        decodes = [f for f in grid if f.num_requests == size and f.num_batched_tokens <= 7 * size]
+        assert {f.num_batched_tokens // size for f in decodes} == set(range(1, 8))
+    eight = {f.num_batched_tokens // 8 for f in grid if f.num_requests == 8}
+    assert eight == {1, 2, 4, 7}

@@ -76,27 +76,22 @@ def _rope_torch_(x, positions, cos, sin_signed):
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """gate_up [T, 2I] = [gate | up] -> silu(gate) * up [T, I]."""
-    ops = native_ops(gate_up)
-    half = gate_up.shape[-1] // 2
-    if ops is None or gate_up.dim() != 2 or gate_up.stride(-1) != 1:
-        if gate_up.dim() == 2 and _triton(gate_up):
-            return triton_fused.gated(gate_up, gelu=False)
-        return _gated_torch(gate_up, gelu=False)
-    out = torch.empty(gate_up.shape[0], half, dtype=torch.float32)
-    ops.silu_mul_out(gate_up, out)
-    return out
+    return _gated(gate_up, gelu=False)
 
 
 def gelu_tanh_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """gate_up [T, 2I] = [gate | up] -> gelu(gate, tanh approximation) * up [T, I]."""
+    return _gated(gate_up, gelu=True)
+
+
+def _gated(gate_up: torch.Tensor, gelu: bool) -> torch.Tensor:
     ops = native_ops(gate_up)
-    half = gate_up.shape[-1] // 2
     if ops is None or gate_up.dim() != 2 or gate_up.stride(-1) != 1:
         if gate_up.dim() == 2 and _triton(gate_up):
-            return triton_fused.gated(gate_up, gelu=True)
-        return _gated_torch(gate_up, gelu=True)
-    out = torch.empty(gate_up.shape[0], half, dtype=torch.float32)
-    ops.gelu_tanh_mul_out(gate_up, out)
+            return triton_fused.gated(gate_up, gelu)
+        return _gated_torch(gate_up, gelu)
+    out = torch.empty(gate_up.shape[0], gate_up.shape[-1] // 2, dtype=torch.float32)
+    (ops.gelu_tanh_mul_out if gelu else ops.silu_mul_out)(gate_up, out)
     return out
 
 

@@ -294,3 +294,30 @@ def test_anchors_survive_the_cache_and_follow_drift():
         f = StepFeatures.from_shapes(shapes, graphs=VERIFY_16)
         restored.observe(f, 1.3 * gpu_like_seconds(f))
     assert 1.15 < restored.predict(probe) / gpu_like_seconds(probe) < 1.31
+
+
+@pytest.mark.parametrize(
+    "graphs", [NO_GRAPHS, GraphShapes((1, 2, 4, 8), 1), GraphShapes((1, 2, 4, 8), 5)]
+)
+def test_predict_drafts_is_predict_of_with_drafts_for_many_plans(graphs):
+    """The search's vectorised prediction equals one scalar prediction per plan: eager steps,
+    prefill rows, every row ramp, draft passes and speculating requests included."""
+    rng = random.Random(3)
+    model = OnlineLinearCostModel()
+    model.fit(
+        [(f, 0.01 + rng.random() * 0.05) for f in profile_grid(draft_model=True, graphs=graphs)]
+    )
+    for _ in range(100):
+        shapes = [
+            (rng.randint(0, 2000), rng.choice([1, 1, 1, 37]), 0) for _ in range(rng.randint(1, 70))
+        ]
+        base = StepFeatures.from_shapes(shapes, graphs=graphs)
+        drafts = [rng.randint(0, 300) for _ in range(5)]
+        spec = [rng.randint(0, 60) for _ in range(5)]
+        passes = [rng.randint(0, 5) for _ in range(5)]
+        got = model.predict_drafts(base, drafts, spec, passes, graphs.eager_on_drafts)
+        want = [
+            model.predict(base.with_drafts(d, s, p, graphs))
+            for d, s, p in zip(drafts, spec, passes)
+        ]
+        assert got.tolist() == pytest.approx(want, rel=1e-9, abs=1e-12)

@@ -83,6 +83,11 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-prefix-caching", action="store_true", help="disable automatic prefix caching"
     )
     group.add_argument(
+        "--no-sliding-window-pool",
+        action="store_true",
+        help="sliding-window layers keep every block (default: only those their window reads)",
+    )
+    group.add_argument(
         "--enforce-eager",
         action="store_true",
         help="no CUDA graphs for decode steps (FlashInfer on CUDA captures them by default)",
@@ -96,6 +101,8 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
     }
     if getattr(args, "no_prefix_caching", False):
         overrides["enable_prefix_caching"] = False
+    if getattr(args, "no_sliding_window_pool", False):
+        overrides["sliding_window_pool"] = False
     if getattr(args, "enforce_eager", False):
         overrides["cuda_graphs"] = False
     if args.config:

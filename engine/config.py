@@ -82,6 +82,9 @@ class CacheConfig:
     # What the KV cache stores: auto (the model's dtype), float32, float16 or bfloat16. The CPU
     # kernels read 16-bit caches directly (half the bytes per token); FlashInfer needs --dtype's.
     kv_cache_dtype: str = "auto"
+    # Sliding-window layers on a block pool of their own, holding only the blocks their window
+    # reads (engine/core/kv_budget.py); False: they keep every block, as full layers do.
+    sliding_window_pool: bool = True
 
     def __post_init__(self) -> None:
         _check(

@@ -54,7 +54,9 @@ class LLMEngine:
             runner.max_model_len, runner.num_blocks, config.cache.block_size
         )
         self.eos_token_ids = _eos_ids(runner.arch, tokenizer)
-        self.scheduler = Scheduler(config.scheduler, config.cache, runner.num_blocks)
+        self.scheduler = Scheduler(
+            config.scheduler, config.cache, runner.num_blocks, runner.kv_split.window
+        )
         timer = StepTimer(runner, self.scheduler.block_manager, seed=config.model.seed)
         self.spec = build_spec_driver(config.spec, runner, config.scheduler, timer)
         self.outputs = OutputProcessor(tokenizer, self.spec.proposer_name)

@@ -8,7 +8,7 @@ Everything here is host data.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     from engine.request import Request, SpecCounts
@@ -56,12 +56,20 @@ class ScheduledRequest:
         return None
 
 
+class BlockCopy(NamedTuple):
+    """Copy-on-write of one block, run before the step's forward: in the full-attention
+    layers' pool, or (window) in the sliding-window layers' own pool."""
+
+    src: int
+    dst: int
+    window: bool = False
+
+
 @dataclass(frozen=True)
 class SchedulerOutput:
     scheduled: tuple[ScheduledRequest, ...]
     preempted: tuple[Request, ...] = ()  # blocks freed this step: recomputed later
-    # Copy-on-write block copies (src_block_id, dst_block_id) to run before the forward pass.
-    block_copies: tuple[tuple[int, int], ...] = ()
+    block_copies: tuple[BlockCopy, ...] = ()
     num_batched_tokens: int = 0
 
     @property

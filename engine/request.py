@@ -117,6 +117,7 @@ class Request:
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (last admission)
     block_ids: list[int] = field(default_factory=list)
+    window_block_ids: list[int] = field(default_factory=list)  # the window layers' pool's
     status: RequestStatus = RequestStatus.WAITING
     num_preemptions: int = 0
     first_scheduled_time: float | None = None

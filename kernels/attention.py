@@ -15,11 +15,16 @@ tokens; the history before them is always fully visible. Speculative trees use t
 A layer with a sliding window W (KVCacheSpec.sliding_windows) further hides the keys more than
 W - 1 positions before the query (transformers' `kv > q - W`); a tree node's position is the
 history length plus its depth.
+
+Window pool: with KVCacheSpec.num_window_blocks > 0 the sliding-window layers' caches have that
+many blocks of their own, addressed by the metadata's window_block_tables and
+window_slot_mapping (the engine releases blocks that slid out of every query's window, so their
+table entries before the window are placeholders that no kernel reads).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import torch
@@ -34,6 +39,22 @@ class AttentionMetadata:
     query_lens_host: tuple[int, ...]  # same as diff(query_start_loc), on the host
     seq_lens_host: tuple[int, ...]  # same as seq_lens, on the host
     tree_masks: tuple[torch.Tensor | None, ...] = ()  # per request [q_len, q_len] bool, or None
+    # The window pool's tables and slots (KVCacheSpec.num_window_blocks > 0), else None.
+    window_block_tables: torch.Tensor | None = None
+    window_slot_mapping: torch.Tensor | None = None
+
+    def of_group(self, window: bool) -> AttentionMetadata:
+        """The metadata a layer reads: the window pool's tables and slots for a sliding layer
+        when the cache has a window pool."""
+        if not window or self.window_block_tables is None:
+            return self
+        return replace(
+            self,
+            block_tables=self.window_block_tables,
+            slot_mapping=self.window_slot_mapping,
+            window_block_tables=None,
+            window_slot_mapping=None,
+        )
 
     @property
     def num_requests(self) -> int:
@@ -60,9 +81,21 @@ class KVCacheSpec:
     dtype: torch.dtype
     device: torch.device
     sliding_windows: tuple[int, ...] = ()  # per layer, 0 = full attention; () = all full
+    num_window_blocks: int = 0  # the sliding layers' own pool; 0: they use the num_blocks pool
 
     def window(self, layer: int) -> int:
         return self.sliding_windows[layer] if self.sliding_windows else 0
+
+    def in_window_pool(self, layer: int) -> bool:
+        return self.num_window_blocks > 0 and self.window(layer) > 0
+
+    def pool_layers(self, window: bool) -> list[int]:
+        """The layers whose caches one pool's block ids address (copy_slots' `window`)."""
+        return [i for i in range(self.num_layers) if self.in_window_pool(i) == window]
+
+    def blocks_of(self, layer: int) -> int:
+        """The number of blocks in the layer's cache."""
+        return self.num_window_blocks if self.in_window_pool(layer) else self.num_blocks
 
     @property
     def bytes_per_block(self) -> int:
@@ -96,5 +129,9 @@ class AttentionBackend(Protocol):
         returns [num_tokens, num_heads, head_dim]. GQA: query head h uses KV head h // group.
         """
 
-    def copy_slots(self, src_slots: torch.Tensor, dst_slots: torch.Tensor) -> None:
-        """Copy K/V of cache slots src -> dst in every layer (CoW blocks, tree compaction)."""
+    def copy_slots(
+        self, src_slots: torch.Tensor, dst_slots: torch.Tensor, window: bool = False
+    ) -> None:
+        """Copy K/V of cache slots src -> dst (CoW blocks, tree compaction) in every layer of
+        one pool: the window pool's layers when `window`, else the others (all layers when the
+        cache has no window pool)."""

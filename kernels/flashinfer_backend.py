@@ -193,7 +193,10 @@ class FlashInferBackend:
         flat.index_copy_(0, self._kv_rows[1], v.to(cache.dtype))
         return self._active.run(q.contiguous(), cache)
 
-    def copy_slots(self, src_slots: torch.Tensor, dst_slots: torch.Tensor) -> None:
+    def copy_slots(
+        self, src_slots: torch.Tensor, dst_slots: torch.Tensor, window: bool = False
+    ) -> None:
+        # No window pool here (allocate refuses sliding windows): every layer is one pool.
         # Gather-then-scatter: every read sees the cache before this copy, so overlapping
         # src/dst (tree compaction moving a path down onto earlier nodes) is safe.
         block_size = self._require_spec().block_size

@@ -59,20 +59,26 @@ class _ChunkPlan:
 
 class ReferenceBackend:
     name = "reference"
+    reads_window_pool = True  # KVCacheSpec.num_window_blocks: the window layers' own pool
 
     def __init__(self) -> None:
         self.kv_caches: list[torch.Tensor] = []
         self.spec: KVCacheSpec | None = None
         self.metadata: AttentionMetadata | None = None
-        self._write_rows: torch.Tensor | None = None  # [2 * num_tokens] K rows then V rows
+        # [2 * num_tokens] K rows then V rows, per pool (True: the window pool)
+        self._write_rows: dict[bool, torch.Tensor] = {}
         # window -> (decode groups, chunks) of this step; window 0 = full attention
         self._plans: dict[int, tuple[list[_DecodePlan], list[_ChunkPlan]]] = {}
 
     def allocate(self, spec: KVCacheSpec) -> None:
         self.spec = spec
-        shape = (spec.num_blocks, 2, spec.block_size, spec.num_kv_heads, spec.head_dim)
         self.kv_caches = [
-            torch.zeros(shape, dtype=spec.dtype, device=spec.device) for _ in range(spec.num_layers)
+            torch.zeros(
+                (spec.blocks_of(layer), 2, spec.block_size, spec.num_kv_heads, spec.head_dim),
+                dtype=spec.dtype,
+                device=spec.device,
+            )
+            for layer in range(spec.num_layers)
         ]
 
     # ----- per-step planning (host work shared by all layers) -----
@@ -80,7 +86,10 @@ class ReferenceBackend:
     def plan(self, metadata: AttentionMetadata) -> None:
         assert self.spec is not None, "allocate() must run before plan()"
         self.metadata = metadata
-        self._write_rows = self._k_and_v_rows(metadata.slot_mapping.to(torch.int64))
+        self._write_rows = {
+            window: self._k_and_v_rows(metadata.of_group(window).slot_mapping.to(torch.int64))
+            for window in {self.spec.num_window_blocks > 0, False}
+        }
         tree_masks = metadata.tree_masks or (None,) * metadata.num_requests
         starts = [0]
         for q_len in metadata.query_lens_host:
@@ -89,16 +98,13 @@ class ReferenceBackend:
         for i, (q_len, mask) in enumerate(zip(metadata.query_lens_host, tree_masks, strict=True)):
             (decode_ids if q_len == 1 and mask is None else chunk_ids).append(i)
         groups = self._group_decodes(metadata, decode_ids)
-        self._plans = {
-            window: (
-                [self._plan_decodes(metadata, group, starts, window) for group in groups],
-                [
-                    self._plan_chunk(metadata, i, starts[i], tree_masks[i], window)
-                    for i in chunk_ids
-                ],
+        self._plans = {}
+        for window in set(self.spec.sliding_windows or (0,)):
+            group = metadata.of_group(window > 0)
+            self._plans[window] = (
+                [self._plan_decodes(group, ids, starts, window) for ids in groups],
+                [self._plan_chunk(group, i, starts[i], tree_masks[i], window) for i in chunk_ids],
             )
-            for window in set(self.spec.sliding_windows or (0,))
-        }
 
     def _k_and_v_rows(self, slots: torch.Tensor) -> torch.Tensor:
         """Slots [n] -> flat cache rows [2n]: the K rows, then the V rows."""
@@ -188,7 +194,8 @@ class ReferenceBackend:
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
     ) -> torch.Tensor:
         flat = self._flat_cache(layer)
-        flat.index_copy_(0, self._write_rows, torch.cat([k, v]).to(flat.dtype))
+        rows = self._write_rows[self.spec.in_window_pool(layer)]
+        flat.index_copy_(0, rows, torch.cat([k, v]).to(flat.dtype))
         groups, chunks = self._plans[self.spec.window(layer)]
         if len(groups) == 1 and groups[0].rows_are_all:
             return self._attend_decodes(flat, q, groups[0], scale)
@@ -238,10 +245,12 @@ class ReferenceBackend:
         )
         return out[0].transpose(0, 1)
 
-    def copy_slots(self, src_slots: torch.Tensor, dst_slots: torch.Tensor) -> None:
+    def copy_slots(
+        self, src_slots: torch.Tensor, dst_slots: torch.Tensor, window: bool = False
+    ) -> None:
         src_rows = self._k_and_v_rows(src_slots.to(torch.int64))
         dst_rows = self._k_and_v_rows(dst_slots.to(torch.int64))
-        for layer in range(len(self.kv_caches)):
+        for layer in self.spec.pool_layers(window):
             flat = self._flat_cache(layer)
             # index_select copies first, so overlapping src/dst sets read the old values.
             flat.index_copy_(0, dst_rows, flat.index_select(0, src_rows))

@@ -6,7 +6,8 @@ prefix caching). A cryptographic hash keeps a crafted prompt from colliding with
 prefix. Only blocks whose tokens are all verified and computed are registered (the block manager
 enforces it), so K/V of unverified draft tokens never enters the index.
 
-This module only keeps the index; ref counts and the free lists belong to BlockManager.
+This module only keeps the index; ref counts and the free lists belong to BlockPool (each pool
+keeps its own index: a hash names the prefix, the index the block holding it in that pool).
 """
 
 from __future__ import annotations
@@ -53,6 +54,10 @@ class PrefixCache:
                 break
             block_ids.append(block_id)
         return block_ids
+
+    def block_of(self, block_hash: BlockHash) -> int | None:
+        """The block indexed under `block_hash`, or None."""
+        return self._block_of_hash.get(block_hash)
 
     def register(self, block_id: int, block_hash: BlockHash) -> bool:
         """Index `block_id` under `block_hash`; False when either is already indexed

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from engine.config import CacheConfig, SchedulerConfig
-from engine.core.block_manager import BlockCopy, BlockManager
+from engine.core.block_manager import BlockCopy, BlockManager, SharedBlocks, WindowGroup
 from engine.outputs import (
     ModelOutput,
     RequestStepOutput,
@@ -61,11 +61,15 @@ class _Step:
 
 class Scheduler:
     def __init__(
-        self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, num_blocks: int
+        self,
+        scheduler_config: SchedulerConfig,
+        cache_config: CacheConfig,
+        num_blocks: int,
+        window: WindowGroup | None = None,
     ) -> None:
         self.config = scheduler_config
         self.block_manager = BlockManager(
-            num_blocks, cache_config.block_size, cache_config.enable_prefix_caching
+            num_blocks, cache_config.block_size, cache_config.enable_prefix_caching, window
         )
         self.waiting: deque[Request] = deque()  # FCFS; preempted requests re-enter at the front
         self.running: list[Request] = []  # sorted by arrival: the last one is preempted first
@@ -172,13 +176,18 @@ class Scheduler:
                 return  # FCFS: nobody overtakes a request that is waiting for blocks
 
     def _admit(self, request: Request, parent: Request | None, plan: SpecPlan, step: _Step) -> bool:
-        if parent is not None:  # n > 1 child: share the parent's prompt blocks
-            num_prompt = request.num_prompt_tokens
-            shared = parent.block_ids[: self.block_manager.num_blocks_for(num_prompt)]
-            num_computed = num_prompt - 1  # recompute the last prompt token to sample
+        # n > 1 child: share the parent's prompt blocks (None: its window slid past them)
+        shared = (
+            None
+            if parent is None
+            else self.block_manager.fork_blocks(parent, request.num_prompt_tokens)
+        )
+        forked = shared is not None
+        if forked:
+            num_computed = request.num_prompt_tokens - 1  # recompute the last prompt token
         else:
             shared = self._cached_prefix(request)
-            num_computed = len(shared) * self.block_manager.block_size
+            num_computed = len(shared.block_ids) * self.block_manager.block_size
         num_new, num_draft_tokens = self._num_new_tokens(request, num_computed, plan, step.budget)
         copies = self.block_manager.allocate_slots(
             request, num_computed, num_new + num_draft_tokens, shared
@@ -188,7 +197,7 @@ class Scheduler:
             copies = self.block_manager.allocate_slots(request, num_computed, num_new, shared)
         if copies is None:
             return False
-        if parent is None:
+        if not forked:
             self.block_manager.record_prefix_query(request.num_tokens, num_computed)
         request.num_computed_tokens = request.num_cached_tokens = num_computed
         request.status = RequestStatus.RUNNING
@@ -199,9 +208,9 @@ class Scheduler:
         step.add(request, num_new, num_draft_tokens, copies)
         return True
 
-    def _cached_prefix(self, request: Request) -> list[int]:
+    def _cached_prefix(self, request: Request) -> SharedBlocks:
         if request.sampling_params.prompt_logprobs is not None:
-            return []  # every prompt position must be computed to get its logprobs
+            return SharedBlocks([])  # every prompt position must be computed for its logprobs
         return self.block_manager.find_cached_prefix(request)
 
     def _live_parent(self, request: Request) -> Request | None:

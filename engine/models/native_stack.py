@@ -158,6 +158,8 @@ class NativeStack:
             self.scale,
             num_layers,
             self.timings,
+            planned.window_slots,
+            planned.window_block_tables,
         )
 
 

@@ -68,8 +68,14 @@ class ModelInput:
                 block_tables=metadata.block_tables.to(device),
                 slot_mapping=metadata.slot_mapping.to(device),
                 tree_masks=tuple(m if m is None else m.to(device) for m in metadata.tree_masks),
+                window_block_tables=_to(metadata.window_block_tables, device),
+                window_slot_mapping=_to(metadata.window_slot_mapping, device),
             ),
         )
+
+
+def _to(tensor: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+    return None if tensor is None else tensor.to(device)
 
 
 def slot_of(block_ids: list[int], index: int, block_size: int) -> int:
@@ -97,10 +103,36 @@ def _plain_decode(scheduled: ScheduledRequest) -> bool:
     )
 
 
+def _table(block_tables: list[list[int]]) -> torch.Tensor:
+    """[num_requests, max_blocks] int32, 0-padded."""
+    max_blocks = max((len(t) for t in block_tables), default=1) or 1
+    table = np.zeros((len(block_tables), max_blocks), dtype=np.int32)
+    for i, blocks in enumerate(block_tables):
+        table[i, : len(blocks)] = blocks
+    return torch.from_numpy(table)
+
+
+def _window_view(
+    rows: list[RequestRows], slots: list[int], block_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The window pool's (tables, slots) for the step: the same token indices as `slots`."""
+    tables = [r.request.window_block_ids for r in rows]
+    window_slots = []
+    for r in rows:
+        first = r.first_slot_index
+        q_len = r.num_real + len(r.draft_token_ids)
+        table = r.request.window_block_ids
+        window_slots.extend(slot_of(table, first + j, block_size) for j in range(q_len))
+    if len(window_slots) != len(slots):
+        raise AssertionError("the window pool's slots must match the step's tokens")
+    # Released entries (NULL_BLOCK) read as block 0: no kernel reads keys outside the window.
+    return _table(tables).clamp_(min=0), torch.tensor(window_slots, dtype=torch.int64)
+
+
 def build_model_input(
-    scheduler_output: SchedulerOutput, drafts: Drafts, block_size: int
+    scheduler_output: SchedulerOutput, drafts: Drafts, block_size: int, windowed: bool = False
 ) -> ModelInput:
-    """The step's inputs as host tensors."""
+    """The step's inputs as host tensors; `windowed`: the cache has a window pool."""
     input_ids: list[int] = []
     positions: list[int] = []
     slots: list[int] = []
@@ -172,18 +204,19 @@ def build_model_input(
         rows.append(
             RequestRows(scheduled, draft_ids, tree, start, num_real, sample_rows, prompt_rows)
         )
-    max_blocks = max((len(t) for t in block_tables), default=1) or 1
-    table = np.zeros((len(block_tables), max_blocks), dtype=np.int32)
-    for i, blocks in enumerate(block_tables):
-        table[i, : len(blocks)] = blocks
+    window_tables, window_slots = (
+        _window_view(rows, slots, block_size) if windowed else (None, None)
+    )
     metadata = AttentionMetadata(
         query_start_loc=torch.tensor(cu_query, dtype=torch.int32),
         seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
-        block_tables=torch.from_numpy(table),
+        block_tables=_table(block_tables),
         slot_mapping=torch.tensor(slots, dtype=torch.int64),
         query_lens_host=tuple(b - a for a, b in zip(cu_query, cu_query[1:])),
         seq_lens_host=tuple(seq_lens),
         tree_masks=tuple(tree_masks),
+        window_block_tables=window_tables,
+        window_slot_mapping=window_slots,
     )
     return ModelInput(
         input_ids=torch.tensor(input_ids, dtype=torch.int64),

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine.config import EngineConfig
+from engine.core.block_manager import BlockCopy
+from engine.core.kv_budget import KVSplit, split_kv_cache
 from engine.models.linear import weight_format
 from engine.models.loader import load_model, resolve_model_path
 from engine.outputs import Drafts, ModelOutput, RequestStepOutput, SchedulerOutput
@@ -64,7 +66,8 @@ class ModelRunner:
             config.model.max_model_len or self.arch.max_position_embeddings,
             self.arch.max_position_embeddings,
         )
-        self.num_blocks = self._allocate_kv_cache()
+        self.kv_split = self._allocate_kv_cache()
+        self.num_blocks = self.kv_split.num_blocks
         self.graphs: StepGraphRunner | None = capture_graphs(
             config, self.backend, self.model, self.arch, self.max_model_len, self.device
         )
@@ -90,7 +93,7 @@ class ModelRunner:
             torch.set_num_threads(threads)
         torch.manual_seed(self.config.model.seed)
 
-    def _allocate_kv_cache(self) -> int:
+    def _allocate_kv_cache(self) -> KVSplit:
         arch = self.arch
         probe = KVCacheSpec(
             arch.num_layers,
@@ -101,29 +104,52 @@ class ModelRunner:
             self.kv_dtype,
             self.device,
         )
-        num_blocks = self.config.cache.num_kv_blocks or max(
+        num_unsplit = self.config.cache.num_kv_blocks or max(
             2, self.config.cache.kv_cache_bytes // probe.bytes_per_block
         )
+        split = self._split(num_unsplit)
         spec = KVCacheSpec(
             arch.num_layers,
-            num_blocks,
+            split.num_blocks,
             self.block_size,
             arch.num_kv_heads,
             arch.head_dim,
             self.kv_dtype,
             self.device,
             arch.layer_windows,
+            split.window.num_blocks if split.window else 0,
         )
         self.backend.allocate(spec)
+        layer_blocks = sum(spec.blocks_of(i) for i in range(arch.num_layers))
         logger.info(
-            "KV cache: %d blocks x %d tokens (%.1f MiB, %s, %s)",
-            num_blocks,
+            "KV cache: %d blocks x %d tokens (%.1f MiB, %s, %s)%s",
+            split.num_blocks,
             self.block_size,
-            num_blocks * probe.bytes_per_block / 2**20,
+            layer_blocks * probe.bytes_per_block / arch.num_layers / 2**20,
             str(self.kv_dtype).removeprefix("torch."),
             getattr(self.backend, "name", type(self.backend).__name__),
+            f"; the sliding-window layers' own pool: {split.window.num_blocks} blocks"
+            if split.window
+            else "",
         )
-        return num_blocks
+        return split
+
+    def _split(self, num_unsplit: int) -> KVSplit:
+        """The window layers' own pool where the backend reads one (engine/core/kv_budget.py:
+        not beside a draft model)."""
+        if not self.config.cache.sliding_window_pool or not getattr(
+            self.backend, "reads_window_pool", False
+        ):
+            return KVSplit(num_unsplit, None)
+        return split_kv_cache(
+            num_unsplit,
+            self.arch.layer_windows or (0,) * self.arch.num_layers,
+            self.block_size,
+            self.config.scheduler.max_num_seqs,
+            self.config.scheduler.max_num_batched_tokens,
+            -(-self.max_model_len // self.block_size),
+            mirrored=bool(self.config.spec.draft_model),
+        )
 
     @property
     def graph_shapes(self) -> GraphShapes:
@@ -136,20 +162,23 @@ class ModelRunner:
         self._follow_free_cores()
         start = time.perf_counter()
         self._copy_blocks(scheduler_output.block_copies)
-        model_input = build_model_input(scheduler_output, drafts, self.block_size)
+        model_input = build_model_input(
+            scheduler_output, drafts, self.block_size, self.kv_split.window is not None
+        )
         logits = self._logits(model_input)
         verified = self.verifier.verify(model_input.requests, logits, drafts.target_topk)
         self._compact_trees(model_input.requests, verified)
         outputs = self._outputs(model_input, logits, verified)
         return ModelOutput(outputs=outputs, step_time=time.perf_counter() - start)
 
-    def _copy_blocks(self, copies: Sequence[tuple[int, int]]) -> None:
-        if not copies:
-            return
+    def _copy_blocks(self, copies: Sequence[BlockCopy]) -> None:
         offsets = torch.arange(self.block_size, device=self.device)
-        src = torch.cat([offsets + s * self.block_size for s, _ in copies])
-        dst = torch.cat([offsets + d * self.block_size for _, d in copies])
-        self.backend.copy_slots(src, dst)
+        for window in (False, True):
+            pool = [c for c in copies if c.window == window]
+            if pool:
+                src = torch.cat([offsets + c.src * self.block_size for c in pool])
+                dst = torch.cat([offsets + c.dst * self.block_size for c in pool])
+                self.backend.copy_slots(src, dst, window)
 
     def _logits(self, model_input: ModelInput) -> torch.Tensor:
         """float32 logits [num_logit_rows, vocab]: the step replayed as a graph where its
@@ -244,18 +273,26 @@ class ModelRunner:
 
     def _compact_trees(self, requests, verified: dict[str, Verified]) -> None:
         """Copy each accepted tree path's K/V into the contiguous slots right after the root."""
-        src, dst = [], []
+        moves = []  # (request, from token index, to token index)
         for rows in requests:
             done = verified.get(rows.scheduled.request_id)
             if rows.tree is None or done is None:
                 continue
             base = rows.first_slot_index + rows.num_real  # slot index of node 0
-            block_ids = rows.scheduled.request.block_ids
-            for depth, node in enumerate(done.accepted_node_ids):
-                if node != depth:
-                    src.append(slot_of(block_ids, base + node, self.block_size))
-                    dst.append(slot_of(block_ids, base + depth, self.block_size))
-        if src:
+            request = rows.scheduled.request
+            moves.extend(
+                (request, base + node, base + depth)
+                for depth, node in enumerate(done.accepted_node_ids)
+                if node != depth
+            )
+        if not moves:
+            return
+        for window in (False, True) if self.kv_split.window else (False,):
+            tables = [r.window_block_ids if window else r.block_ids for r, _, _ in moves]
+            src = [slot_of(t, a, self.block_size) for t, (_, a, _) in zip(tables, moves)]
+            dst = [slot_of(t, b, self.block_size) for t, (_, _, b) in zip(tables, moves)]
             self.backend.copy_slots(
-                torch.tensor(src, device=self.device), torch.tensor(dst, device=self.device)
+                torch.tensor(src, device=self.device),
+                torch.tensor(dst, device=self.device),
+                window,
             )

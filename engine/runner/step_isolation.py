@@ -100,9 +100,14 @@ def _sub_step(sched: SchedulerOutput, piece: Sequence[ScheduledRequest]) -> Sche
     """The step restricted to `piece`, with the copy-on-write copies into its blocks (a copy's
     destination is a block the copying request just allocated for itself)."""
     own_blocks = {block for s in piece for block in s.request.block_ids}
+    own_window_blocks = {block for s in piece for block in s.request.window_block_ids}
     return SchedulerOutput(
         scheduled=tuple(piece),
-        block_copies=tuple(c for c in sched.block_copies if c[1] in own_blocks),
+        block_copies=tuple(
+            c
+            for c in sched.block_copies
+            if c.dst in (own_window_blocks if c.window else own_blocks)
+        ),
         num_batched_tokens=sum(s.num_new_tokens for s in piece),
     )
 

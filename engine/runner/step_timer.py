@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from engine.core.block_pool import NULL_BLOCK
 from engine.outputs import Drafts, ScheduledRequest, SchedulerOutput
 from engine.request import Request
 from engine.sampling_params import SamplingParams
@@ -73,12 +74,35 @@ class StepTimer:
 
     def check_pristine(self) -> None:
         manager = self.block_manager
-        if manager.num_free_blocks != manager.num_total_blocks or manager.num_cached_blocks:
+        window = manager.window_pool
+        if (
+            manager.num_free_blocks != manager.num_total_blocks
+            or manager.num_cached_blocks
+            or (window is not None and (window.usage > 0 or window.prefix.num_cached_blocks))
+        ):
             raise RuntimeError(
                 "the cost-model profile runs only on an idle KV pool (every block free, empty "
                 f"prefix cache); found {manager.num_free_blocks}/{manager.num_total_blocks} "
                 f"free and {manager.num_cached_blocks} cached"
             )
+
+    def _window_tables(self, shapes: Sequence[Shape]) -> list[list[int]]:
+        """Each request's window-pool table: the blocks its queries read, from the free ones
+        (taken again from the first when they run out: a dummy step's values do not matter)."""
+        manager = self.block_manager
+        if manager.window_pool is None:
+            return [[] for _ in shapes]
+        free = manager.window_pool.free_block_ids()
+        tables, taken = [], 0
+        for context, num_new, num_drafts in shapes:
+            num_blocks = -(-(context + num_new + num_drafts) // self.block_size)
+            first = manager.first_visible_block(context)
+            table = [NULL_BLOCK] * first
+            for _ in range(first, num_blocks):
+                table.append(free[taken % len(free)])
+                taken += 1
+            tables.append(table)
+        return tables
 
     def __call__(
         self,
@@ -90,6 +114,7 @@ class StepTimer:
         draft passes through `draft_passes` when given (see the module docstring)."""
         self.check_pristine()
         free_block_ids = self.block_manager.free_block_ids()
+        window_ids = self._window_tables(shapes)
         scheduled, chains = [], {}
         for index, (context, num_new, num_drafts) in enumerate(shapes):
             request = self._fake_request(index, context + num_new)
@@ -98,6 +123,7 @@ class StepTimer:
                 raise ValueError(f"{shapes} does not fit the KV pool; use fit_to_pool")
             request.block_ids = free_block_ids[:num_blocks]
             del free_block_ids[:num_blocks]
+            request.window_block_ids = window_ids[index]
             request.num_computed_tokens = context
             scheduled.append(ScheduledRequest(request, num_new + num_drafts, num_drafts, context))
             if num_drafts:

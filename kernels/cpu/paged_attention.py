@@ -8,7 +8,8 @@ token (chains and prefill chunks need none: query j sees new tokens 0..j). Per l
 native call writes k/v into the cache and attends every (token, KV head) pair in parallel,
 keys in position order, so a token's output is the same whichever step (decode, verify
 chain, prefill chunk) computes it and whatever else is in the batch. A layer with a sliding
-window (spec.sliding_windows) reads only the keys inside it.
+window (spec.sliding_windows) reads only the keys inside it, through the window pool's tables
+where the cache has one.
 
 Measured against the reference backend's gather + SDPA in docs/benchmarks.md §5c.
 """
@@ -31,6 +32,8 @@ class PlannedBatch(NamedTuple):
     block_tables: torch.Tensor  # [R, max_blocks] int32
     tokens: torch.Tensor  # [T, 4] int32: request, history, index among new, number of new
     mask: torch.Tensor | None  # [T, max_q_len] uint8 tree-mask rows, or None
+    window_slots: torch.Tensor | None = None  # the window pool's slots and tables, or None
+    window_block_tables: torch.Tensor | None = None
 
 
 class CpuPagedBackend(ReferenceBackend):
@@ -43,8 +46,9 @@ class CpuPagedBackend(ReferenceBackend):
             raise RuntimeError("the native CPU kernels are not available")
         self._tokens: torch.Tensor | None = None  # [T, 4] int32
         self._mask: torch.Tensor | None = None  # [T, max_q_len] uint8, or None
-        self._slots: torch.Tensor | None = None
-        self._tables: torch.Tensor | None = None
+        # slots [T] int64 and block tables [R, max_blocks] int32 per pool (True: the window's)
+        self._slots: dict[bool, torch.Tensor] = {}
+        self._tables: dict[bool, torch.Tensor] = {}
 
     def plan(self, metadata: AttentionMetadata) -> None:
         assert self.spec is not None, "allocate() must run before plan()"
@@ -57,12 +61,21 @@ class CpuPagedBackend(ReferenceBackend):
             rows.extend((request, history, j, q_len) for j in range(q_len))
         self._tokens = torch.tensor(rows, dtype=torch.int32).reshape(-1, 4)
         self._mask = self._tree_rows(metadata)
-        self._slots = metadata.slot_mapping.to(torch.int64).contiguous()
-        self._tables = metadata.block_tables.to(torch.int32).contiguous()
+        for window in {self.spec.num_window_blocks > 0, False}:
+            group = metadata.of_group(window)
+            self._slots[window] = group.slot_mapping.to(torch.int64).contiguous()
+            self._tables[window] = group.block_tables.to(torch.int32).contiguous()
 
     def planned(self) -> PlannedBatch:
         assert self._tokens is not None, "plan() must run first"
-        return PlannedBatch(self._slots, self._tables, self._tokens, self._mask)
+        return PlannedBatch(
+            self._slots[False],
+            self._tables[False],
+            self._tokens,
+            self._mask,
+            self._slots.get(True),
+            self._tables.get(True),
+        )
 
     @staticmethod
     def _tree_rows(metadata: AttentionMetadata) -> torch.Tensor | None:
@@ -84,13 +97,14 @@ class CpuPagedBackend(ReferenceBackend):
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
     ) -> torch.Tensor:
         out = torch.empty(q.shape, dtype=torch.float32)
+        pool = self.spec.in_window_pool(layer)
         self._ops.paged_attention_out(
             q,
             k,
             v,
             self.kv_caches[layer],
-            self._slots,
-            self._tables,
+            self._slots[pool],
+            self._tables[pool],
             self._tokens,
             self._mask,
             scale,

@@ -153,11 +153,15 @@ class DecoderStack {
   // residual [T, hidden] (the embeddings; overwritten) -> final-norm hidden states [T, hidden].
   // caches[i], slots, block_tables, tokens, mask: as paged_attention_out takes them.
   // timings: float64 [kPhases] to add each phase's seconds to (benchmarks), or None.
+  // window_slots, window_block_tables: the sliding layers' own pool (their caches[i] are that
+  // pool's), or None: every layer reads slots and block_tables.
   at::Tensor forward(at::Tensor& residual, const at::Tensor& positions,
                      const std::vector<at::Tensor>& caches, const at::Tensor& slots,
                      const at::Tensor& block_tables, const at::Tensor& tokens,
                      const std::optional<at::Tensor>& mask, double scale, int64_t num_layers,
-                     const std::optional<at::Tensor>& timings) {
+                     const std::optional<at::Tensor>& timings,
+                     const std::optional<at::Tensor>& window_slots,
+                     const std::optional<at::Tensor>& window_block_tables) {
     const int64_t T = residual.size(0);
     check_inputs(residual, positions, caches, num_layers);
     TORCH_CHECK(!timings || (timings->scalar_type() == at::kDouble && timings->is_contiguous() &&
@@ -165,6 +169,11 @@ class DecoderStack {
                 "timings must be a contiguous float64 [", kPhases, "] tensor");
     Clock clock(timings ? timings->data_ptr<double>() : nullptr);
     const AttentionBatch batch = attention_batch(slots, block_tables, tokens, mask, T);
+    TORCH_CHECK(window_slots.has_value() == window_block_tables.has_value(),
+                "window_slots and window_block_tables come together");
+    const AttentionBatch window_batch =
+        window_slots ? attention_batch(*window_slots, *window_block_tables, tokens, mask, T)
+                     : batch;
     const int64_t QKV = (H_ + 2 * Hkv_) * D_;
     auto buffer = [&](int64_t cols) { return at::empty({T, cols}, residual.options()); };
     at::Tensor h = buffer(C_), qkv = buffer(QKV), attended = buffer(H_ * D_), o = buffer(C_);
@@ -192,7 +201,8 @@ class DecoderStack {
       clock.lap(kRope);
       with_paged(caches[i], Hkv_, D_, [&](const auto& cache) {
         paged_attention(cache, Heads{qkv_data, QKV, D_}, Heads{qkv_data + H_ * D_, QKV, D_},
-                        Heads{qkv_data + (H_ + Hkv_) * D_, QKV, D_}, H_, batch, (float)scale,
+                        Heads{qkv_data + (H_ + Hkv_) * D_, QKV, D_}, H_,
+                        layer.window > 0 ? window_batch : batch, (float)scale,
                         attended.data_ptr<float>(), layer.window);
       });
       clock.lap(kAttention);
@@ -301,7 +311,8 @@ void register_stack(pybind11::module& m) {
       .def("forward", &DecoderStack::forward, py::call_guard<py::gil_scoped_release>(),
            py::arg("residual"), py::arg("positions"), py::arg("caches"), py::arg("slots"),
            py::arg("block_tables"), py::arg("tokens"), py::arg("mask"), py::arg("scale"),
-           py::arg("num_layers"), py::arg("timings") = py::none())
+           py::arg("num_layers"), py::arg("timings") = py::none(),
+           py::arg("window_slots") = py::none(), py::arg("window_block_tables") = py::none())
       .def_property_readonly("num_layers", &DecoderStack::num_layers)
       .def_property_readonly_static("phases", [](py::object) {
         return std::vector<std::string>{"norms", "qkv", "rope", "attention", "o", "gate_up",

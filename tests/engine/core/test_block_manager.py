@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.core.block_manager import BlockManager
+from engine.core.block_manager import BlockCopy, BlockManager
 from engine.core.prefix_cache import hash_block_tokens
 from tests.engine.factories import make_requests
 
@@ -56,9 +56,9 @@ def test_prefix_hit_takes_full_blocks_but_never_the_last_token_block():
     _computed(manager, first, 12)
     assert manager.num_cached_blocks == 3
     # Same 12 tokens: block 2 holds the last token, which must be recomputed for its logits.
-    assert manager.find_cached_prefix(second) == first.block_ids[:2]
+    assert manager.find_cached_prefix(second).block_ids == first.block_ids[:2]
     third.prompt_token_ids.append(99)  # 13 tokens: all three full blocks may be reused
-    assert manager.find_cached_prefix(third) == first.block_ids
+    assert manager.find_cached_prefix(third).block_ids == first.block_ids
     assert manager.allocate_slots(third, 12, 1, manager.find_cached_prefix(third)) == []
     assert third.block_ids[:3] == first.block_ids
     assert [manager.ref_count(b) for b in first.block_ids] == [2, 2, 2]
@@ -69,7 +69,7 @@ def test_hash_chain_names_the_whole_prefix():
     first, second = make_requests(2, prompt_len=0, prefix=[1, 2, 3, 4, 5, 6, 7, 8, 9])
     _computed(manager, first, 9)
     second.prompt_token_ids[0] = 42  # block 1 is equal, but its prefix differs
-    assert manager.find_cached_prefix(second) == []
+    assert manager.find_cached_prefix(second).block_ids == []
     assert hash_block_tokens(b"", [1, 2]) != hash_block_tokens(b"x", [1, 2])
 
 
@@ -95,10 +95,10 @@ def test_freed_cached_blocks_are_reused_lru_first_and_only_when_needed():
     assert manager.free_block_ids() == [3, 4, 5, 2, 1, 0]
     assert manager.allocate_slots(new, 0, 16) == []
     assert new.block_ids == [3, 4, 5, 2]  # fresh blocks first: the cache survives
-    assert manager.find_cached_prefix(old) == [0, 1]
+    assert manager.find_cached_prefix(old).block_ids == [0, 1]
     assert manager.allocate_slots(filler, 0, 4) == []
     assert filler.block_ids == [1]  # then evict least recently freed (old's tail block)
-    assert manager.find_cached_prefix(old) == [0]
+    assert manager.find_cached_prefix(old).block_ids == [0]
     assert manager.num_cached_blocks == 1
 
 
@@ -108,7 +108,7 @@ def test_cached_prefix_revived_from_the_free_list():
     _computed(manager, first, 9)
     manager.free(first)
     shared = manager.find_cached_prefix(second)
-    assert shared == [0, 1]
+    assert shared.block_ids == [0, 1]
     # 4 free blocks, 2 revived from the cache: one more needed for token 8.
     assert manager.allocate_slots(second, 8, 1, shared) == []
     assert manager.num_free_blocks == 1
@@ -132,9 +132,10 @@ def test_copy_on_write_of_a_shared_partial_block():
     manager = BlockManager(num_blocks=8, block_size=BLOCK)
     parent, child = make_requests(2, prompt_len=6)
     _computed(manager, parent, 6)
-    shared = parent.block_ids[:2]
+    shared = manager.fork_blocks(parent, 6)
+    assert shared.block_ids == parent.block_ids[:2]
     copies = manager.allocate_slots(child, 5, 1, shared)  # rewrite position 5 (block 1)
-    assert copies == [(parent.block_ids[1], child.block_ids[1])]
+    assert copies == [BlockCopy(parent.block_ids[1], child.block_ids[1])]
     assert child.block_ids[0] == parent.block_ids[0]
     assert child.block_ids[1] != parent.block_ids[1]
     assert manager.ref_count(parent.block_ids[0]) == 2
@@ -148,7 +149,7 @@ def test_prefix_caching_off_never_hits():
     manager = BlockManager(num_blocks=8, block_size=BLOCK, enable_prefix_caching=False)
     first, second = make_requests(2, prompt_len=0, prefix=list(range(9)))
     _computed(manager, first, 9)
-    assert manager.find_cached_prefix(second) == []
+    assert manager.find_cached_prefix(second).block_ids == []
     manager.record_prefix_query(9, 0)
     assert manager.num_cached_blocks == 0
     assert manager.prefix_cache_queries == 0

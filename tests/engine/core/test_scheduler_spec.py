@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import random
 
-from engine.outputs import ModelOutput, RequestStepOutput, ScheduledRequest, SchedulerOutput
+from engine.outputs import (
+    BlockCopy,
+    ModelOutput,
+    RequestStepOutput,
+    ScheduledRequest,
+    SchedulerOutput,
+)
 from engine.request import Request, RequestStatus
 from engine.sampling_params import SamplingParams
 from tests.engine.factories import (
@@ -169,7 +175,10 @@ def test_children_fork_the_parent_prompt_with_copy_on_write():
     ]
     shared_full, partial = parent.block_ids[:2], parent.block_ids[2]
     assert child_a.block_ids[:2] == child_b.block_ids[:2] == shared_full
-    assert out.block_copies == ((partial, child_a.block_ids[2]), (partial, child_b.block_ids[2]))
+    assert out.block_copies == (
+        BlockCopy(partial, child_a.block_ids[2]),
+        BlockCopy(partial, child_b.block_ids[2]),
+    )
     assert [scheduler.block_manager.ref_count(b) for b in shared_full] == [3, 3]
     assert scheduler.block_manager.ref_count(partial) == 1
     assert child_a.num_cached_tokens == 19

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from engine.outputs import Drafts, ModelOutput, ScheduledRequest, SchedulerOutput
+from engine.outputs import BlockCopy, Drafts, ModelOutput, ScheduledRequest, SchedulerOutput
 from engine.request import RequestStatus
 from engine.runner.step_isolation import execute_isolating
 from tests.engine.factories import (
@@ -106,7 +106,7 @@ def test_sub_steps_carry_only_their_own_block_copies_and_drafts():
     requests[0].block_ids, requests[1].block_ids = [0, 7], [1, 8]
     sched = SchedulerOutput(
         scheduled=tuple(ScheduledRequest(r, 3) for r in requests),
-        block_copies=((5, 7), (6, 8)),
+        block_copies=(BlockCopy(5, 7), BlockCopy(6, 8)),
         num_batched_tokens=6,
     )
     drafts = Drafts(chains={"r0": [1, 2], "r1": [3]}, target_topk=8)
@@ -121,7 +121,7 @@ def test_sub_steps_carry_only_their_own_block_copies_and_drafts():
 
     execute_isolating(Recorder(), sched, drafts)
     (_, _), (first, first_drafts), (second, second_drafts) = seen
-    assert first.block_copies == ((5, 7),) and first_drafts.chains == {"r0": [1, 2]}
-    assert second.block_copies == ((6, 8),) and second_drafts.chains == {"r1": [3]}
+    assert first.block_copies == (BlockCopy(5, 7),) and first_drafts.chains == {"r0": [1, 2]}
+    assert second.block_copies == (BlockCopy(6, 8),) and second_drafts.chains == {"r1": [3]}
     assert first_drafts.target_topk == second_drafts.target_topk == 8
     assert first.num_batched_tokens == 3

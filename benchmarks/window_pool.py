@@ -113,8 +113,12 @@ def main() -> None:
     long_prompt = text_ids(engines["pool"], long_tokens, 3)
     result["long_prompt"] = {"tokens": long_tokens}
     for name, llm in engines.items():
-        out = greedy(llm, long_prompt, 8)
-        result["long_prompt"][name] = out.error or f"served, {len(out.output_token_ids)} tokens"
+        try:
+            out = greedy(llm, long_prompt, 8)
+            served = out.error or f"served, {len(out.output_token_ids)} tokens"
+        except ValueError as exc:  # refused at admission: longer than the servable context
+            served = f"refused: {exc}"
+        result["long_prompt"][name] = served
     print("long prompt:", result["long_prompt"])
     rates: dict[str, list[float]] = {name: [] for name in engines}
     for round_index in range(args.rounds):

@@ -11,20 +11,18 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
 
 from engine.config import EngineConfig
 from engine.core.block_manager import NULL_BLOCK
 from engine.front.llm import LLM
 from engine.sampling_params import SamplingParams
+from tests.e2e.test_families import GREEDY, NUM_NEW, hf_greedy, one_thread  # noqa: F401
 from tests.engine.models.conftest import build_hf_model
 from tests.engine.models.test_gguf_loader import GGUF_ARCH, GGUF_FAMILY_OVERRIDES, write_gguf
 
 FAMILIES = ["gemma3_text", "mistral"]
 BLOCK = 8
 WINDOW = 5
-NUM_NEW = 10
-GREEDY = SamplingParams(max_tokens=NUM_NEW, temperature=0, ignore_eos=True)
 # Four seats and 16-token steps: the window pool needs 4 * (1 + 3) + 2 = 18 blocks, far below
 # the budget's 256, so the cache splits.
 POOLED = dict(num_kv_blocks=256, block_size=BLOCK, max_num_seqs=4, max_num_batched_tokens=16)
@@ -45,14 +43,6 @@ def prompts(count: int = 4, seed: int = 0) -> list[list[int]]:
 def make_llm(path, **flat) -> LLM:
     base = dict(model=str(path), dtype="float32", **POOLED)
     return LLM(config=EngineConfig.from_flat({**base, **flat}))
-
-
-def hf_greedy(hf_model, prompt: list[int]) -> list[int]:
-    with torch.no_grad():
-        out = hf_model.generate(
-            torch.tensor([prompt]), do_sample=False, max_new_tokens=NUM_NEW, min_new_tokens=NUM_NEW
-        )
-    return out[0, len(prompt) :].tolist()
 
 
 def run_checked(llm: LLM, requests: list[list[int]], params=GREEDY) -> dict[str, list[int]]:
@@ -87,14 +77,6 @@ def run_checked(llm: LLM, requests: list[list[int]], params=GREEDY) -> dict[str,
 
 def tokens(outputs: dict[str, list[int]]) -> list[list[int]]:
     return [outputs[f"r{i}"] for i in range(len(outputs))]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 @pytest.mark.parametrize("model_type", FAMILIES)

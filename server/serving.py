@@ -105,8 +105,8 @@ class ServingContext:
     @property
     def tool_format(self) -> str:
         """The model's tool-call format, read from its chat template (server/tool_formats.py)."""
-        hf = getattr(self.engine.tokenizer, "hf", None)
-        return tool_format(getattr(hf, "chat_template", None))
+        template_for = getattr(self.engine.tokenizer, "template_for", None)
+        return tool_format(template_for(tools=True) if template_for else None)
 
     @property
     def tokenizer(self) -> Any:

@@ -1,71 +1,100 @@
-"""Tokenizer: a thin wrapper over a transformers fast tokenizer, from an HF dir or a GGUF file.
+"""Tokenizer: text <-> token ids and chat prompts, run by the Rust `tokenizers` library itself.
 
-`encode(text)` adds special tokens exactly when transformers would by default, so our prompt
-ids line up with HF's (SmolLM2's tokenizer adds none: `tokenizer.ggml.add_bos_token` is false
-and plain `tok(text)` starts with the first text token; its chat template writes
-`<|im_start|>` itself).
+Contract: for the model's tokenizer as transformers loads it (AutoTokenizer on the HF directory,
+or on the GGUF with `gguf_file`), `encode` gives the same ids (special tokens added exactly when
+transformers adds them by default: SmolLM2 adds none, Gemma a BOS), `decode` and
+`convert_ids_to_tokens` the same strings, and `apply_chat_template` the ids of transformers'
+`apply_chat_template(..., tokenize=True)` (the template rendered by models/chat_render.py).
 
-Building a tokenizer from GGUF metadata takes seconds (transformers converts 49k tokens and
-merges), so the converted tokenizer is saved once under $GOODSPEED_CACHE_DIR (default
-~/.cache/goodspeed/tokenizers). Reloading that directory still takes ~1.5 s for Qwen's 152k
-tokens (AutoTokenizer scans transformers' model folders, parses tokenizer.json in Python and
-converts it again), so the loaded object is also pickled beside it, keyed by the transformers,
-tokenizers and Python versions: unpickling restores the same object state in ~0.5 s. A pickle
-that fails to load is ignored (the directory is loaded and the pickle rewritten).
+transformers is not imported on the way here: a model's tokenizer is converted once, by
+transformers, into the Rust tokenizer it configured plus the few facts transformers keeps
+beside it (TokenizerFacts), and cached (models/tokenizer_cache.py). `hf`, transformers' own
+object, is loaded on first use, for callers that compare against it.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import logging
-import os
-import pickle
-import shutil
-import sys
-import tempfile
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from engine.models.chat_render import render_chat
 from engine.models.chat_templates import fallback_template
 
 logger = logging.getLogger(__name__)
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+@dataclass(frozen=True)
+class TokenizerFacts:
+    """What transformers' tokenizer keeps beside its Rust tokenizer, as far as we use it."""
+
+    special_tokens: dict[str, str] = field(default_factory=dict)  # bos_token, ... -> text
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+    all_special_ids: tuple[int, ...] = ()
+    chat_template: str | dict[str, str] | None = None  # a dict: named templates
+    clean_up_spaces: bool = False  # transformers' clean_up_tokenization runs on decoded text
+    split_special_tokens: bool = False  # special tokens' texts are encoded as plain text
+    architecture: str | None = None  # GGUF `general.architecture`: picks a fallback template
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.__dict__, "all_special_ids": list(self.all_special_ids)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TokenizerFacts:
+        """KeyError/TypeError when `data` is not what to_json wrote."""
+        facts = cls(**{name: data[name] for name in cls.__dataclass_fields__})
+        return cls(**{**facts.__dict__, "all_special_ids": tuple(facts.all_special_ids)})
 
 
 class Tokenizer:
-    def __init__(self, hf_tokenizer: Any) -> None:
-        self.hf = hf_tokenizer  # raw transformers tokenizer (the detokenizer uses it)
-        self._decode = _backend_decode(hf_tokenizer) or hf_tokenizer.decode
+    def __init__(self, backend: Any, facts: TokenizerFacts, source: Path | None = None) -> None:
+        """backend: a tokenizers.Tokenizer without padding or truncation; source: the model
+        file or directory it came from (for `hf`)."""
+        self.backend = backend
+        self.facts = facts
+        self.source = source
+        backend.encode_special_tokens = facts.split_special_tokens
+        self.chat_template = facts.chat_template or fallback_template(facts.architecture)
+        self.vocab_size = backend.get_vocab_size(with_added_tokens=True)  # added tokens included
+        # Bound once: the detokenizer decodes twice per generated token.
+        self._decode = backend.decode
 
     @classmethod
     def from_path(cls, path: str | Path) -> Tokenizer | None:
         """Tokenizer of an HF directory or GGUF file; None when it has no tokenizer."""
-        from engine.models.loader import is_gguf, resolve_model_path
+        from engine.models.loader import resolve_model_path
+        from engine.models.tokenizer_cache import load_tokenizer
 
-        path = resolve_model_path(path)
-        if is_gguf(path):
-            hf = _load_gguf_tokenizer(path)
-            return None if hf is None else cls(hf)
-        if not any((path / name).is_file() for name in _TOKENIZER_FILES):
-            return None
-        from transformers import AutoTokenizer
-
-        return cls(AutoTokenizer.from_pretrained(path))
+        return load_tokenizer(resolve_model_path(path))
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
+        return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        return self._decode(ids, skip_special_tokens=skip_special_tokens)
+        text = self._decode(ids, skip_special_tokens=skip_special_tokens)
+        return _clean_up_spaces(text) if self.facts.clean_up_spaces else text
 
-    def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
-        return self.hf.convert_ids_to_tokens(ids)
+    def convert_ids_to_tokens(self, ids: list[int]) -> list[str | None]:
+        id_to_token = self.backend.id_to_token
+        return [id_to_token(int(i)) for i in ids]
+
+    def template_for(self, tools: bool = False) -> str | None:
+        """The chat template transformers would pick (a model may name several: `tool_use`
+        when there are tools, else `default`); None when the model has none to use."""
+        templates = self.chat_template
+        if not isinstance(templates, dict):
+            return templates
+        if tools and "tool_use" in templates:
+            return templates["tool_use"]
+        return templates.get("default")
 
     @property
     def supports_tools(self) -> bool:
         """Whether the chat template renders tool definitions (it reads `tools`)."""
-        return "tools" in (getattr(self.hf, "chat_template", None) or "")
+        return "tools" in (self.template_for(tools=True) or "")
 
     def apply_chat_template(
         self,
@@ -74,146 +103,69 @@ class Tokenizer:
         tools: list[dict[str, Any]] | None = None,
     ) -> list[int]:
         """Token ids of `messages` (and `tools`) rendered by the model's chat template."""
-        if not getattr(self.hf, "chat_template", None):
+        template = self.template_for(tools=tools is not None)
+        if not template and isinstance(self.chat_template, dict):
+            raise ValueError(
+                f"this model's chat templates are {sorted(self.chat_template)}, and none is "
+                "named 'default'"
+            )
+        if not template:
             raise ValueError(
                 "this model's tokenizer has no chat template; use the completions endpoint "
                 "(plain prompt) instead of chat"
             )
-        encoded = self.hf.apply_chat_template(
+        text = render_chat(
+            template,
             messages,
             tools=tools,
             add_generation_prompt=add_generation_prompt,
-            tokenize=True,
-            return_dict=True,
+            special_tokens=self.facts.special_tokens,
         )
-        return list(encoded["input_ids"])
+        return self.encode(text, add_special_tokens=False)
 
     @property
     def eos_token_id(self) -> int | None:
-        return self.hf.eos_token_id
+        return self.facts.eos_token_id
 
     @property
     def bos_token_id(self) -> int | None:
-        return self.hf.bos_token_id
-
-    @property
-    def vocab_size(self) -> int:
-        """Number of ids the tokenizer can produce, added tokens included."""
-        return len(self.hf)
+        return self.facts.bos_token_id
 
     @property
     def all_special_ids(self) -> list[int]:
-        return list(self.hf.all_special_ids)
+        return list(self.facts.all_special_ids)
+
+    @cached_property
+    def hf(self) -> Any:
+        """transformers' tokenizer of the same source, loaded now (seconds: for comparisons,
+        never on the serving path)."""
+        from engine.models.tokenizer_cache import transformers_tokenizer
+
+        if self.source is None:
+            raise ValueError("this tokenizer was not loaded from a model file or directory")
+        hf = transformers_tokenizer(self.source)
+        if not getattr(hf, "chat_template", None):
+            hf.chat_template = self.chat_template
+        return hf
 
 
-def _backend_decode(hf: Any) -> Any | None:
-    """The Rust tokenizer's own decode where it returns exactly hf.decode's text: a stock fast
-    tokenizer (decode and _decode not overridden) that does not clean up tokenization spaces.
-    hf.decode wraps it in ~3 us of Python, which the detokenizer pays twice per token."""
-    from transformers import PreTrainedTokenizerFast
-
-    backend = getattr(hf, "_tokenizer", None)
-    if (
-        backend is None
-        or getattr(hf, "clean_up_tokenization_spaces", True)
-        or type(hf).decode is not PreTrainedTokenizerFast.decode
-        or type(hf)._decode is not PreTrainedTokenizerFast._decode
-    ):
-        return None
-    return backend.decode
+def _clean_up_spaces(text: str) -> str:
+    """transformers' `clean_up_tokenization` (spaces before punctuation and English
+    contractions), which it applies to decoded text when a (non-BPE) tokenizer asks for it."""
+    for before, after in _CLEAN_UPS:
+        text = text.replace(before, after)
+    return text
 
 
-def _load_gguf_tokenizer(path: Path) -> Any | None:
-    """The GGUF's tokenizer (cached); a file without a chat template gets its family's
-    (engine/models/chat_templates.py), if we know one."""
-    cache = _cache_dir(path)
-    hf = _unpickled(cache)
-    if hf is None and cache.is_dir():
-        from transformers import AutoTokenizer  # here: its import scans every model folder
-
-        hf = AutoTokenizer.from_pretrained(cache)
-        _pickle_to_cache(hf, cache)
-    elif hf is None:
-        if not _gguf_has_tokenizer(path):
-            return None
-        from transformers import AutoTokenizer
-
-        hf = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-        _save_to_cache(hf, cache)
-        _pickle_to_cache(hf, cache)
-    if not getattr(hf, "chat_template", None):
-        hf.chat_template = fallback_template(_gguf_metadata(path).get("general.architecture"))
-    return hf
-
-
-def _gguf_metadata(path: Path) -> dict[str, Any]:
-    from engine.models.gguf_file import read_gguf
-
-    return read_gguf(path).metadata
-
-
-def _gguf_has_tokenizer(path: Path) -> bool:
-    return "tokenizer.ggml.tokens" in _gguf_metadata(path)
-
-
-def _cache_dir(path: Path) -> Path:
-    """Keyed by file identity (path, size, mtime) and transformers version."""
-    import transformers
-
-    root = os.environ.get("GOODSPEED_CACHE_DIR", "~/.cache/goodspeed")
-    stat = path.stat()
-    key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}"
-    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    return Path(root).expanduser() / "tokenizers" / f"{path.stem}-{digest}"
-
-
-def _pickle_path(cache: Path) -> Path:
-    """The pickle of the tokenizer loaded from `cache`, for these library versions (the
-    directory's key already names the file and transformers' version)."""
-    import tokenizers
-    import transformers
-
-    versions = f"{transformers.__version__}|{tokenizers.__version__}|{sys.version}"
-    return cache / f"tokenizer-{hashlib.sha256(versions.encode()).hexdigest()[:16]}.pickle"
-
-
-def _unpickled(cache: Path) -> Any | None:
-    """The pickled tokenizer, or None when there is none or it does not load."""
-    try:
-        with open(_pickle_path(cache), "rb") as f:
-            return pickle.load(f)
-    except FileNotFoundError:
-        return None
-    except Exception as exc:  # noqa: BLE001 - a bad cache entry only costs speed
-        logger.warning("ignoring the tokenizer pickle in %s: %s", cache, exc)
-        return None
-
-
-def _pickle_to_cache(hf: Any, cache: Path) -> None:
-    """Pickle `hf` beside the directory it was loaded from: into a temporary file, renamed
-    into place (a concurrent reader sees the whole pickle or none). Failure only costs speed."""
-    tmp = None
-    try:
-        fd, tmp = tempfile.mkstemp(dir=cache, suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            pickle.dump(hf, f, protocol=pickle.HIGHEST_PROTOCOL)
-        os.replace(tmp, _pickle_path(cache))
-    except Exception as exc:  # noqa: BLE001 - read-only cache, an object that won't pickle
-        logger.info("tokenizer not cached as a pickle in %s: %s", cache, exc)
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-
-
-def _save_to_cache(hf: Any, cache: Path) -> None:
-    """Write into a temporary sibling and rename it into place, so a concurrent reader never
-    sees a half-written directory. Failure (read-only home, lost race) only costs speed."""
-    tmp = None
-    try:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = tempfile.mkdtemp(dir=cache.parent)
-        hf.save_pretrained(tmp)
-        os.rename(tmp, cache)
-    except OSError:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
+_CLEAN_UPS = (
+    (" .", "."),
+    (" ?", "?"),
+    (" !", "!"),
+    (" ,", ","),
+    (" ' ", "'"),
+    (" n't", "n't"),
+    (" 'm", "'m"),
+    (" 's", "'s"),
+    (" 've", "'ve"),
+    (" 're", "'re"),
+)

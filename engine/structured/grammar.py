@@ -5,8 +5,9 @@ tokens, CPU; benchmarks/grammar_mask_cost.py, docs/api.md): 0.13 ms vs 0.17 ms p
 step, 1.6 ms vs 7.2 ms to compile a schema, and no triton / TVM dependency.
 
 The llguidance tokenizer is built once per engine, on the first guided request (0.46 s for
-SmolLM2's 49k vocabulary here, on the engine thread; later requests compile in ~1 ms). Byte-level BPE tokenizers go through llguidance.hf; others (the test
-character tokenizer) through each token's decoded bytes.
+SmolLM2's 49k vocabulary here, on the engine thread; later requests compile in ~1 ms). Byte-level
+BPE tokenizers go to llguidance as their tokenizer.json; others (the test character tokenizer)
+as each token's decoded bytes.
 """
 
 from __future__ import annotations
@@ -96,20 +97,21 @@ class GrammarCompiler:
     def _llguidance_tokenizer(self):
         if self._ll_tokenizer is None:
             self._ll_tokenizer = _build_ll_tokenizer(
-                self.tokenizer.hf, self.vocab_size, self.eos_token_ids
+                self.tokenizer, self.vocab_size, self.eos_token_ids
             )
         return self._ll_tokenizer
 
 
-def _build_ll_tokenizer(hf: Any, vocab_size: int, eos_token_ids: list[int]):
+def _build_ll_tokenizer(tokenizer: Any, vocab_size: int, eos_token_ids: list[int]):
+    """tokenizer: engine.models.tokenizer.Tokenizer (its Rust tokenizer as JSON, as
+    llguidance.hf would hand it over, without importing transformers)."""
     import llguidance
-    import llguidance.hf
 
-    eos = eos_token_ids or [hf.eos_token_id]
+    eos = eos_token_ids or [tokenizer.eos_token_id]
     try:
-        return llguidance.hf.from_tokenizer(hf, n_vocab=vocab_size, eos_token=eos)
+        return llguidance.LLTokenizer(tokenizer.backend.to_str(), n_vocab=vocab_size, eos_token=eos)
     except ValueError:  # not a byte-level tokenizer llguidance knows: give it the bytes
-        wrapper = llguidance.TokenizerWrapper(_TokenBytes(hf, vocab_size, eos[0]))
+        wrapper = llguidance.TokenizerWrapper(_TokenBytes(tokenizer, vocab_size, eos[0]))
         return llguidance.LLTokenizer(wrapper, n_vocab=vocab_size, eos_token=eos)
 
 
@@ -117,18 +119,18 @@ class _TokenBytes:
     """What llguidance.TokenizerWrapper reads: each token's bytes (special tokens as
     b"\\xff" + name, llguidance's convention), EOS/BOS ids, and an encoder."""
 
-    def __init__(self, hf: Any, vocab_size: int, eos_token_id: int) -> None:
-        special = set(hf.all_special_ids)
+    def __init__(self, tokenizer: Any, vocab_size: int, eos_token_id: int) -> None:
+        special = set(tokenizer.all_special_ids)
         self.tokens = [
-            (b"\xff" + hf.convert_ids_to_tokens(i).encode())
+            (b"\xff" + tokenizer.convert_ids_to_tokens([i])[0].encode())
             if i in special
-            else hf.decode([i]).encode()
-            for i in range(min(vocab_size, len(hf)))
+            else tokenizer.decode([i], skip_special_tokens=False).encode()
+            for i in range(min(vocab_size, tokenizer.vocab_size))
         ]
         self.special_token_ids = sorted(special)
         self.eos_token_id = eos_token_id
-        self.bos_token_id = hf.bos_token_id
-        self._hf = hf
+        self.bos_token_id = tokenizer.bos_token_id
+        self._tokenizer = tokenizer
 
     def __call__(self, text: str) -> list[int]:
-        return list(self._hf.encode(text, add_special_tokens=False))
+        return self._tokenizer.encode(text, add_special_tokens=False)

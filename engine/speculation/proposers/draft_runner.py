@@ -263,7 +263,7 @@ def check_same_vocabulary(
         )
     if target_tokenizer is None or draft_tokenizer is None:
         return
-    sizes = (len(target_tokenizer.hf), len(draft_tokenizer.hf))
+    sizes = (target_tokenizer.vocab_size, draft_tokenizer.vocab_size)
     if sizes[0] != sizes[1]:
         raise ValueError(
             f"draft tokenizer has {sizes[1]} tokens, the target's {sizes[0]}; a draft model "

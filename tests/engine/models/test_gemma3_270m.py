@@ -87,7 +87,7 @@ def test_chat_template_and_stop_tokens(gemma3_270m):
     ids = tokenizer.apply_chat_template(
         [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
     )
-    text = tokenizer.hf.decode(ids)
+    text = tokenizer.decode(ids, skip_special_tokens=False)
     assert text == (
         "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\n"
     )

@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 
+from engine.models.tokenizer import Tokenizer
 from engine.sample.sampler import Sampler, SamplingRow, apply_bitmask
 from engine.sampling_params import GuidedDecoding, SamplingParams
 from engine.structured.grammar import GrammarCompiler, check_guided
@@ -17,21 +18,14 @@ from tests.tiny_tokenizer import save_char_tokenizer
 EOS = 2
 
 
-class _Tok:
-    def __init__(self, hf) -> None:
-        self.hf = hf
-
-
 @pytest.fixture(scope="module")
 def compiler(tmp_path_factory) -> GrammarCompiler:
-    from transformers import AutoTokenizer
-
     path = save_char_tokenizer(tmp_path_factory.mktemp("char-tok"))
-    return GrammarCompiler(_Tok(AutoTokenizer.from_pretrained(path)), 256, [EOS])
+    return GrammarCompiler(Tokenizer.from_path(path), 256, [EOS])
 
 
 def ids(compiler: GrammarCompiler, text: str) -> list[int]:
-    return compiler.tokenizer.hf.encode(text, add_special_tokens=False)
+    return compiler.tokenizer.encode(text, add_special_tokens=False)
 
 
 def allowed(bitmask_row) -> set[int]:

@@ -126,10 +126,11 @@ def test_vocabulary_size_mismatch_is_refused(tiny_model_dir, tmp_path):
 
 class FakeTokenizer:
     def __init__(self, strings: list[str]) -> None:
-        self.hf = strings
+        self.strings = strings
+        self.vocab_size = len(strings)
 
     def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
-        return [self.hf[i] for i in ids]
+        return [self.strings[i] for i in ids]
 
 
 def test_tokenizer_mismatch_is_refused():

@@ -1,0 +1,235 @@
+"""A model's tokenizer converted once by transformers, then loaded without it.
+
+The first load of a GGUF file or HF directory runs transformers' AutoTokenizer (seconds: its
+import, the GGUF's vocabulary converted) and keeps what transformers configured: its Rust
+tokenizer (`tokenizer.json`, padding and truncation off, as transformers' encode leaves them)
+and the facts it keeps beside it (`facts.json`, models/tokenizer.py TokenizerFacts). Later loads
+read those two files (the Rust parse of tokenizer.json: ~0.3 s for Qwen's 152k tokens, ~0.7 s
+for Gemma's 262k).
+
+Cache: $GOODSPEED_CACHE_DIR/tokenizers (default ~/.cache/goodspeed/tokenizers), one directory
+per source, keyed by the source's identity (path, sizes, mtimes) and the transformers and
+tokenizers versions; written into a temporary sibling and renamed into place, so a reader sees
+a whole entry or none. An entry that does not load is logged, converted again and replaced.
+When a conversion writes an entry, entries whose source changed or is gone are removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.metadata
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from engine.models.tokenizer import Tokenizer, TokenizerFacts
+
+logger = logging.getLogger(__name__)
+
+FORMAT = 1  # of an entry's files; a change makes every old entry a miss
+_FACTS, _BACKEND = "facts.json", "tokenizer.json"
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+# The methods through which transformers' tokenizer encodes, decodes and renders chats; a class
+# that overrides one does something in Python that the Rust tokenizer alone would not.
+_TEXT_METHODS = (
+    "__call__",
+    "encode",
+    "_encode_plus",
+    "decode",
+    "_decode",
+    "convert_ids_to_tokens",
+    "apply_chat_template",
+    "get_chat_template",
+)
+
+
+def load_tokenizer(source: Path) -> Tokenizer | None:
+    """The tokenizer of a GGUF file or HF directory (cached), None when it carries none."""
+    key = _source_key(source)
+    if key is None:
+        return None
+    entry = _entry_dir(source, key)
+    cached = _read_entry(entry, key, source)
+    if cached is not None:
+        return cached
+    hf = transformers_tokenizer(source)
+    if hf is None:
+        return None
+    backend, facts = convert(hf, _architecture(source))
+    _write_entry(entry, key, source, backend, facts)
+    return Tokenizer(backend, facts, source)
+
+
+def transformers_tokenizer(source: Path) -> Any | None:
+    """transformers' AutoTokenizer of the source; None when it has no tokenizer."""
+    if source.is_dir():
+        if not any((source / name).is_file() for name in _TOKENIZER_FILES):
+            return None
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(source)
+    if "tokenizer.ggml.tokens" not in _gguf_metadata(source):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
+
+
+def convert(hf: Any, architecture: str | None = None) -> tuple[Any, TokenizerFacts]:
+    """(Rust tokenizer, facts) that encode, decode and template like transformers' `hf`.
+    ValueError for a tokenizer whose class changes any of that in Python."""
+    import tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    overridden = [
+        name
+        for name in _TEXT_METHODS
+        if getattr(type(hf), name, None) is not getattr(PreTrainedTokenizerFast, name)
+    ]
+    if not isinstance(hf, PreTrainedTokenizerFast) or overridden:
+        what = f"overrides {', '.join(overridden)}" if overridden else "is not a fast tokenizer"
+        raise ValueError(
+            f"the model's tokenizer class {type(hf).__name__} {what}: goodspeed runs a "
+            "tokenizer through the `tokenizers` library as transformers configured it, and "
+            "cannot reproduce tokenizer code written in Python"
+        )
+    backend = tokenizers.Tokenizer.from_str(hf.backend_tokenizer.to_str())  # a copy
+    backend.no_padding()
+    backend.no_truncation()
+    model_type = type(hf.backend_tokenizer.model).__name__
+    force_bpe = "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output"
+    facts = TokenizerFacts(
+        special_tokens=dict(hf.special_tokens_map),
+        bos_token_id=hf.bos_token_id,
+        eos_token_id=hf.eos_token_id,
+        all_special_ids=tuple(hf.all_special_ids),
+        chat_template=hf.chat_template,
+        # transformers skips the clean-up on BPE tokenizers unless forced (_decode)
+        clean_up_spaces=bool(hf.clean_up_tokenization_spaces)
+        and (model_type != "BPE" or bool(getattr(hf, force_bpe, False))),
+        split_special_tokens=bool(hf.split_special_tokens),
+        architecture=architecture,
+    )
+    return backend, facts
+
+
+# ---- entries -----------------------------------------------------------------------------
+def _source_key(source: Path) -> str | None:
+    """What the converted tokenizer depends on: the source's files (path, size, mtime; every
+    file of a directory) and the converting libraries' versions. None: no source files."""
+    if source.is_dir():
+        files = sorted(
+            (e.name, e.stat().st_size, e.stat().st_mtime_ns)
+            for e in os.scandir(source)
+            if e.is_file()
+        )
+        if not any(name in _TOKENIZER_FILES for name, _, _ in files):
+            return None
+    else:
+        stat = source.stat()
+        files = [(source.name, stat.st_size, stat.st_mtime_ns)]
+    versions = [_version("transformers"), _version("tokenizers")]
+    return json.dumps([FORMAT, str(source.resolve()), files, versions])
+
+
+def _version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "none"
+
+
+def _cache_root() -> Path:
+    root = os.environ.get("GOODSPEED_CACHE_DIR", "~/.cache/goodspeed")
+    return Path(root).expanduser() / "tokenizers"
+
+
+def _entry_dir(source: Path, key: str) -> Path:
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return _cache_root() / f"{source.stem}-{digest}"
+
+
+def _read_entry(entry: Path, key: str, source: Path) -> Tokenizer | None:
+    """The cached tokenizer, or None when there is no entry or it does not load (logged)."""
+    import tokenizers
+
+    try:
+        data = json.loads((entry / _FACTS).read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        logger.warning("ignoring the tokenizer cache entry %s: %s", entry, exc)
+        return None
+    try:
+        if data.get("key") != key:
+            raise ValueError("it was written for another source")
+        facts = TokenizerFacts.from_json(data["facts"])
+        backend = tokenizers.Tokenizer.from_file(str(entry / _BACKEND))
+    except Exception as exc:  # noqa: BLE001 - a bad entry only costs a conversion
+        logger.warning("ignoring the tokenizer cache entry %s: %s", entry, exc)
+        return None
+    return Tokenizer(backend, facts, source)
+
+
+def _write_entry(entry: Path, key: str, source: Path, backend: Any, facts: TokenizerFacts) -> None:
+    """Write the entry into a temporary sibling and rename it into place (replacing a bad
+    one). Failure (a read-only home, a lost race) only costs the next start a conversion."""
+    tmp = None
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=entry.parent, prefix=".tmp-"))
+        backend.save(str(tmp / _BACKEND), pretty=False)
+        record = {"key": key, "source": str(source.resolve()), "facts": facts.to_json()}
+        (tmp / _FACTS).write_text(json.dumps(record))
+        _replace_dir(tmp, entry)
+        tmp = None
+        _remove_stale_entries(entry.parent)
+    except OSError as exc:
+        logger.info("tokenizer not cached in %s: %s", entry, exc)
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _replace_dir(new: Path, target: Path) -> None:
+    """Rename `new` to `target`; an existing `target` (a bad entry) is moved aside first."""
+    try:
+        os.rename(new, target)
+        return
+    except OSError:
+        if not target.exists():
+            raise
+    old = Path(tempfile.mkdtemp(dir=target.parent, prefix=".old-"))
+    with contextlib.suppress(OSError):
+        os.rename(target, old / "entry")
+    os.rename(new, target)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _remove_stale_entries(root: Path) -> None:
+    """Remove entries whose source changed or is gone (their key can no longer match), so
+    converted copies of deleted or rewritten models do not pile up."""
+    for entry in root.iterdir():
+        try:
+            record = json.loads((entry / _FACTS).read_text())
+            source = Path(record["source"])
+            stale = not source.exists() or _source_key(source) != record["key"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # not an entry of this format, or one being written: leave it
+        if stale:
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def _architecture(source: Path) -> str | None:
+    return None if source.is_dir() else _gguf_metadata(source).get("general.architecture")
+
+
+def _gguf_metadata(path: Path) -> dict[str, Any]:
+    from engine.models.gguf_file import read_gguf
+
+    return read_gguf(path).metadata

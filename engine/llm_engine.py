@@ -68,12 +68,16 @@ class LLMEngine:
         self._last_step_time = 0.0
 
     @classmethod
-    def from_config(cls, config: EngineConfig | None = None) -> LLMEngine:
-        """Load the model, and meanwhile its tokenizer on a second thread: the tokenizer is
-        seconds of Python (transformers' import, the tokenizer's JSON), the model's long parts
-        (tile packing, the KV cache) release the GIL."""
+    def from_config(
+        cls, config: EngineConfig | None = None, tokenizer: Future[Tokenizer | None] | None = None
+    ) -> LLMEngine:
+        """Load the model, and meanwhile its tokenizer: from `tokenizer`, a future the caller
+        fulfils (the server reads it on its own thread: server/cli.py load_engine), or else
+        on a second thread here. The tokenizer's parse holds the GIL (~0.3 s for 152k tokens);
+        the model's long parts (tile packing, the KV cache) release it."""
         config = config or EngineConfig()
-        tokenizer = _in_background(Tokenizer.from_path, resolve_model_path(config.model.model))
+        if tokenizer is None:
+            tokenizer = _in_background(Tokenizer.from_path, resolve_model_path(config.model.model))
         runner = ModelRunner(config)
         return cls(config, runner, tokenizer.result())
 

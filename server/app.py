@@ -30,9 +30,10 @@ from server.protocol import (
 )
 from server.protocol_messages import check_messages
 from server.responses import ModelCard, ModelList
-from server.serving import ServerSettings, ServingContext, parse_body
+from server.serving import ServingContext, parse_body
 from server.serving_chat import create_chat_completion
 from server.serving_completions import create_completion
+from server.settings import ServerSettings
 
 
 def _version() -> str:

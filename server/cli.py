@@ -2,27 +2,30 @@
 
 SIGTERM drains: new requests get 503 (and /health turns 503) while in-flight requests finish,
 for at most --drain-timeout seconds; what is still running then is aborted, and the process
-exits 0. A second SIGTERM, or Ctrl-C, stops at once (uvicorn's usual behaviour).
+exits 0. A second SIGTERM, or Ctrl-C, stops at once (uvicorn's usual behaviour;
+server/draining.py).
+
+Start-up order (docs/benchmarks.md "Start-up time"): the flags need nothing of the web stack
+(ServerSettings lives in server/settings.py), so the model starts loading before fastapi,
+pydantic and uvicorn are imported; they are imported, and then the tokenizer read, on this
+thread while the load runs on its own (load_engine).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
-import signal
 import sys
-import time
-from types import FrameType
-
-import uvicorn
+from concurrent.futures import Future
+from typing import TYPE_CHECKING
 
 from engine.arg_utils import add_engine_arguments, config_from_args
-from engine.config import parse_size
-from engine.front.async_engine import AsyncEngine
-from server.http_limits import uvicorn_config
-from server.serving import ServerSettings, ServingContext
+from engine.config import EngineConfig, parse_size
+from server.settings import ServerSettings
+
+if TYPE_CHECKING:
+    from engine.front.async_engine import AsyncEngine
 
 logger = logging.getLogger("goodspeed.server")
 
@@ -131,8 +134,32 @@ def run_serve(args: argparse.Namespace) -> int:
         return 2
     limit = in_flight_limit(config.scheduler.max_num_seqs, args.max_queue)
     logger.info("loading %s", config.model.model)
-    engine = AsyncEngine.from_config(config, max_num_in_flight=limit)
+    engine = load_engine(config, max_num_in_flight=limit)
     return serve(engine, settings, args.host, args.port, args.drain_timeout, args.log_level)
+
+
+def load_engine(config: EngineConfig, **kwargs) -> AsyncEngine:
+    """The engine for `config`, with the server's imports and the tokenizer done beside the
+    model load. All three hold the GIL, which the load's long phases release (the tiles
+    packed in native code, the KV cache's zero-fill): this thread imports the web stack
+    (~0.3 s of Python) while the load runs its own short Python steps, then reads the
+    tokenizer, whose Rust parse holds the GIL throughout (~0.3 s for 152k tokens) and would
+    stall those steps if it came first."""
+    from engine.front.async_engine import AsyncEngine
+    from engine.models.loader import resolve_model_path
+    from engine.models.tokenizer import Tokenizer
+
+    tokenizer: Future = Future()
+    loading = AsyncEngine.start_loading(config, tokenizer=tokenizer, **kwargs)
+    try:
+        import server.app  # noqa: F401 - fastapi, pydantic and the routes
+        import server.draining  # noqa: F401 - uvicorn
+
+        tokenizer.set_result(Tokenizer.from_path(resolve_model_path(config.model.model)))
+    except BaseException as exc:  # noqa: BLE001 - the load waits for the tokenizer: end it
+        tokenizer.set_exception(exc)
+        raise
+    return loading.result()
 
 
 def _queue_size(text: str) -> int:
@@ -163,6 +190,8 @@ def serve(
 ) -> int:
     """Serve `engine` over HTTP until SIGTERM (drain) or Ctrl-C."""
     from server.app import build_app
+    from server.draining import DrainingServer
+    from server.http_limits import uvicorn_config
 
     app = build_app(engine, settings)
     config = uvicorn_config(
@@ -176,44 +205,6 @@ def serve(
     server = DrainingServer(config, app.state.ctx, drain_timeout)
     server.run()
     return 0 if server.started else 1
-
-
-class DrainingServer(uvicorn.Server):
-    """uvicorn.Server whose first SIGTERM drains instead of closing the listener at once."""
-
-    def __init__(self, config: uvicorn.Config, ctx: ServingContext, drain_timeout: float) -> None:
-        super().__init__(config)
-        self.ctx = ctx
-        self.drain_timeout = drain_timeout
-        self._drain_task: asyncio.Task[None] | None = None
-
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if sig != signal.SIGTERM or self._drain_task is not None or not self.started:
-            super().handle_exit(sig, frame)
-            return
-        # Signal handlers run on the main thread, which is the one running uvicorn's loop.
-        # SIGTERM is deliberately not recorded in uvicorn's captured signals: uvicorn would
-        # re-raise it after shutdown and the process would die of it instead of exiting 0.
-        self._drain_task = asyncio.get_running_loop().create_task(self._drain())
-
-    async def _drain(self) -> None:
-        """Refuse new and queued requests; let the running ones finish, their last bytes
-        written, until the drain timeout; abort what is left then."""
-        self.ctx.start_draining()
-        engine = self.ctx.engine
-        deadline = time.monotonic() + self.drain_timeout
-        logger.info(
-            "SIGTERM: draining %d in-flight sequences (at most %.0f s)",
-            engine.num_in_flight,
-            self.drain_timeout,
-        )
-        if not await engine.wait_until_idle(self.drain_timeout):
-            logger.warning("drain timeout: aborting %d sequences", engine.num_in_flight)
-            engine.abort_all("the server is shutting down (drain timeout)")
-        else:  # the engine is done: let the responses reach their sockets ([DONE] included)
-            while self.server_state.tasks and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
-        self.should_exit = True
 
 
 def main(argv: list[str] | None = None) -> int:

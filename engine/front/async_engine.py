@@ -11,6 +11,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import Future
 from typing import Any
 
 from engine.front.engine_worker import (
@@ -18,8 +19,8 @@ from engine.front.engine_worker import (
     Add,
     Engine,
     EngineWorker,
+    ShortLivedThread,
     StatLogger,
-    on_short_lived_thread,
 )
 from engine.front.request_stream import EngineDeadError, QueueFullError, RequestStream
 from engine.outputs import EngineStats, RequestOutput
@@ -54,9 +55,21 @@ class AsyncEngine:
     def from_config(cls, config: Any, **kwargs: Any) -> AsyncEngine:
         """Load the model off the calling thread, so that only the engine thread ever keeps an
         OpenMP pool (engine/front/engine_worker.py says why that matters)."""
-        from engine.llm_engine import LLMEngine
+        return cls.start_loading(config, **kwargs).result()
 
-        return cls(on_short_lived_thread(LLMEngine.from_config, config), **kwargs)
+    @classmethod
+    def start_loading(
+        cls, config: Any, tokenizer: Future | None = None, **kwargs: Any
+    ) -> ShortLivedThread[AsyncEngine]:
+        """from_config's load, begun: the calling thread is free until `.result()`.
+        tokenizer: a future the caller fulfils with the model's tokenizer (LLMEngine.from_config);
+        None: the load reads it on a thread of its own."""
+        from engine.llm_engine import LLMEngine  # torch, imported on this thread
+
+        def load() -> AsyncEngine:
+            return cls(LLMEngine.from_config(config, tokenizer), **kwargs)
+
+        return ShortLivedThread(load)
 
     # ---- read-only facts of the wrapped engine (immutable, safe from any thread) ------------
     @property

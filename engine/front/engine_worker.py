@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from engine.front.request_stream import EngineDeadError
 from engine.outputs import EngineStats, RequestOutput
@@ -225,22 +225,32 @@ class EngineWorker:
 def on_short_lived_thread(work: Callable[..., T], *args: Any) -> T:
     """`work(*args)` on a new thread that exits when it returns (its OpenMP pool goes with it);
     its exception is raised here."""
-    results: list[T] = []
-    errors: list[BaseException] = []
+    return ShortLivedThread(work, *args).result()
 
-    def run() -> None:
-        try:
-            results.append(work(*args))
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller as is
-            errors.append(exc)
 
-    # Daemon: Ctrl-C during a long model load ends the process instead of waiting for it.
-    thread = threading.Thread(target=run, name="goodspeed-load", daemon=True)
-    thread.start()
-    thread.join()
-    if errors:
-        raise errors[0]
-    return results[0]
+class ShortLivedThread(Generic[T]):
+    """on_short_lived_thread, begun: the calling thread is free until `result()`, which
+    returns once the thread has exited."""
+
+    def __init__(self, work: Callable[..., T], *args: Any) -> None:
+        self._results: list[T] = []
+        self._errors: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                self._results.append(work(*args))
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller as is
+                self._errors.append(exc)
+
+        # Daemon: Ctrl-C during a long model load ends the process instead of waiting for it.
+        self._thread = threading.Thread(target=run, name="goodspeed-load", daemon=True)
+        self._thread.start()
+
+    def result(self) -> T:
+        self._thread.join()
+        if self._errors:
+            raise self._errors[0]
+        return self._results[0]
 
 
 def _resolve(future: asyncio.Future[None], error: BaseException | None) -> None:

@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 
 from engine.front.async_engine import AsyncEngine  # noqa: E402
 from server.cli import serve  # noqa: E402
-from server.serving import ServerSettings  # noqa: E402
+from server.settings import ServerSettings  # noqa: E402
 from tests.server.fake_engine import FakeEngine  # noqa: E402
 
 

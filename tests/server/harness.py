@@ -18,7 +18,7 @@ import uvicorn
 from engine.front.async_engine import AsyncEngine
 from server.app import build_app
 from server.http_limits import uvicorn_config
-from server.serving import ServerSettings
+from server.settings import ServerSettings
 
 
 def free_port() -> int:

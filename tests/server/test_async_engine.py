@@ -159,7 +159,7 @@ def test_from_config_loads_the_engine_on_a_thread_that_has_exited(monkeypatch):
     """Model loading must not leave an OpenMP pool on the caller's thread (engine_worker.py)."""
     loaders: list[threading.Thread] = []
 
-    def fake_from_config(config):
+    def fake_from_config(config, tokenizer=None):
         loaders.append(threading.current_thread())
         return FakeEngine()
 
@@ -172,7 +172,7 @@ def test_from_config_loads_the_engine_on_a_thread_that_has_exited(monkeypatch):
 
 
 def test_from_config_raises_what_loading_raised(monkeypatch):
-    def failing(config):
+    def failing(config, tokenizer=None):
         raise ValueError("no such model: 'nope'")
 
     monkeypatch.setattr(LLMEngine, "from_config", staticmethod(failing))

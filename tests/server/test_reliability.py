@@ -13,7 +13,7 @@ import pytest
 
 from engine.front.async_engine import AsyncEngine
 from server.app import build_app
-from server.serving import ServerSettings
+from server.settings import ServerSettings
 from tests.server.fake_engine import FakeEngine
 from tests.server.test_bad_inputs import COMPLETIONS, OK, assert_error_shape, assert_still_serving
 

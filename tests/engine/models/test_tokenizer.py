@@ -179,3 +179,18 @@ def test_named_chat_templates_are_picked_like_transformers(char_dir, cache):
     assert not unnamed.supports_tools
     with pytest.raises(ValueError, match=r"templates are \['x'\], and none is named 'default'"):
         unnamed.apply_chat_template([{"role": "user", "content": "hi"}])
+
+
+def test_merges_are_cached_as_strings_only_where_that_reads_back_the_same():
+    from tokenizers import Tokenizer as RustTokenizer
+    from tokenizers import models
+
+    def bpe(vocab: dict[str, int], merges: list[tuple[str, str]]) -> RustTokenizer:
+        return RustTokenizer(models.BPE(vocab, merges))
+
+    plain = bpe({"a": 0, "b": 1, "ab": 2, "abb": 3}, [("a", "b"), ("ab", "b")])
+    text = tokenizer_cache._backend_json(plain)
+    assert json.loads(text)["model"]["merges"] == ["a b", "ab b"]
+    assert RustTokenizer.from_str(text).to_str() == plain.to_str()
+    spaced = bpe({"a": 0, " ": 1, "a ": 2, "b": 3, "a b": 4}, [("a", " "), ("a ", "b")])
+    assert tokenizer_cache._backend_json(spaced) == spaced.to_str()  # pairs kept

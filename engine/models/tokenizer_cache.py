@@ -4,8 +4,8 @@ The first load of a GGUF file or HF directory runs transformers' AutoTokenizer (
 import, the GGUF's vocabulary converted) and keeps what transformers configured: its Rust
 tokenizer (`tokenizer.json`, padding and truncation off, as transformers' encode leaves them)
 and the facts it keeps beside it (`facts.json`, models/tokenizer.py TokenizerFacts). Later loads
-read those two files (the Rust parse of tokenizer.json: ~0.3 s for Qwen's 152k tokens, ~0.7 s
-for Gemma's 262k).
+read those two files (the Rust parse of tokenizer.json, which holds the GIL: ~0.25 s for
+Qwen's 152k tokens, ~0.8 s for Gemma's 262k, on the 2-core EPYC VM).
 
 Cache: $GOODSPEED_CACHE_DIR/tokenizers (default ~/.cache/goodspeed/tokenizers), one directory
 per source, keyed by the source's identity (path, sizes, mtimes) and the transformers and

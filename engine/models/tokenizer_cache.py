@@ -143,21 +143,27 @@ def convert(hf: Any, architecture: str | None = None) -> tuple[Any, TokenizerFac
 
 # ---- entries -----------------------------------------------------------------------------
 def _source_key(source: Path) -> str | None:
-    """What the converted tokenizer depends on: the source's files (path, size, mtime; every
-    file of a directory) and the converting libraries' versions. None: no source files."""
-    if source.is_dir():
-        files = sorted(
-            (e.name, e.stat().st_size, e.stat().st_mtime_ns)
-            for e in os.scandir(source)
-            if e.is_file()
-        )
-        if not any(name in _TOKENIZER_FILES for name, _, _ in files):
-            return None
-    else:
-        stat = source.stat()
-        files = [(source.name, stat.st_size, stat.st_mtime_ns)]
+    """What the converted tokenizer depends on: the source's files and the converting
+    libraries' versions. None: no tokenizer files."""
+    files = _source_files(source)
+    if files is None:
+        return None
     versions = [_version("transformers"), _version("tokenizers")]
     return json.dumps([FORMAT, str(source.resolve()), files, versions])
+
+
+def _source_files(source: Path) -> list[list[Any]] | None:
+    """[name, size, mtime] of the file, or of every file of the directory; None for a
+    directory without tokenizer files."""
+    if not source.is_dir():
+        stat = source.stat()
+        return [[source.name, stat.st_size, stat.st_mtime_ns]]
+    files = sorted(
+        [e.name, e.stat().st_size, e.stat().st_mtime_ns] for e in os.scandir(source) if e.is_file()
+    )
+    if not any(name in _TOKENIZER_FILES for name, _, _ in files):
+        return None
+    return files
 
 
 def _version(package: str) -> str:
@@ -256,14 +262,15 @@ def _replace_dir(new: Path, target: Path) -> None:
 
 
 def _remove_stale_entries(root: Path) -> None:
-    """Remove entries whose source changed or is gone (their key can no longer match), so
-    converted copies of deleted or rewritten models do not pile up."""
+    """Remove entries whose source changed or is gone, so converted copies of deleted or
+    rewritten models do not pile up (entries of other library versions stay: another
+    environment may share the cache)."""
     for entry in root.iterdir():
         try:
             record = json.loads((entry / _FACTS).read_text())
-            source = Path(record["source"])
-            stale = not source.exists() or _source_key(source) != record["key"]
-        except (OSError, ValueError, KeyError, TypeError):
+            source, files = Path(record["source"]), json.loads(record["key"])[2]
+            stale = not source.exists() or _source_files(source) != files
+        except (OSError, ValueError, KeyError, TypeError, IndexError):
             continue  # not an entry of this format, or one being written: leave it
         if stale:
             shutil.rmtree(entry, ignore_errors=True)

@@ -194,3 +194,11 @@ def test_merges_are_cached_as_strings_only_where_that_reads_back_the_same():
     assert RustTokenizer.from_str(text).to_str() == plain.to_str()
     spaced = bpe({"a": 0, " ": 1, "a ": 2, "b": 3, "a b": 4}, [("a", " "), ("a ", "b")])
     assert tokenizer_cache._backend_json(spaced) == spaced.to_str()  # pairs kept
+
+
+def test_entries_of_other_library_versions_stay(char_dir, cache, monkeypatch):
+    Tokenizer.from_path(char_dir)
+    [first] = entries(cache)
+    monkeypatch.setattr(tokenizer_cache, "_version", lambda package: "9.9.9")
+    Tokenizer.from_path(char_dir)  # another key: converted, beside the first
+    assert first in entries(cache) and len(entries(cache)) == 2

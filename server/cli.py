@@ -163,12 +163,12 @@ def collection_paused_then_frozen() -> Iterator[None]:
 
 
 def load_engine(config: EngineConfig, **kwargs) -> AsyncEngine:
-    """The engine for `config`, with the server's imports and the tokenizer done beside the
-    model load. All three hold the GIL, which the load's long phases release (the tiles
-    packed in native code, the KV cache's zero-fill): this thread imports the web stack
-    (~0.3 s of Python) while the load runs its own short Python steps, then reads the
-    tokenizer, whose Rust parse holds the GIL throughout (~0.3 s for 152k tokens) and would
-    stall those steps if it came first."""
+    """The engine for `config`: the model loads on its own thread while this one imports the
+    web stack (fastapi, pydantic, uvicorn: ~0.4 s of Python) and then reads the tokenizer
+    (a Rust parse that holds the GIL, ~0.3 s for 152k tokens), which it hands to the load.
+    The imports share the GIL with the load's short Python steps (the GGUF header, the decoder
+    built); its long steps (the tiles packed, the KV cache zero-filled) run native code on both
+    cores (docs/benchmarks.md "Start-up time" measures where the time goes)."""
     from engine.front.async_engine import AsyncEngine
     from engine.models.loader import resolve_model_path
     from engine.models.tokenizer import Tokenizer

@@ -4,8 +4,8 @@ The first load of a GGUF file or HF directory runs transformers' AutoTokenizer (
 import, the GGUF's vocabulary converted) and keeps what transformers configured: its Rust
 tokenizer (`tokenizer.json`, padding and truncation off, as transformers' encode leaves them)
 and the facts it keeps beside it (`facts.json`, TokenizerFacts below). Later loads
-read those two files (the Rust parse of tokenizer.json, which holds the GIL: ~0.25 s for
-Qwen's 152k tokens, ~0.8 s for Gemma's 262k, on the 2-core EPYC VM).
+read those two files (the Rust parse of tokenizer.json, which holds the GIL: ~0.3 s for
+Qwen's 152k tokens, ~0.9 s for Gemma's 262k, on the 2-core EPYC VM).
 
 Cache: $GOODSPEED_CACHE_DIR/tokenizers (default ~/.cache/goodspeed/tokenizers), one directory
 per source, keyed by the source's identity (path, sizes, mtimes) and the transformers and
@@ -228,9 +228,9 @@ def _write_entry(entry: Path, key: str, source: Path, backend: Any, facts: Token
 
 def _backend_json(backend: Any) -> str:
     """The Rust tokenizer as JSON, its BPE merges as "a b" strings when no token holds a
-    space: tokenizers reads that older form ~25% faster than [a, b] pairs (0.8 s instead of
-    1.05 s for Gemma's 262k tokens, 0.25 instead of 0.3 s for Qwen's 152k). Used only when it
-    reads back to the same tokenizer."""
+    space: tokenizers reads that older form 10-20% faster than [a, b] pairs (Gemma's 262k
+    tokens 0.85-0.94 s instead of 1.02-1.09 s, Qwen's 152k 0.30-0.32 s instead of 0.33-0.36).
+    Used only when it reads back to the same tokenizer."""
     import tokenizers
 
     text = backend.to_str()

@@ -235,7 +235,8 @@ class BlockManager:
     def _fits(pool: BlockPool, plan: _TablePlan) -> bool:
         freed = sum(1 for i in plan.released if pool.ref_count(plan.table[i]) == 1)
         needed = plan.num_new_blocks + len(plan.to_copy)
-        return needed <= pool.num_free_blocks - pool.num_revived(plan.adopted) + freed
+        revived = pool.num_revived(plan.adopted) if plan.adopted else 0
+        return needed <= pool.num_free_blocks - revived + freed
 
     @staticmethod
     def _apply(pool: BlockPool, plan: _TablePlan, window: bool) -> list[BlockCopy]:

@@ -14,7 +14,11 @@ import statistics
 import time
 
 from engine.config import EngineConfig
-from engine.front.llm import LLM
+
+try:
+    from engine.llm import LLM  # a tree from before the rooms merge (e.g. b80f990)
+except ImportError:
+    from engine.front.llm import LLM
 from engine.sampling_params import SamplingParams
 
 

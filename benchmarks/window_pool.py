@@ -6,8 +6,10 @@ with --no-sliding-window-pool, side by side:
 - greedy tokens of a prompt longer than the window, from both (the same, or the first
   difference);
 - a prompt longer than the unsplit cache holds: served by one, refused by the other;
-- decode tok/s at batch 1 on a long prompt, the engines taking turns round by round (a prefill
-  pass, then the timed pass from the prefix cache: decode only).
+- decode tok/s at batch 1 on a long prompt, the engines taking turns round by round, who goes
+  first alternating (a prefill pass, then the timed pass from the prefix cache: decode only).
+  Which engine is built first moved the ratio by ~15% (docs/benchmarks.md §5j): run it both
+  ways (--build-first).
 
     .venv/bin/python benchmarks/window_pool.py --model ~/.cache/goodspeed/models/gemma3/\
 gemma-3-270m-q4_k_m.gguf --kv-cache-memory 256MiB --max-num-seqs 4
@@ -39,6 +41,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--build-first",
+        choices=["pool", "unsplit"],
+        default="pool",
+        help="which engine is built first (the first-built one ran slower in our A/Bs)",
+    )
     parser.add_argument("--out", default=None, help="write the results as JSON here")
     return parser.parse_args()
 
@@ -97,7 +105,8 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 
 def main() -> None:
     args = parse_args()
-    engines = {"pool": make(args, True), "unsplit": make(args, False)}
+    order = ["pool", "unsplit"] if args.build_first == "pool" else ["unsplit", "pool"]
+    engines = {name: make(args, name == "pool") for name in order}
     result = {"args": vars(args), "load": os.getloadavg(), "pools": {}}
     for name, llm in engines.items():
         result["pools"][name] = pools(llm)
@@ -122,7 +131,8 @@ def main() -> None:
     print("long prompt:", result["long_prompt"])
     rates: dict[str, list[float]] = {name: [] for name in engines}
     for round_index in range(args.rounds):
-        for name, llm in engines.items():
+        turns = order if round_index % 2 == 0 else order[::-1]  # who goes first alternates
+        for name, llm in ((n, engines[n]) for n in turns):
             prompt = text_ids(llm, args.prompt_tokens, 10 + round_index)
             rates[name].append(decode_rate(llm, prompt, args.new_tokens))
         print(f"round {round_index}: " + ", ".join(f"{n} {r[-1]:.1f}" for n, r in rates.items()))

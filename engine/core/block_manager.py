@@ -22,6 +22,7 @@ cache; a window table's entries from its first visible block on are never NULL.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -43,8 +44,8 @@ class SharedBlocks(NamedTuple):
     """Blocks a request adopts when admitted (prefix-cache hits or an n > 1 parent's prompt
     blocks), in the full pool and (NULL before the window) in the window pool."""
 
-    block_ids: list[int]
-    window_block_ids: list[int] = []
+    block_ids: Sequence[int]
+    window_block_ids: Sequence[int] = ()
 
 
 @dataclass
@@ -273,9 +274,6 @@ class BlockManager:
         request.block_ids = []
         request.window_block_ids = []
         request.num_hashed_blocks = 0
-
-    def _release(self, block_id: int) -> None:
-        self._pool.release(block_id)
 
     def _release_window(self, block_id: int) -> None:
         if block_id != NULL_BLOCK:

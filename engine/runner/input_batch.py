@@ -112,10 +112,9 @@ def _table(block_tables: list[list[int]]) -> torch.Tensor:
     return torch.from_numpy(table)
 
 
-def _window_view(
-    rows: list[RequestRows], slots: list[int], block_size: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The window pool's (tables, slots) for the step: the same token indices as `slots`."""
+def _window_view(rows: list[RequestRows], block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The window pool's (tables, slots) for the step: the rows' token indices in order, as
+    the step's slot_mapping has them."""
     tables = [r.request.window_block_ids for r in rows]
     window_slots = []
     for r in rows:
@@ -123,8 +122,6 @@ def _window_view(
         q_len = r.num_real + len(r.draft_token_ids)
         table = r.request.window_block_ids
         window_slots.extend(slot_of(table, first + j, block_size) for j in range(q_len))
-    if len(window_slots) != len(slots):
-        raise AssertionError("the window pool's slots must match the step's tokens")
     # Released entries (NULL_BLOCK) read as block 0: no kernel reads keys outside the window.
     return _table(tables).clamp_(min=0), torch.tensor(window_slots, dtype=torch.int64)
 
@@ -204,9 +201,7 @@ def build_model_input(
         rows.append(
             RequestRows(scheduled, draft_ids, tree, start, num_real, sample_rows, prompt_rows)
         )
-    window_tables, window_slots = (
-        _window_view(rows, slots, block_size) if windowed else (None, None)
-    )
+    window_tables, window_slots = _window_view(rows, block_size) if windowed else (None, None)
     metadata = AttentionMetadata(
         query_start_loc=torch.tensor(cu_query, dtype=torch.int32),
         seq_lens=torch.tensor(seq_lens, dtype=torch.int32),

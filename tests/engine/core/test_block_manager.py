@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from engine.core.block_manager import BlockCopy, BlockManager
+from engine.core.block_pool import BlockPool
 from engine.core.prefix_cache import hash_block_tokens
 from tests.engine.factories import make_requests
 
@@ -45,9 +46,9 @@ def test_allocation_is_all_or_nothing():
 
 
 def test_releasing_a_free_block_raises():
-    manager = BlockManager(num_blocks=2, block_size=BLOCK)
+    pool = BlockPool(num_blocks=2, block_size=BLOCK)
     with pytest.raises(RuntimeError, match="freed more often"):
-        manager._release(0)
+        pool.release(0)
 
 
 def test_prefix_hit_takes_full_blocks_but_never_the_last_token_block():

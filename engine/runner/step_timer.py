@@ -36,8 +36,9 @@ if TYPE_CHECKING:
 _GREEDY = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
 
 Shape = tuple[int, int, int]  # (context_len, num_new_tokens, num_draft_tokens) of one request
-# draft_passes(scheduled, num_passes, random_tokens) -> seconds of the draft model's passes
-DraftPasses = Callable[[Sequence[ScheduledRequest], int, Callable[[int], list[int]]], float]
+# draft_passes(scheduled, num_passes, random_tokens, num_catchup_tokens) -> seconds of the
+# draft model's passes, the first one feeding num_catchup_tokens more (its catch-up)
+DraftPasses = Callable[[Sequence[ScheduledRequest], int, Callable[[int], list[int]], int], float]
 
 
 class StepTimer:
@@ -109,9 +110,11 @@ class StepTimer:
         shapes: Sequence[Shape],
         num_draft_passes: int = 0,
         draft_passes: DraftPasses | None = None,
+        num_catchup_tokens: int = 0,
     ) -> float:
         """Seconds of one synthetic step of these request shapes, and of `num_draft_passes`
-        draft passes through `draft_passes` when given (see the module docstring)."""
+        draft passes through `draft_passes` when given, catching up on `num_catchup_tokens`
+        first (see the module docstring)."""
         self.check_pristine()
         free_block_ids = self.block_manager.free_block_ids()
         window_ids = self._window_tables(shapes)
@@ -132,7 +135,9 @@ class StepTimer:
         sched = SchedulerOutput(tuple(scheduled), num_batched_tokens=num_batched_tokens)
         draft_seconds = 0.0
         if draft_passes is not None and num_draft_passes > 0:
-            draft_seconds = draft_passes(scheduled, num_draft_passes, self._tokens)
+            draft_seconds = draft_passes(
+                scheduled, num_draft_passes, self._tokens, num_catchup_tokens
+            )
         output = self.runner.execute(sched, Drafts(chains=chains))
         self.num_steps += 1
         return output.step_time + draft_seconds

@@ -9,6 +9,7 @@ pays for the profile. This module only chooses the shapes and fits: it runs noth
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -45,7 +46,11 @@ class StepTimer(Protocol):
     def identity(self) -> tuple[str, str, str, int]: ...  # (model, device, dtype, threads)
 
     def __call__(
-        self, shapes: Sequence[Shape], num_draft_passes: int = 0, draft_passes=None
+        self,
+        shapes: Sequence[Shape],
+        num_draft_passes: int = 0,
+        draft_passes=None,
+        num_catchup_tokens: int = 0,
     ) -> float: ...
 
 
@@ -89,15 +94,18 @@ def fit_to_pool(
     draft_model: bool = False,
     graphs: GraphShapes = NO_GRAPHS,
 ) -> list[StepFeatures]:
-    """The grid with contexts shrunk so each batch fits the KV pool and the context length;
-    points that cannot fit at all are dropped, duplicates removed (order kept)."""
+    """The grid with contexts shrunk so each batch fits the KV pool and the context length
+    (and a draft model's catch-up within the drafting requests' contexts); points that
+    cannot fit at all are dropped, duplicates removed (order kept)."""
     fitted: dict[StepFeatures, None] = {}
     for features in grid:
         shapes = shapes_for(features)
         per_request = min(num_blocks // len(shapes) * block_size, max_model_len)
         clipped = [(min(c, per_request - n - k), n, k) for c, n, k in shapes]
         if all(c >= 0 for c, _, _ in clipped):
-            fitted[StepFeatures.from_shapes(clipped, draft_model, graphs)] = None
+            catchup = min(features.num_catchup_tokens, sum(c for c, _, k in clipped if k))
+            point = StepFeatures.from_shapes(clipped, draft_model, graphs)
+            fitted[dataclasses.replace(point, num_catchup_tokens=catchup)] = None
     return list(fitted)
 
 
@@ -139,7 +147,7 @@ class SeedReport:
     cache_path: str | None = None
 
 
-GRID_VERSION = 2  # bumped when profile_grid's shapes change: an older cached fit is not reused
+GRID_VERSION = 3  # bumped when profile_grid's shapes change: an older cached fit is not reused
 
 
 def seed_cost_model(
@@ -178,7 +186,8 @@ def seed_cost_model(
     )
 
     def run_step(features: StepFeatures) -> float:
-        return timer(shapes_for(features), features.num_draft_steps, draft_passes)
+        steps, catchup = features.num_draft_steps, features.num_catchup_tokens
+        return timer(shapes_for(features), steps, draft_passes, catchup)
 
     start = time.perf_counter()
     try:

@@ -3,6 +3,7 @@ the step-time cost model (cost_model.py), and the synthetic grid the start-up pr
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -108,7 +109,10 @@ def profile_grid(
 ) -> list[StepFeatures]:
     """Synthetic step shapes spanning the features: decode batches of every size with chains
     of 0..max_draft_tokens drafts over short and long contexts, plus single prefill chunks;
-    each marked eager or not as the runner's graphs will run it."""
+    each marked eager or not as the runner's graphs will run it. With a draft model, also one
+    request drafting after the draft model missed a few dozen or hundred tokens (its
+    catch-up): without them the catch-up term is never fitted and a probe after a long idle
+    spell is priced as free (docs/benchmarks.md §5j)."""
     sizes = [n for n in (1, 2, 4, 8, 16, 32, 64, 128, 256) if n <= max_num_seqs]
     ks = sorted({0, 1, max_draft_tokens // 2, max_draft_tokens})
     contexts = sorted({16, max_context // 8, max_context})
@@ -127,5 +131,9 @@ def profile_grid(
     for chunk in (16, 64, 128, 256, 512, 1024, 2048):
         if chunk <= max_num_batched_tokens:
             grid.append(StepFeatures.from_shapes([(0, chunk, 0)], graphs=graphs))
+    if draft_model:
+        drafting = StepFeatures.from_shapes([(max_context, 1, 1)], draft_model, graphs)
+        for catchup in sorted({max_context // 8, max_context // 2} - {0}):
+            grid.append(dataclasses.replace(drafting, num_catchup_tokens=catchup))
     random.Random(seed).shuffle(grid)
     return grid

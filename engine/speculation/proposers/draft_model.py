@@ -143,10 +143,14 @@ class DraftModelProposer:
         scheduled: Sequence[ScheduledRequest],
         num_passes: int,
         random_tokens: Callable[[int], list[int]],
+        num_catchup_tokens: int = 0,
     ) -> float:
         """Seconds of `num_passes` batched single-token passes over the scheduled requests'
         draft slots, as chains are drafted, synced as propose() is: the draft model's share
-        of a synthetic step (engine/runner/step_timer.py; it writes only those slots)."""
+        of a synthetic step (engine/runner/step_timer.py; it writes only those slots). The
+        first pass also feeds `num_catchup_tokens` (shared among the drafting requests, each
+        at most its context) at the positions before the drafts, as a catch-up does; a
+        draft that shares the target's cache never catches up, so it feeds none."""
         # (first draft slot's position, drafts, block ids) of each drafting request
         drafting = [
             (
@@ -157,11 +161,19 @@ class DraftModelProposer:
             for s in scheduled
             if s.num_draft_tokens > 0
         ]
+        left = 0 if self.runner.shares_target_cache else num_catchup_tokens
+        catchups = [0] * len(drafting)
+        by_room = sorted(range(len(drafting)), key=lambda i: drafting[i][0])
+        for done, i in enumerate(by_room):  # the least room first: the rest take what it can't
+            catchups[i] = min(drafting[i][0], -(-left // (len(drafting) - done)))
+            left -= catchups[i]
         start = time.perf_counter()
         for j in range(num_passes):
             queries = [
-                DraftQuery(random_tokens(1), first + j, block_ids)
-                for first, num_drafts, block_ids in drafting
+                DraftQuery(random_tokens(1 + catchup), first - catchup, block_ids)
+                if j == 0
+                else DraftQuery(random_tokens(1), first + j, block_ids)
+                for (first, num_drafts, block_ids), catchup in zip(drafting, catchups)
                 if j < num_drafts
             ]
             if queries:

@@ -9,11 +9,18 @@ import random
 from types import SimpleNamespace
 
 import pytest
+import torch
 
+from engine.config import SchedulerConfig, SpecConfig
+from engine.outputs import ScheduledRequest
+from engine.request import Request
+from engine.sampling_params import SamplingParams
 from engine.speculation.control import goodput as goodput_module
+from engine.speculation.control import profiler
 from engine.speculation.control.cost_model import OnlineLinearCostModel
 from engine.speculation.control.policy import SpecCandidate
-from engine.speculation.control.step_features import StepFeatures
+from engine.speculation.control.profiler import fit_to_pool
+from engine.speculation.control.step_features import StepFeatures, profile_grid
 from engine.speculation.proposers.draft_model import DraftModelProposer, _RequestState
 from tests.engine.speculation.control.test_cost_model import TRUE, random_features, true_seconds
 from tests.engine.speculation.control.test_goodput import LinearCost, decode_base, result
@@ -103,3 +110,76 @@ def test_the_draft_model_counts_the_tokens_its_catchup_feeds():
     assert proposer.catchup_tokens(memos, 120) == 19
     proposer.runner = SimpleNamespace(shares_target_cache=True)
     assert proposer.catchup_tokens(memos, 120) == 0  # a self-draft reads the target's cache
+
+
+class RecordingRunner:
+    """A draft runner that records each pass's queries and returns one logit row each."""
+
+    def __init__(self, shares_target_cache: bool = False) -> None:
+        self.shares_target_cache = shares_target_cache
+        self.passes: list[list] = []
+
+    def logits(self, queries):
+        self.passes.append(list(queries))
+        return torch.zeros(len(queries), 4)
+
+
+def scheduled_step(shapes):
+    """ScheduledRequests of (context, new, drafts) shapes, as the step timer builds them."""
+    out = []
+    for index, (context, num_new, num_drafts) in enumerate(shapes):
+        request = Request(f"r{index}", [1] * (context + num_new), SamplingParams(max_tokens=1))
+        request.block_ids = [index]
+        out.append(ScheduledRequest(request, num_new + num_drafts, num_drafts, context))
+    return out
+
+
+def test_profile_passes_feed_the_catchup_before_the_first_draft():
+    """The start-up profile's draft passes catch up as propose() does: the first pass feeds
+    the catch-up tokens (shared among the drafting requests, each within its context) at the
+    positions before its draft slot, the later passes one token each; a draft sharing the
+    target's cache feeds none."""
+    proposer = DraftModelProposer(RecordingRunner())
+    shapes = [(100, 1, 2), (10, 1, 2), (50, 1, 0)]  # the third drafts nothing
+    proposer.time_passes(scheduled_step(shapes), 2, lambda n: [7] * n, num_catchup_tokens=40)
+    first, second = proposer.runner.passes
+    assert [(len(q.token_ids), q.start) for q in first] == [(30, 72), (12, 0)]
+    assert [(len(q.token_ids), q.start) for q in second] == [(1, 102), (1, 12)]
+    selfdraft = DraftModelProposer(RecordingRunner(shares_target_cache=True))
+    selfdraft.time_passes(scheduled_step(shapes), 1, lambda n: [7] * n, num_catchup_tokens=40)
+    assert [(len(q.token_ids), q.start) for q in selfdraft.runner.passes[0]] == [(1, 101), (1, 11)]
+
+
+def test_the_startup_profile_fits_the_catchup_term():
+    """With a draft model the start-up grid has catch-up steps, the timer is asked for them,
+    and the fit prices catch-up as the steps cost it (before: no such sample, priced 0)."""
+    asked = []
+
+    class Timer:
+        num_blocks, block_size, max_model_len = 4096, 16, 4096
+        identity = ("m", "cpu", "float32", 1)
+
+        def __call__(self, shapes, num_draft_passes=0, draft_passes=None, num_catchup_tokens=0):
+            asked.append(num_catchup_tokens)
+            f = StepFeatures.from_shapes(shapes, draft_model=True)
+            return true_seconds(f) + PER_CATCHUP_TOKEN * num_catchup_tokens
+
+    model = OnlineLinearCostModel()
+    config = SpecConfig(spec_profile_seconds=30.0, spec_cost_cache=None)
+    report = profiler.seed_cost_model(
+        model, Timer(), config, SchedulerConfig(), 4, draft_passes=lambda *args: 0.0
+    )
+    assert report.source == "profile" and sorted(set(asked))[1:] == [64, 256]
+    assert model.coefficients()["catchup_tokens"] == pytest.approx(PER_CATCHUP_TOKEN, rel=0.05)
+    assert "|grid=3" in report.key
+
+
+def test_the_grid_has_catchup_steps_only_with_a_draft_model():
+    with_draft = profile_grid(max_context=512, draft_model=True)
+    assert sorted(f.num_catchup_tokens for f in with_draft if f.num_catchup_tokens) == [64, 256]
+    assert all(
+        f.num_requests == 1 and f.num_draft_steps == 1 for f in with_draft if f.num_catchup_tokens
+    )
+    assert not any(f.num_catchup_tokens for f in profile_grid(max_context=512))
+    fitted = fit_to_pool(with_draft, num_blocks=64, block_size=16, max_model_len=100)
+    assert sorted(f.num_catchup_tokens for f in fitted if f.num_catchup_tokens) == [64, 98]

@@ -6,6 +6,7 @@ Engines run a tiny random Llama on one thread with a sub-second profile budget.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import random
@@ -248,6 +249,23 @@ def test_a_draft_model_profile_times_its_passes(tiny_model_dir, tmp_path):
         for f in (one, four)
     }
     assert times[4] > times[1]
+    assert pool_state(engine) == (list(range(NUM_BLOCKS)), 0, [0] * NUM_BLOCKS)
+
+
+def test_a_separate_draft_model_profile_times_its_catchup(tiny_model_dir, tmp_path):
+    """A separate draft model (its own KV cache) is profiled catching up too: the fit's samples
+    include catch-up steps, run on the real draft runner without touching the pool."""
+    flat = dict(
+        speculative_proposer="draft", draft_model=str(tiny_model_dir), spec_profile_seconds=1.0
+    )
+    engine = LLM(config=engine_config(tiny_model_dir, tmp_path, **flat)).engine
+    assert engine.spec.seed_report.source == "profile"
+    samples = engine.spec.cost_model.to_params()["anchors"]
+    column = [f.name for f in dataclasses.fields(StepFeatures)].index("num_catchup_tokens")
+    assert any(row[column] > 0 for row in samples)  # rows: StepFeatures' fields, then seconds
+    timer = StepTimer(engine.runner, engine.scheduler.block_manager)
+    shapes = shapes_for(StepFeatures.from_shapes([(200, 1, 2)], draft_model=True))
+    assert timer(shapes, 2, engine.spec.proposer.time_passes, 150) > 0
     assert pool_state(engine) == (list(range(NUM_BLOCKS)), 0, [0] * NUM_BLOCKS)
 
 

@@ -260,18 +260,24 @@ class OnlineLinearCostModel:
         run_step: Callable[[StepFeatures], float],
         budget_seconds: float,
         grid: Sequence[StepFeatures] | None = None,
+        min_steps: int = 0,
     ) -> int:
         """Seed the fit by timing synthetic steps; returns the number of steps measured.
 
         `run_step` executes a dummy batch of the given shape and returns its seconds. The grid
-        is visited in a shuffled order so that a short budget still spans every feature, and
-        the fit becomes the ridge prior.
+        is visited in its order (profile_grid shuffles it, so that a short budget still spans
+        every feature); its first `min_steps` points are measured even past the budget (the
+        shapes the policy cannot price without), and the fit becomes the ridge prior.
         """
         grid = list(grid) if grid is not None else profile_grid()
+        if budget_seconds <= 0:
+            return 0
         run_step(grid[0])  # warm-up (allocator, thread pool, caches); not measured
         samples: list[tuple[StepFeatures, float]] = []
         deadline = time.perf_counter() + budget_seconds
-        while len(samples) < 4 * len(grid) and time.perf_counter() < deadline:
+        while len(samples) < 4 * len(grid) and (
+            len(samples) < min_steps or time.perf_counter() < deadline
+        ):
             features = grid[len(samples) % len(grid)]
             samples.append((features, run_step(features)))
         if not samples:

@@ -119,9 +119,10 @@ def startup_grid(
     draft_model: bool = False,
     graphs: GraphShapes = NO_GRAPHS,
 ) -> list[StepFeatures]:
-    """Profile shapes for this engine, cheapest first (profile() warms up on grid[0]); with a
-    draft model, steps with k drafts include k draft passes; each step is marked eager or not
-    as the runner's graphs (`graphs`) will run it."""
+    """Profile shapes for this engine: the core (`in_core`), its cheapest first (profile()
+    warms up on grid[0]), then the others; with a draft model, steps with k drafts
+    include k draft passes; each step is marked eager or not as the runner's graphs
+    (`graphs`) will run it."""
     grid = profile_grid(
         max_num_batched_tokens=min(
             scheduler_config.max_num_batched_tokens, PROFILE_MAX_BATCHED_TOKENS
@@ -134,8 +135,23 @@ def startup_grid(
         graphs=graphs,
     )
     grid = fit_to_pool(grid, num_blocks, block_size, max_model_len, draft_model, graphs)
-    cheapest = min(range(len(grid)), key=lambda i: (grid[i].num_kv_tokens, i), default=0)
+    core = [f for f in grid if in_core(f)]
+    grid = core + [f for f in grid if not in_core(f)]
+    cheapest = min(
+        range(len(core) or len(grid)), key=lambda i: (grid[i].num_kv_tokens, i), default=0
+    )
     return grid[cheapest : cheapest + 1] + grid[:cheapest] + grid[cheapest + 1 :]
+
+
+def in_core(features: StepFeatures) -> bool:
+    """A shape the profile measures whatever its budget: one request decoding with each draft
+    count (the marginal draft at batch 1, where speculation pays most), and a draft model's
+    catch-up (no other shape excites that term). On the Qwen pair a 3 s budget measured 4
+    random shapes of 72, none of these (docs/benchmarks.md §5k)."""
+    single_decode = features.num_requests == 1 and (
+        features.num_batched_tokens == 1 + features.num_draft_tokens
+    )
+    return single_decode or features.num_catchup_tokens > 0
 
 
 @dataclass(frozen=True)
@@ -147,7 +163,9 @@ class SeedReport:
     cache_path: str | None = None
 
 
-GRID_VERSION = 3  # bumped when profile_grid's shapes change: an older cached fit is not reused
+GRID_VERSION = (
+    3  # bumped when the profile's shapes or their order change: an older cached fit is not reused
+)
 
 
 def seed_cost_model(
@@ -191,7 +209,9 @@ def seed_cost_model(
 
     start = time.perf_counter()
     try:
-        num_steps = cost_model.profile(run_step, spec_config.spec_profile_seconds, grid)
+        num_steps = cost_model.profile(
+            run_step, spec_config.spec_profile_seconds, grid, sum(map(in_core, grid))
+        )
     except Exception:  # a failed profile must not stop the engine: it learns online instead
         logger.exception("cost model: start-up profile failed; learning online")
         return SeedReport("failed", key)

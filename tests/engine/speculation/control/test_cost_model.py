@@ -207,6 +207,24 @@ def test_profile_respects_its_time_budget():
     assert unprofiled.profile(slow_step, budget_seconds=0.0) == 0 and not unprofiled.fitted
 
 
+def test_profile_measures_its_first_min_steps_past_the_budget():
+    """The core shapes (the first min_steps) are measured however short the budget; then the
+    budget stops it as before."""
+    grid = profile_grid(max_num_batched_tokens=64, max_num_seqs=16, max_draft_tokens=4)
+    seen = []
+
+    def slow_step(f: StepFeatures) -> float:
+        seen.append(f)
+        time.sleep(0.01)
+        return true_seconds(f)
+
+    assert (
+        OnlineLinearCostModel().profile(slow_step, budget_seconds=0.001, grid=grid, min_steps=6)
+        == 6
+    )
+    assert seen[1:] == grid[:6]  # seen[0] is the warm-up
+
+
 def test_grid_respects_the_token_budget_and_spans_drafts():
     grid = profile_grid(max_num_batched_tokens=64, max_num_seqs=16, max_draft_tokens=4)
     assert all(f.num_batched_tokens <= 64 for f in grid)

@@ -126,12 +126,36 @@ def test_dummy_steps_refuse_a_pool_in_use(bare_engine):
     assert manager.num_free_blocks == NUM_BLOCKS
 
 
-def test_startup_grid_fits_the_pool_and_warms_up_on_the_cheapest_shape(bare_engine):
+def test_startup_grid_fits_the_pool_and_warms_up_on_the_cheapest_decode(bare_engine):
     grid = startup_grid(bare_engine.scheduler.config, 4, 20, 16, 1024)
-    assert grid[0].num_kv_tokens == min(f.num_kv_tokens for f in grid)
+    decodes = [f for f in grid if profiler.in_core(f)]
+    assert grid[0] in decodes and grid[0].num_kv_tokens == min(f.num_kv_tokens for f in decodes)
     assert max(f.num_draft_tokens for f in grid) > 0 and min(f.num_draft_tokens for f in grid) == 0
     for features in grid:
         assert sum(-(-(c + n + k) // 16) for c, n, k in shapes_for(features)) <= 20
+
+
+def test_startup_grid_puts_the_core_first(bare_engine):
+    """One request decoding with every draft count, and the draft model's catch-up, come
+    before every other shape (the profile measures them whatever its budget)."""
+    config = bare_engine.scheduler.config
+    grid = startup_grid(config, 4, NUM_BLOCKS, 16, 1024, draft_model=True)
+    num_core = sum(map(profiler.in_core, grid))
+    assert all(map(profiler.in_core, grid[:num_core]))
+    assert not any(map(profiler.in_core, grid[num_core:]))
+    core = grid[:num_core]
+    assert {f.num_draft_tokens for f in core if f.num_requests == 1} == set(range(5))
+    assert any(f.num_catchup_tokens for f in core)
+    assert all(f.num_requests == 1 for f in core)
+
+
+def test_a_tiny_budget_still_profiles_the_core(tiny_model_dir, tmp_path):
+    engine = LLMEngine.from_config(
+        engine_config(tiny_model_dir, tmp_path, spec_profile_seconds=1e-6)
+    )
+    grid = startup_grid(engine.scheduler.config, 4, NUM_BLOCKS, 16, engine.runner.max_model_len)
+    num_core = sum(map(profiler.in_core, grid))
+    assert num_core >= 10 and engine.spec.seed_report.num_steps >= num_core
 
 
 # ---- the engine start-up: profile, cache, output unchanged ---------------------------------

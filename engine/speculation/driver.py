@@ -119,6 +119,7 @@ class SpecDriver:
                         self._catchup_tokens(request),
                         kind,
                         offers,
+                        request.num_remaining_output_tokens,
                     )
                 )
         plan = {}

@@ -143,10 +143,10 @@ class GoodputPolicy(SpecPolicy):
         # tree (a pass expands one node of every request), so k drafts cost k passes.
         gains = self._gains(a, cap, estimator.prior(kind))
         if not self.choice:
-            seconds = self._catchup_seconds(candidate) if self.draft_model else 0.0
+            seconds = self._catchup_share(candidate, gains) if self.draft_model else 0.0
             return SearchSlot(gains, range(1, cap + 1), cap, propose_seconds=seconds)
         draft = proposer == DRAFT_PROPOSER
-        seconds = self._catchup_seconds(candidate) if draft else 0.0
+        seconds = self._catchup_share(candidate, gains) if draft else 0.0
         seconds += self.propose_seconds.get(proposer, 0.0)
         return SearchSlot(gains, range(1, cap + 1), cap, 0, proposer, draft, seconds)
 
@@ -154,6 +154,18 @@ class GoodputPolicy(SpecPolicy):
         """The cost model's seconds for the draft model's catch-up on this request, paid when
         it drafts for it (a linear term, so priced per request like CPU time)."""
         return self._catchup_per_token * candidate.num_catchup_tokens
+
+    def _catchup_share(self, candidate: SpecCandidate, gains: Sequence[float]) -> float:
+        """This step's share of the catch-up: once fed, the draft model stays in step for the
+        rest of the request, so the catch-up is spread over the steps left at this option's
+        expected tokens per step (1 + the gains at its cap). A one-step objective that paid
+        it whole would never catch up a draft model that missed a prompt (on the Qwen pair,
+        40 chat-prompt tokens cost ~0.12 s, three decode steps). Unknown length: whole."""
+        seconds = self._catchup_seconds(candidate)
+        if seconds == 0.0 or candidate.num_remaining_tokens <= 0:
+            return seconds
+        steps_left = candidate.num_remaining_tokens / (1.0 + sum(gains))
+        return seconds / max(1.0, steps_left)
 
     def _price_catchup(self) -> None:
         """The cost model's seconds per catch-up token, once per plan."""
@@ -181,13 +193,20 @@ class GoodputPolicy(SpecPolicy):
         """The probe of this plan (_probe), if any: that request gets only that option, with
         one draft at least."""
         caps = [[o.cap for o in slot] for slot in options]
-        costs = [[o.propose_seconds for o in slot] for slot in options]
+        costs = [[self._probe_seconds(c, o) for o in slot] for c, slot in zip(candidates, options)]
         step = self.cost_model.predict(base) if self.cost_model.fitted else 0.0
         probe = self._probe(candidates, caps, costs, step)
         if probe is not None:
             i, j = probe
             options[i] = [options[i][j]]
             options[i][0].floor = 1
+
+    def _probe_seconds(self, candidate: SpecCandidate, option: SearchSlot) -> float:
+        """What a forced probe of this option costs beyond the step: the whole catch-up (a
+        probe may show the draft model does not pay, and then nothing is spread)."""
+        draft = option.draft if option.draft is not None else self.draft_model
+        whole = self._catchup_seconds(candidate) if draft else 0.0
+        return whole + self.propose_seconds.get(option.proposer, 0.0)
 
     def _probe(
         self,

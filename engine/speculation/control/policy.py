@@ -38,6 +38,9 @@ class SpecCandidate:
     # Proposer choice: per proposer that says it before the plan, (drafts it could give, their
     # kind); a proposer not listed may draft up to max_draft_tokens.
     offers: Mapping[str, tuple[int, str]] = field(default_factory=dict)
+    # Output tokens the request may still emit (0: unknown): the steps over which a draft
+    # model's catch-up pays back.
+    num_remaining_tokens: int = 0
 
 
 @dataclass(frozen=True)

@@ -164,3 +164,22 @@ def test_ngram_results_carry_the_matched_order(tiny_model_dir, tmp_path, referen
     assert generate(llm) == reference
     assert kinds and all(k in ("n1", "n2", "n3", "n4") for k in kinds)
     assert len(set(kinds)) >= 2
+
+
+def test_candidates_carry_the_tokens_their_request_has_left(tiny_model_dir, tmp_path):
+    """The policy sees how many tokens each request may still emit (a draft model's
+    catch-up is spread over them)."""
+    llm = make_llm(tiny_model_dir, tmp_path, speculative_proposer="ngram")
+    seen = []
+    policy = llm.engine.spec.policy
+    original = policy.plan
+
+    def plan(candidates, base):
+        seen.extend((c.request_id, c.num_remaining_tokens) for c in candidates)
+        return original(candidates, base)
+
+    policy.plan = plan
+    llm.generate(PROMPTS[:1], GREEDY, use_tqdm=False)
+    left = [n for _, n in seen]
+    assert left and left[0] <= GREEDY.max_tokens - 1 and left == sorted(left, reverse=True)
+    assert min(left) >= 1

@@ -70,6 +70,21 @@ def test_a_draft_option_pays_its_catchup():
     assert spec("behind").proposer != "draft"
 
 
+def test_a_catchup_is_spread_over_the_steps_the_request_has_left():
+    """Once fed, the draft model stays in step: a request with many tokens to go catches it
+    up (2000 tokens, 0.1 s, spread over ~200 steps), one about to end or of unknown length
+    does not (the whole 0.1 s on this step)."""
+    policy = choice_policy(CatchupCost(0.01, 1e-3, per_draft_step=5e-4), explore_interval=1000)
+    names = ["long", "short", "unknown"]
+    teach_draft(policy, names, 0.9)
+    left = {"long": 1000, "short": 6, "unknown": 0}
+    batch = [SpecCandidate(n, 2200, 4, spec(n), 2000, num_remaining_tokens=left[n]) for n in names]
+    for candidate in batch:  # one at a time: each plan is the request alone
+        policy.plan([candidate], decode_base(1))
+    assert spec("long").proposer == "draft"
+    assert spec("short").proposer != "draft" and spec("unknown").proposer != "draft"
+
+
 def test_a_forced_probe_is_predicted_with_its_catchup_and_waits_until_affordable():
     """A draft probe that first feeds 4000 tokens (0.2 s, twenty 10 ms steps) is forced only
     once the request has been idle long enough that it costs at most EXPLORE_SHARE of that
@@ -171,7 +186,7 @@ def test_the_startup_profile_fits_the_catchup_term():
     )
     assert report.source == "profile" and sorted(set(asked))[1:] == [64, 256]
     assert model.coefficients()["catchup_tokens"] == pytest.approx(PER_CATCHUP_TOKEN, rel=0.05)
-    assert "|grid=3" in report.key
+    assert "|grid=4" in report.key
 
 
 def test_the_grid_has_catchup_steps_only_with_a_draft_model():

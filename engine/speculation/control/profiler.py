@@ -163,9 +163,8 @@ class SeedReport:
     cache_path: str | None = None
 
 
-GRID_VERSION = (
-    3  # bumped when the profile's shapes or their order change: an older cached fit is not reused
-)
+# Bumped when the profile's shapes or their order change: an older cached fit is not reused.
+GRID_VERSION = 4
 
 
 def seed_cost_model(

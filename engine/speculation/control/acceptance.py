@@ -115,6 +115,7 @@ class AcceptanceEstimator:
         self.prior_bounds = prior_bounds
         self._global = self._seed(prior)  # over every kind
         self._kinds: dict[str, list[float]] = {}  # per kind: its own global counts
+        self.num_updates = 0  # verifications of its drafts seen, on any request
 
     def _seed(self, a: float) -> list[float]:
         # Pseudo-counts worth prior_weight observations: chains [successes, trials],
@@ -144,6 +145,7 @@ class AcceptanceEstimator:
         drafted, accepted = result.num_draft_tokens, result.num_accepted_tokens
         if drafted <= 0:
             return
+        self.num_updates += 1
         if self.tree:
             sample = [accepted, drafted, 1.0]
         else:

@@ -221,7 +221,8 @@ class GoodputPolicy(SpecPolicy):
         to be given one draft. One per plan, so that under load the retries do not all land
         on the same step. caps[i][j]: proposer j's cap on request i; costs[i][j]: the seconds
         of drafting with it beyond the step (a draft model's catch-up), which must stay within
-        EXPLORE_SHARE of the idle plans' steps (step_seconds each)."""
+        EXPLORE_SHARE of the idle plans' steps (step_seconds each) once the proposer has been
+        verified somewhere."""
         interval = self.explore_interval
         if len(candidates) > 4:
             interval = max(interval, 4 * len(candidates))
@@ -232,7 +233,10 @@ class GoodputPolicy(SpecPolicy):
                 last = candidate.spec.last_run.setdefault(name, self._num_plans)
                 idle_plans = self._num_plans - last
                 cost = costs[i][j] if costs is not None else 0.0
+                # A proposer never verified anywhere is probed once whatever it costs: its
+                # prior is a guess, and every later choice of it rests on that first probe.
                 affordable = cost <= EXPLORE_SHARE * idle_plans * step_seconds
+                affordable = affordable or not self.estimators[name].num_updates
                 if caps[i][j] > 0 and idle_plans >= interval and (cost == 0.0 or affordable):
                     idle.append((last, i, j))
         return min(idle)[1:] if idle else None

@@ -88,9 +88,10 @@ def test_a_catchup_is_spread_over_the_steps_the_request_has_left():
 def test_a_forced_probe_is_predicted_with_its_catchup_and_waits_until_affordable():
     """A draft probe that first feeds 4000 tokens (0.2 s, twenty 10 ms steps) is forced only
     once the request has been idle long enough that it costs at most EXPLORE_SHARE of that
-    time, and it is then predicted with its catch-up."""
+    time, and it is then predicted with its catch-up (the draft was verified elsewhere)."""
     cost = CatchupCost(0.01, 1e-3, per_draft_step=5e-4)
     policy = choice_policy(cost, explore_interval=1)
+    teach_draft(policy, ["elsewhere"], 0.5)
     batch = [SpecCandidate("behind", 4200, 4, spec("behind"), 4000)]
     seen, first = [], None
     for index in range(600):
@@ -104,6 +105,23 @@ def test_a_forced_probe_is_predicted_with_its_catchup_and_waits_until_affordable
     assert seen and all(extra == pytest.approx(4000 * PER_CATCHUP_TOKEN) for extra in seen)
     step = cost.predict(decode_base(1))
     assert first >= 4000 * PER_CATCHUP_TOKEN / (goodput_module.EXPLORE_SHARE * step) - 2
+
+
+def test_a_proposer_never_verified_anywhere_is_probed_whatever_its_catchup():
+    """The first probe of a draft model on a server pays its catch-up however long: until then
+    its acceptance is the prior's guess (on the Qwen pair's chat the 0.5 prior priced the
+    draft out, and the budget never let a probe correct it). Then the budget holds again."""
+    cost = CatchupCost(0.01, 1e-3, per_draft_step=5e-4)
+    policy = choice_policy(cost, explore_interval=4)
+    batch = [SpecCandidate("behind", 4200, 4, spec("behind"), 4000)]
+    probes = []
+    for index in range(40):
+        plan = policy.plan(batch, decode_base(1))
+        if spec("behind").proposer == "draft":
+            probes.append(index)
+            k = plan["behind"]
+            policy.observe([result("behind", k, 0, "draft")], decode_base(1), 0.2)
+    assert probes and probes[0] <= 8 and len(probes) == 1
 
 
 def teach_draft(policy, request_ids, rate: float) -> None:

@@ -72,7 +72,7 @@ def build_app(engine: AsyncEngine, settings: ServerSettings | None = None) -> Fa
         GuardMiddleware,
         max_body_bytes=settings.max_body_bytes,
         api_key=settings.api_key,
-        is_draining=lambda: ctx.draining,
+        is_draining=ctx.drain.is_set,
         retry_after_s=settings.retry_after_s,
         body_timeout_s=settings.body_timeout_s,
     )

@@ -51,13 +51,15 @@ class ServingContext:
         self.model_name = self.model_names[0]
         self.texts = TokenTexts(engine.tokenizer)
         self.created = int(time.time())
-        self.draining = False
-        self._drain_started = asyncio.Event()
+        self.drain = asyncio.Event()  # set when a drain begins (GuardMiddleware reads it too)
+
+    @property
+    def draining(self) -> bool:
+        return self.drain.is_set()
 
     def start_draining(self) -> None:
         """Refuse new requests and the queued ones (never scheduled); running ones go on."""
-        self.draining = True
-        self._drain_started.set()
+        self.drain.set()
 
     # ---- checks ------------------------------------------------------------------------------
     def check_model(self, model: str | None) -> str:
@@ -223,7 +225,7 @@ class ServingContext:
         if all(stream.started.is_set() for stream in streams):
             return
         started = asyncio.gather(*(stream.started.wait() for stream in streams))
-        drain = asyncio.ensure_future(self._drain_started.wait())
+        drain = asyncio.ensure_future(self.drain.wait())
         timeout = self.settings.admission_timeout_s
         deadline = None if timeout is None else time.monotonic() + timeout
         gone = False

@@ -51,6 +51,9 @@ class ServingContext:
         self.model_name = self.model_names[0]
         self.texts = TokenTexts(engine.tokenizer)
         self.created = int(time.time())
+        # The model's tool-call format, read once from its chat template (server/tool_formats.py).
+        template_for = getattr(engine.tokenizer, "template_for", None)
+        self.tool_format = tool_format(template_for(tools=True) if template_for else None)
         self.drain = asyncio.Event()  # set when a drain begins (GuardMiddleware reads it too)
 
     @property
@@ -72,12 +75,6 @@ class ServingContext:
                 code="model_not_found",
             )
         return self.model_name
-
-    @property
-    def tool_format(self) -> str:
-        """The model's tool-call format, read from its chat template (server/tool_formats.py)."""
-        template_for = getattr(self.engine.tokenizer, "template_for", None)
-        return tool_format(template_for(tools=True) if template_for else None)
 
     @property
     def tokenizer(self) -> Any:

@@ -87,8 +87,7 @@ class _SamplingRequest(GuidedFields):
             "include_stop_str_in_output": self.include_stop_str_in_output,
             "skip_special_tokens": self.skip_special_tokens,
             "logit_bias": _logit_bias(self.logit_bias, vocab_size),
-            "guided": self.guided_decoding(),
-            **self.spec_fields(),
+            **self.sampling_fields(),
         }
         return {k: v for k, v in values.items() if v is not None}
 

@@ -146,7 +146,7 @@ class ServingContext:
                 error = bad_request(param + str(exc).removeprefix("prompt"), param)
             raise error from None
 
-    def check_request(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> None:
+    def _check_caps(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> None:
         """The per-request caps (ServerSettings): the server's policy, not the engine's."""
         settings, n = self.settings, params.n
         num_seqs = len(prompts) * n
@@ -183,10 +183,11 @@ class ServingContext:
         prompt_field: str = "prompt",
         raw: Request | None = None,
     ) -> list[RequestStream]:
-        """Admit one engine request per prompt, all or none; engine refusals become API errors,
-        named by the field the client sent (`prompt_field` for the prompt, `guided_field` for
-        a grammar the engine cannot compile). `raw`: the HTTP request, watched for its client
-        hanging up while queued."""
+        """Admit one engine request per prompt, all or none, within the per-request caps;
+        engine refusals become API errors, named by the field the client sent (`prompt_field`
+        for the prompt, `guided_field` for a grammar the engine cannot compile). `raw`: the
+        HTTP request, watched for its client hanging up while queued."""
+        self._check_caps(prompts, params)
         if self.draining:
             raise self.unavailable("the server is shutting down")
         ids = (

@@ -63,7 +63,6 @@ async def create_chat_completion(
     messages = [m.as_template_dict() for m in body.messages]
     add_generation_prompt = body.add_generation_prompt is not False
     prompt = await ctx.apply_chat_template(messages, add_generation_prompt, tools.template_tools)
-    ctx.check_request([prompt], params)
     (stream,) = await ctx.admit(request_id, [prompt], params, body.guided_field, "messages", raw)
     job = _ChatJob(request_id, model, body, len(prompt), stream, tools)
     events, collect = partial(_stream, ctx, job), partial(_collect, ctx, job)

@@ -57,9 +57,6 @@ class RequestStream:
             self._num_unfinished = 0
             self._queue.put_nowait(_END)
 
-    def mark_started(self) -> None:
-        self.started.set()
-
     def __aiter__(self) -> RequestStream:
         return self
 

@@ -18,9 +18,9 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 
 from engine.front.async_engine import AsyncEngine
-from server.errors import APIError, UnhandledErrorMiddleware, bad_request, install_error_handlers
+from server.errors import APIError, bad_request, install_error_handlers
 from server.metrics import EngineMetrics
-from server.middleware import GuardMiddleware, RequestIdMiddleware
+from server.middleware import GuardMiddleware, RequestIdMiddleware, UnhandledErrorMiddleware
 from server.openapi import json_body
 from server.protocol import (
     ChatCompletionRequest,
@@ -72,7 +72,7 @@ def build_app(engine: AsyncEngine, settings: ServerSettings | None = None) -> Fa
         GuardMiddleware,
         max_body_bytes=settings.max_body_bytes,
         api_key=settings.api_key,
-        is_draining=lambda: ctx.draining,
+        is_draining=ctx.drain.is_set,
         retry_after_s=settings.retry_after_s,
         body_timeout_s=settings.body_timeout_s,
     )

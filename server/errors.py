@@ -5,8 +5,7 @@ validation responses become 400; a 500 only ever means a bug or a failed generat
 
 Every failed request is logged once, in one line (request id, method and path, status, error
 class, message): client errors at INFO, server errors at ERROR, a traceback only at DEBUG.
-UnhandledErrorMiddleware answers unexpected exceptions itself, so neither Starlette nor uvicorn
-logs them again (no double tracebacks) and the keep-alive connection survives.
+Exceptions no handler here knows are answered by server/middleware.py's UnhandledErrorMiddleware.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Scope
 
 from engine.front.async_engine import EngineDeadError
 
@@ -190,33 +189,3 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ValidationError, _validation_handler)
     app.add_exception_handler(StarletteHTTPException, _http_handler)
     app.add_exception_handler(EngineDeadError, _engine_dead_handler)
-
-
-class UnhandledErrorMiddleware:
-    """Outermost: a bug anywhere below becomes one log line and a 500 in OpenAI's shape (or,
-    once a response has begun, an ended response), never a re-raised exception."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = False
-
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, receive, tracking_send)
-        except Exception as exc:
-            log_failure(scope, 500, type(exc).__name__, str(exc)[:500])
-            logger.debug("traceback of the failed request", exc_info=exc)
-            if not started:
-                error = APIError(500, f"internal error: {type(exc).__name__}")
-                await error.response()(scope, receive, send)
-            else:  # end the cut response cleanly rather than leave the client waiting
-                await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -1,9 +1,11 @@
-"""Checks that run before any route: draining (503), API key (401), body size (413), and the
-request id every response carries (X-Request-Id). Each refusal is logged once
-(server/errors.py's log_failure).
+"""The ASGI middlewares around every route, outermost first: the request id every response
+carries (X-Request-Id); the answer to an unhandled exception (one log line and a 500 in
+OpenAI's shape, so neither Starlette nor uvicorn logs it again and the keep-alive connection
+survives); the checks before any route: draining (503), API key (401), body size (413). Each
+refusal is logged once (server/errors.py's log_failure).
 
-A pure ASGI middleware (no BaseHTTPMiddleware) so that streaming responses and disconnect
-detection pass through untouched. The body is read here, then replayed to the app:
+Pure ASGI middlewares (no BaseHTTPMiddleware), so that streaming responses and disconnect
+detection pass through untouched. The guard reads the body, then replays it to the app:
 - a declared Content-Length over the limit is answered 413 before any of the body is read;
   a chunked upload is counted while reading and answered 413 once it passes the limit;
 - the whole body must arrive within `body_timeout_s`, else 408 (a client declaring 10 MiB and
@@ -15,13 +17,16 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import logging
 import re
 import uuid
 from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from server.errors import ERROR_TYPES, error_bytes, log_failure
+from server.errors import ERROR_TYPES, APIError, error_bytes, log_failure
+
+logger = logging.getLogger(__name__)
 
 # A client's X-Request-Id is kept when it is short printable ASCII; otherwise a new one is made.
 _CLIENT_REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,128}")
@@ -177,3 +182,33 @@ class RequestIdMiddleware:
             await send(message)
 
         await self.app(scope, receive, send_with_id)
+
+
+class UnhandledErrorMiddleware:
+    """Outermost: a bug anywhere below becomes one log line and a 500 in OpenAI's shape (or,
+    once a response has begun, an ended response), never a re-raised exception."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as exc:
+            log_failure(scope, 500, type(exc).__name__, str(exc)[:500])
+            logger.debug("traceback of the failed request", exc_info=exc)
+            if not started:
+                error = APIError(500, f"internal error: {type(exc).__name__}")
+                await error.response()(scope, receive, send)
+            else:  # end the cut response cleanly rather than leave the client waiting
+                await send({"type": "http.response.body", "body": b"", "more_body": False})

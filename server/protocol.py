@@ -17,8 +17,7 @@ from engine.sampling_params import MAX_LOGPROBS, SamplingParams
 from server.errors import bad_request, from_value_error
 from server.protocol_guided import GuidedFields
 from server.protocol_messages import ChatMessage, Strict, Tool, check_messages
-from server.tool_formats import HERMES
-from server.tools import ToolChoice, ToolSetup, tool_setup
+from server.tools import ToolChoice, ToolSetup
 
 MAX_PROMPTS = 128  # prompts in one /v1/completions batch
 MAX_SEED = 2**63 - 1
@@ -88,8 +87,7 @@ class _SamplingRequest(GuidedFields):
             "include_stop_str_in_output": self.include_stop_str_in_output,
             "skip_special_tokens": self.skip_special_tokens,
             "logit_bias": _logit_bias(self.logit_bias, vocab_size),
-            "guided": self.guided_decoding(),
-            **self.spec_fields(),
+            **self.sampling_fields(),
         }
         return {k: v for k, v in values.items() if v is not None}
 
@@ -169,10 +167,6 @@ class ChatCompletionRequest(_SamplingRequest):
     def guided_field(self) -> str:
         forced = self.tool_choice is not None and self.tool_choice not in ("none", "auto")
         return "tools" if forced else super().guided_field
-
-    def tool_setup(self, fmt: str = HERMES) -> ToolSetup:
-        """`fmt`: the model's tool-call format (server/tool_formats.py)."""
-        return tool_setup(self.tools, self.tool_choice, self.parallel_tool_calls, fmt)
 
     def check_api_rules(self) -> None:
         super().check_api_rules()

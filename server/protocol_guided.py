@@ -46,7 +46,18 @@ class GuidedFields(Strict):
     guided_grammar: str | None = None
     speculation: SpeculationOptions | None = None
 
-    def guided_decoding(self) -> GuidedDecoding | None:
+    def sampling_fields(self) -> dict[str, Any]:
+        """These fields as SamplingParams arguments, each only when asked for: `guided` and
+        `max_draft_tokens`."""
+        fields: dict[str, Any] = {}
+        guided = self._guided_decoding()
+        if guided is not None:
+            fields["guided"] = guided
+        if self.speculation is not None:
+            fields["max_draft_tokens"] = self.speculation.max_draft_tokens
+        return fields
+
+    def _guided_decoding(self) -> GuidedDecoding | None:
         """The one structured-output constraint this request asks for, if any."""
         asked = [
             (name, value)
@@ -76,11 +87,6 @@ class GuidedFields(Strict):
         """The field that set the request's structured output (names engine refusals)."""
         fields = ("response_format", "guided_json", "guided_regex", "guided_choice")
         return next((f for f in fields if getattr(self, f) is not None), "guided_grammar")
-
-    def spec_fields(self) -> dict[str, Any]:
-        if self.speculation is None:
-            return {}
-        return {"max_draft_tokens": self.speculation.max_draft_tokens}
 
     def _response_format(self) -> GuidedDecoding | None:
         fmt = self.response_format

@@ -51,13 +51,18 @@ class ServingContext:
         self.model_name = self.model_names[0]
         self.texts = TokenTexts(engine.tokenizer)
         self.created = int(time.time())
-        self.draining = False
-        self._drain_started = asyncio.Event()
+        # The model's tool-call format, read once from its chat template (server/tool_formats.py).
+        template_for = getattr(engine.tokenizer, "template_for", None)
+        self.tool_format = tool_format(template_for(tools=True) if template_for else None)
+        self.drain = asyncio.Event()  # set when a drain begins (GuardMiddleware reads it too)
+
+    @property
+    def draining(self) -> bool:
+        return self.drain.is_set()
 
     def start_draining(self) -> None:
         """Refuse new requests and the queued ones (never scheduled); running ones go on."""
-        self.draining = True
-        self._drain_started.set()
+        self.drain.set()
 
     # ---- checks ------------------------------------------------------------------------------
     def check_model(self, model: str | None) -> str:
@@ -70,12 +75,6 @@ class ServingContext:
                 code="model_not_found",
             )
         return self.model_name
-
-    @property
-    def tool_format(self) -> str:
-        """The model's tool-call format, read from its chat template (server/tool_formats.py)."""
-        template_for = getattr(self.engine.tokenizer, "template_for", None)
-        return tool_format(template_for(tools=True) if template_for else None)
 
     @property
     def tokenizer(self) -> Any:
@@ -147,7 +146,7 @@ class ServingContext:
                 error = bad_request(param + str(exc).removeprefix("prompt"), param)
             raise error from None
 
-    def check_request(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> None:
+    def _check_caps(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> None:
         """The per-request caps (ServerSettings): the server's policy, not the engine's."""
         settings, n = self.settings, params.n
         num_seqs = len(prompts) * n
@@ -184,10 +183,11 @@ class ServingContext:
         prompt_field: str = "prompt",
         raw: Request | None = None,
     ) -> list[RequestStream]:
-        """Admit one engine request per prompt, all or none; engine refusals become API errors,
-        named by the field the client sent (`prompt_field` for the prompt, `guided_field` for
-        a grammar the engine cannot compile). `raw`: the HTTP request, watched for its client
-        hanging up while queued."""
+        """Admit one engine request per prompt, all or none, within the per-request caps;
+        engine refusals become API errors, named by the field the client sent (`prompt_field`
+        for the prompt, `guided_field` for a grammar the engine cannot compile). `raw`: the
+        HTTP request, watched for its client hanging up while queued."""
+        self._check_caps(prompts, params)
         if self.draining:
             raise self.unavailable("the server is shutting down")
         ids = (
@@ -223,7 +223,7 @@ class ServingContext:
         if all(stream.started.is_set() for stream in streams):
             return
         started = asyncio.gather(*(stream.started.wait() for stream in streams))
-        drain = asyncio.ensure_future(self._drain_started.wait())
+        drain = asyncio.ensure_future(self.drain.wait())
         timeout = self.settings.admission_timeout_s
         deadline = None if timeout is None else time.monotonic() + timeout
         gone = False

@@ -38,7 +38,7 @@ from server.serving import ServingContext, new_request_id, respond
 from server.streaming import ChunkTemplate, raise_if_failed, sse_event
 from server.tool_formats import WholeReplyStream, call_stream, parse_calls
 from server.tool_parser import ParsedCall, ToolCallStream
-from server.tools import ToolSetup
+from server.tools import ToolSetup, tool_setup
 
 
 @dataclass
@@ -58,12 +58,11 @@ async def create_chat_completion(
     request_id = new_request_id(raw, "chatcmpl")
     body.check_api_rules()
     model = ctx.check_model(body.model)
-    tools = body.tool_setup(ctx.tool_format)
+    tools = tool_setup(body.tools, body.tool_choice, body.parallel_tool_calls, ctx.tool_format)
     params = body.sampling_params(ctx.engine.vocab_size, tools)
     messages = [m.as_template_dict() for m in body.messages]
     add_generation_prompt = body.add_generation_prompt is not False
     prompt = await ctx.apply_chat_template(messages, add_generation_prompt, tools.template_tools)
-    ctx.check_request([prompt], params)
     (stream,) = await ctx.admit(request_id, [prompt], params, body.guided_field, "messages", raw)
     job = _ChatJob(request_id, model, body, len(prompt), stream, tools)
     events, collect = partial(_stream, ctx, job), partial(_collect, ctx, job)

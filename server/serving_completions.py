@@ -62,7 +62,6 @@ async def create_completion(ctx: ServingContext, body: CompletionRequest, raw: R
     model = ctx.check_model(body.model)
     params = body.sampling_params(ctx.engine.vocab_size)
     prompts = [await _to_prompt(ctx, p) for p in body.prompt_list()]
-    ctx.check_request([p.token_ids for p in prompts], params)
     prompt_ids = [p.token_ids for p in prompts]
     streams = await ctx.admit(request_id, prompt_ids, params, body.guided_field, raw=raw)
     job = _Job(request_id, model, body, prompts, streams)

@@ -206,7 +206,7 @@ class AsyncEngine:
         for request_id in started:
             stream = self._streams.get(request_id)
             if stream is not None:
-                stream.mark_started()
+                stream.started.set()
         for output in outputs:
             key = output.group_id if output.group_id is not None else output.request_id
             stream = self._streams.get(key)

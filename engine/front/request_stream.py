@@ -9,7 +9,7 @@ stream (an output, or an error ending it before it was ever scheduled).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from engine.outputs import RequestOutput
@@ -27,7 +27,7 @@ _END = object()  # queued after a stream's last output
 
 
 class RequestStream:
-    """Async iterator over one request's outputs (all n choices), ending after the last one.
+    """Async iterable over one request's outputs (all n choices), ending after the last one.
 
     `close()` aborts the request if it has not finished; call it when the consumer goes away.
     """
@@ -57,20 +57,12 @@ class RequestStream:
             self._num_unfinished = 0
             self._queue.put_nowait(_END)
 
-    def mark_started(self) -> None:
-        self.started.set()
-
-    def __aiter__(self) -> RequestStream:
-        return self
-
-    async def __anext__(self) -> RequestOutput:
-        item = await self._queue.get()
-        if item is _END:
-            self._queue.put_nowait(_END)  # later calls end too
-            raise StopAsyncIteration
-        if isinstance(item, BaseException):
-            raise item
-        return item
+    async def __aiter__(self) -> AsyncIterator[RequestOutput]:
+        while (item := await self._queue.get()) is not _END:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+        self._queue.put_nowait(_END)  # later iterations end too
 
     def close(self) -> None:
         if not self._closed:

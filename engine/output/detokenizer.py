@@ -47,8 +47,10 @@ class IncrementalDetokenizer:
         self._prefix_offset = 0
         self._read_offset = len(self.token_ids)
 
-    def add_tokens(self, new_token_ids: list[int]) -> str:
-        """Append tokens; return the newly releasable text (may be empty)."""
+    def add_tokens(self, new_token_ids: list[int], finished: bool = False) -> str:
+        """Append tokens; return the newly releasable text (may be empty). `finished`: the
+        request ends with these tokens, so no stop string can match any more and nothing is
+        held back."""
         if self.stop_string is not None:
             return ""
         for token_id in new_token_ids:
@@ -56,13 +58,7 @@ class IncrementalDetokenizer:
             self._decode_step()
             if self._check_stop():
                 break
-        return self._release()
-
-    def flush(self) -> str:
-        """At the end of the request: release whatever was held back (no stop string can match now)."""
-        delta = self.text[self._num_released :]
-        self._num_released = len(self.text)
-        return delta
+        return self._release(finished)
 
     def _decode_step(self) -> None:
         decode = self.tokenizer.decode
@@ -108,8 +104,8 @@ class IncrementalDetokenizer:
                     break
         return longest
 
-    def _release(self) -> str:
-        end = len(self.text) - self._holdback()
+    def _release(self, finished: bool) -> str:
+        end = len(self.text) - (0 if finished else self._holdback())
         end = max(end, self._num_released)
         delta = self.text[self._num_released : end]
         self._num_released = end

@@ -156,11 +156,7 @@ def _detokenize(
     """(the text released with these tokens, the stop string they completed, if any)."""
     if detokenizer is None:
         return "", None
-    new_text = detokenizer.add_tokens(new_ids)
-    stop_string = detokenizer.stop_string
-    if finished or stop_string is not None:
-        new_text += detokenizer.flush()
-    return new_text, stop_string
+    return detokenizer.add_tokens(new_ids, finished), detokenizer.stop_string
 
 
 def _timings(request: Request, finished: bool) -> dict[str, float]:

@@ -4,9 +4,9 @@ Every request whose chunk reaches its last known token owns consecutive sample r
 step's logits: [root] when it decodes plainly (a chain of zero drafts), [root, drafts...] for
 a chain, [root, nodes...] for a tree (the runner lays them out: RequestRows in
 engine/runner/input_batch.py is one SampleRows). In one pass:
-  1. each row's distribution p: Sampler.process over all rows at once, every row with its own
-     penalty history (the drafts before it on its path, so p is exactly what the request would
-     sample from at that position);
+  1. each row's distribution p: Sampler.process (inside Sampler.targets) over all rows at
+     once, every row with its own penalty history (the drafts before it on its path, so p is
+     exactly what the request would sample from at that position);
   2. each row's target token: argmax for greedy requests, the winner of the race keyed
      (seed, t) for sampled ones (t = the position the row predicts; engine/sample/rng.py);
   3. the one host sync: targets, and the target's top-k ids of every row when a proposer asked
@@ -116,12 +116,8 @@ class BatchVerifier:
         step_logits = logits[index]
         bitmask = _grammar_masks(sampling, device)
         rows_params = self._sampling_rows(sampling)
-        if self.sampler.plain_greedy(rows_params, bitmask):
-            targets, valid_rows = self.sampler.greedy_targets(step_logits)
-        else:
-            probs = self.sampler.process(step_logits, rows_params, bitmask)
-            targets = self.sampler.sample(probs, self._race_keys(sampling, device))
-            valid_rows = self.sampler.valid_rows(step_logits, probs)
+        keys = self._race_keys(sampling, device)
+        targets, valid_rows = self.sampler.targets(step_logits, rows_params, bitmask, keys)
         parts = [targets, valid_rows.long()]
         if target_topk > 0:
             parts.append(step_logits.topk(target_topk, dim=-1).indices.flatten())

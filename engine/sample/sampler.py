@@ -88,6 +88,20 @@ class Sampler:
         probs[index] = _random_rows_probs(logits[index], [rows[i].params for i in random_index])
         return probs
 
+    def targets(
+        self,
+        logits: torch.Tensor,
+        rows: Sequence[SamplingRow],
+        bitmask: torch.Tensor | None,
+        keys: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(token [N], valid [N] bool) per row, on the device: process(), sample() and
+        valid_rows(), or greedy_targets()' one reduction when every row is plain greedy."""
+        if self.plain_greedy(rows, bitmask):
+            return self.greedy_targets(logits)
+        probs = self.process(logits, rows, bitmask)
+        return self.sample(probs, keys), self.valid_rows(logits, probs)
+
     @staticmethod
     def plain_greedy(rows: Sequence[SamplingRow], bitmask: torch.Tensor | None) -> bool:
         """Every row greedy with nothing to edit: greedy_targets() gives process() + sample()

@@ -17,7 +17,7 @@ def ids(text: str) -> list[int]:
 def run(text: str, **kw) -> tuple[list[str], IncrementalDetokenizer]:
     detok = IncrementalDetokenizer(ByteTokenizer(), ids("prompt: "), **kw)
     deltas = [detok.add_tokens([t]) for t in ids(text)]
-    deltas.append(detok.flush())
+    deltas.append(detok.add_tokens([], finished=True))
     return deltas, detok
 
 
@@ -45,6 +45,15 @@ def test_partial_stop_prefix_is_held_back_then_released():
     assert released == "abc "  # "EN" could still become "END"
     released += detok.add_tokens(ids("D?"))
     assert released == "abc " and detok.stop_string == "END"
+
+
+def test_held_back_prefix_released_when_the_request_finishes():
+    detok = IncrementalDetokenizer(ByteTokenizer(), [], stop=("END",))
+    released = "".join(detok.add_tokens([t]) for t in ids("abc EN"))
+    assert released == "abc "
+    assert detok.add_tokens([], finished=True) == "EN"
+    last = IncrementalDetokenizer(ByteTokenizer(), [], stop=("END",))
+    assert last.add_tokens(ids("abc E"), finished=True) == "abc E"
 
 
 def test_held_back_prefix_released_when_it_diverges():

@@ -60,6 +60,22 @@ def test_plain_greedy_rows_take_the_one_reduction_fast_path_with_the_same_answer
     assert not SAMPLER.plain_greedy(rows[:1], torch.zeros(1, 2, dtype=torch.int32))
 
 
+def test_targets_is_process_sample_and_valid_rows_or_the_greedy_fast_path():
+    generator = torch.Generator().manual_seed(4)
+    logits = torch.randn(4, 50, generator=generator)
+    logits[2, 5] = float("nan")
+    greedy = [row_of({"temperature": 0})] * 4
+    fast = SAMPLER.targets(logits, greedy, None, None)
+    assert all(torch.equal(a, b) for a, b in zip(fast, SAMPLER.greedy_targets(logits)))
+    rows = [row_of({"temperature": 0.8, "seed": 1}), *greedy[:2], row_of({"top_k": 5})]
+    keys = torch.from_numpy(race_keys([1, 0, 0, 2], [7, 7, 7, 7]))
+    targets, valid = SAMPLER.targets(logits, rows, None, keys)
+    probs = SAMPLER.process(logits, rows)
+    assert torch.equal(targets, SAMPLER.sample(probs, keys))
+    assert torch.equal(valid, SAMPLER.valid_rows(logits, probs))
+    assert valid.tolist() == [True, True, False, True]
+
+
 def test_temperature_scales_the_softmax():
     expected = torch.softmax(LOGITS[0] / 0.5, -1)
     assert torch.allclose(probs_of(LOGITS, temperature=0.5), expected)

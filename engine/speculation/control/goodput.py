@@ -221,8 +221,8 @@ class GoodputPolicy(SpecPolicy):
         to be given one draft. One per plan, so that under load the retries do not all land
         on the same step. caps[i][j]: proposer j's cap on request i; costs[i][j]: the seconds
         of drafting with it beyond the step (a draft model's catch-up), which must stay within
-        EXPLORE_SHARE of the idle plans' steps (step_seconds each) once the proposer has been
-        verified somewhere."""
+        EXPLORE_SHARE of the idle plans' steps (step_seconds each); of all plans so far while
+        the proposer has never been verified."""
         interval = self.explore_interval
         if len(candidates) > 4:
             interval = max(interval, 4 * len(candidates))
@@ -233,10 +233,10 @@ class GoodputPolicy(SpecPolicy):
                 last = candidate.spec.last_run.setdefault(name, self._num_plans)
                 idle_plans = self._num_plans - last
                 cost = costs[i][j] if costs is not None else 0.0
-                # A proposer never verified anywhere is probed once whatever it costs: its
-                # prior is a guess, and every later choice of it rests on that first probe.
-                affordable = cost <= EXPLORE_SHARE * idle_plans * step_seconds
-                affordable = affordable or not self.estimators[name].num_updates
+                # A proposer never verified anywhere is budgeted on every plan so far, not
+                # this request's: its prior is a guess every later choice of it rests on.
+                budget = idle_plans if self.estimators[name].num_updates else self._num_plans
+                affordable = cost <= EXPLORE_SHARE * budget * step_seconds
                 if caps[i][j] > 0 and idle_plans >= interval and (cost == 0.0 or affordable):
                     idle.append((last, i, j))
         return min(idle)[1:] if idle else None

@@ -225,6 +225,26 @@ def test_profile_measures_its_first_min_steps_past_the_budget():
     assert seen[1:] == grid[:6]  # seen[0] is the warm-up
 
 
+def test_profile_skips_a_step_that_would_overrun_its_budget():
+    """Past the core, a shape whose predicted time (doubled) exceeds what is left of the budget
+    is skipped, not run past the deadline; cheap ones still fill the budget."""
+    decodes = [StepFeatures.from_shapes([(64, 1, k)]) for k in range(5)]
+    prefill = StepFeatures.from_shapes([(0, 256, 0)])
+    grid = decodes + [prefill] + decodes
+    ran = []
+
+    def sleepy_step(f: StepFeatures) -> float:
+        ran.append(f)
+        seconds = 0.002 * f.num_batched_tokens  # the prefill: 0.5 s
+        time.sleep(seconds)
+        return seconds
+
+    started = time.perf_counter()
+    measured = OnlineLinearCostModel().profile(sleepy_step, budget_seconds=0.25, grid=grid)
+    assert measured > len(decodes) and prefill not in ran
+    assert time.perf_counter() - started < 0.25 + 0.1
+
+
 def test_grid_respects_the_token_budget_and_spans_drafts():
     grid = profile_grid(max_num_batched_tokens=64, max_num_seqs=16, max_draft_tokens=4)
     assert all(f.num_batched_tokens <= 64 for f in grid)

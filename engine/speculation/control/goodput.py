@@ -29,7 +29,7 @@ lost do not freeze. Everything per request lives on the request's SpecState.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from engine.outputs import SpecPlan
 from engine.request import SpecState
@@ -193,9 +193,12 @@ class GoodputPolicy(SpecPolicy):
         """The probe of this plan (_probe), if any: that request gets only that option, with
         one draft at least."""
         caps = [[o.cap for o in slot] for slot in options]
-        costs = [[self._probe_seconds(c, o) for o in slot] for c, slot in zip(candidates, options)]
         step = self.cost_model.predict(base) if self.cost_model.fitted else 0.0
-        probe = self._probe(candidates, caps, costs, step)
+
+        def cost(i: int, j: int) -> float:
+            return self._probe_seconds(candidates[i], options[i][j])
+
+        probe = self._probe(candidates, caps, cost, step)
         if probe is not None:
             i, j = probe
             options[i] = [options[i][j]]
@@ -212,14 +215,14 @@ class GoodputPolicy(SpecPolicy):
         self,
         candidates: Sequence[SpecCandidate],
         caps: list[list[int]],
-        costs: list[list[float]] | None = None,
+        cost: Callable[[int, int], float] | None = None,
         step_seconds: float = 0.0,
     ) -> tuple[int, int] | None:
         """The (request, proposer) idle longest, once idle for explore_interval plans (past
         four candidates, for four plans per candidate, so that under load the retries stay
         about one per four plans: each is a verify row every request in the step waits for),
         to be given one draft. One per plan, so that under load the retries do not all land
-        on the same step. caps[i][j]: proposer j's cap on request i; costs[i][j]: the seconds
+        on the same step. caps[i][j]: proposer j's cap on request i; cost(i, j): the seconds
         of drafting with it beyond the step (a draft model's catch-up), which must stay within
         EXPLORE_SHARE of the idle plans' steps (step_seconds each); of all plans so far while
         the proposer has never been verified."""
@@ -232,12 +235,13 @@ class GoodputPolicy(SpecPolicy):
                 # the plan that last ran it on this request (or first saw the request)
                 last = candidate.spec.last_run.setdefault(name, self._num_plans)
                 idle_plans = self._num_plans - last
-                cost = costs[i][j] if costs is not None else 0.0
+                if caps[i][j] <= 0 or idle_plans < interval:
+                    continue
+                seconds = cost(i, j) if cost is not None else 0.0  # only where it could run
                 # A proposer never verified anywhere is budgeted on every plan so far, not
                 # this request's: its prior is a guess every later choice of it rests on.
                 budget = idle_plans if self.estimators[name].num_updates else self._num_plans
-                affordable = cost <= EXPLORE_SHARE * budget * step_seconds
-                if caps[i][j] > 0 and idle_plans >= interval and (cost == 0.0 or affordable):
+                if seconds == 0.0 or seconds <= EXPLORE_SHARE * budget * step_seconds:
                     idle.append((last, i, j))
         return min(idle)[1:] if idle else None
 

@@ -23,6 +23,7 @@ import torch
 from kernels.cpu import fallback
 from kernels.cpu.build import load_native
 from kernels.cpu.formats import NATIVE_TYPES, QuantizedWeight, concat_rows, is_native_type
+from kernels.cpu.huge_pages import empty_bytes
 
 __all__ = [
     "ACTIVATIONS",
@@ -124,26 +125,37 @@ def pack_runs(runs: list[list[QuantizedWeight]]) -> list[torch.Tensor] | None:
     if ops is None:
         return None
     packed, blocks, formats, widths, outs = [], [], [], [], []
-    for parts in runs:
-        first = parts[0]
-        if any((p.qtype, p.in_features) != (first.qtype, first.in_features) for p in parts) or any(
-            p.out_features % TILE_ROWS for p in parts[:-1]
-        ):
-            raise ValueError(
-                "pack_parts needs parts of one format and width, whole tiles but the last"
-            )
+    shapes = [_tiles_shape(ops, parts) for parts in runs]
+    arena = empty_bytes(sum(_aligned(rows * width) for rows, width in shapes))
+    offset = 0
+    for parts, (rows, width) in zip(runs, shapes, strict=True):
         counts = [-(-part.out_features // TILE_ROWS) for part in parts]
-        tiles = torch.empty(
-            sum(counts), ops.tile_bytes(first.qtype, first.in_features), dtype=torch.uint8
-        )
+        tiles = arena[offset : offset + rows * width].view(rows, width)
+        offset += _aligned(rows * width)
         packed.append(tiles)
-        for part, rows in zip(parts, tiles.split(counts), strict=True):
+        for part, part_tiles in zip(parts, tiles.split(counts), strict=True):
             blocks.append(part.data)
             formats.append(part.qtype)
             widths.append(part.in_features)
-            outs.append(rows)
+            outs.append(part_tiles)
     ops.pack_tiles_into(blocks, formats, widths, outs)
     return packed
+
+
+def _tiles_shape(ops, parts: list[QuantizedWeight]) -> tuple[int, int]:
+    """(tiles, bytes per tile) of a run's parts packed into one tensor."""
+    first = parts[0]
+    if any((p.qtype, p.in_features) != (first.qtype, first.in_features) for p in parts) or any(
+        p.out_features % TILE_ROWS for p in parts[:-1]
+    ):
+        raise ValueError("pack_parts needs parts of one format and width, whole tiles but the last")
+    rows = sum(-(-part.out_features // TILE_ROWS) for part in parts)
+    return rows, ops.tile_bytes(first.qtype, first.in_features)
+
+
+def _aligned(nbytes: int) -> int:
+    """Each run's tiles start on a page of their own in the arena."""
+    return -(-nbytes // 4096) * 4096
 
 
 def float_tiles_run(weight: QuantizedWeight, out_features: int | None = None) -> bool:

@@ -98,3 +98,15 @@ def test_pack_runs_packs_every_run_as_pack_parts_does(native, quant_cases):
     for tiles, parts in zip(packed, runs, strict=True):
         assert torch.equal(tiles, pack_tiles(concat_rows(parts)))
     assert pack_runs([]) == []
+
+
+def test_pack_runs_lays_the_runs_out_in_one_arena_a_page_apart(native, quant_cases):
+    """One allocation for a model's tiles (on huge pages where the OS allows): the runs follow
+    one another a whole number of 4 KiB pages apart, none overlapping."""
+    runs = [[quant_cases[q].weight] for q in (Q.Q4_K, Q.Q6_K, Q.Q8_0)]
+    packed = pack_runs(runs)
+    starts = [tiles.data_ptr() for tiles in packed]
+    assert all((start - starts[0]) % 4096 == 0 for start in starts)
+    for tiles, following in zip(packed, starts[1:]):
+        assert tiles.data_ptr() + tiles.numel() <= following
+    assert all(tiles.is_contiguous() and tiles.dtype == torch.uint8 for tiles in packed)

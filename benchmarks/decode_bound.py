@@ -36,13 +36,18 @@ def gguf_bytes_per_token(path: str | Path) -> int:
 
 def read_bandwidth(threads: int, gib: float = 1.0, repeats: int = 5) -> float:
     """Bytes per second of a float32 sum over `gib` GiB with `threads` threads, best of
-    `repeats`: a streaming read as the decode kernels do it, far larger than any cache."""
+    `repeats`: a streaming read as the decode kernels do it, far larger than any cache, on
+    huge pages as the packed weights are (kernels/cpu/huge_pages.py; 4 KiB pages read ~5%
+    slower here)."""
     import torch
+
+    from kernels.cpu.huge_pages import empty_bytes
 
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        data = torch.ones(int(gib * 2**30) // 4)  # ones, not empty: every page is touched
+        data = empty_bytes(int(gib * 2**30) // 4 * 4).view(torch.float32)
+        data.fill_(1.0)  # every page touched
         data.sum()  # first pass outside the timing: thread pool start
         best = float("inf")
         for _ in range(repeats):

@@ -31,6 +31,7 @@ from engine.models.llama import LlamaForCausalLM
 from engine.models.q8_0_load import quantized_to_q8_0
 from kernels.attention import AttentionBackend
 from kernels.cpu import fast_path_available, native_available
+from kernels.cpu.huge_pages import thp_mode
 
 logger = logging.getLogger(__name__)
 
@@ -116,7 +117,8 @@ def _weight_log(weight_format: str) -> str:
     where = (
         "quantized to Q8_0 at load" if weight_format == "q8_0" else "the GGUF's quantized blocks"
     )
-    return f"{where}, native CPU kernels, {_ACTIVATIONS[weight_format]} activations"
+    pages = "4 KiB pages" if thp_mode() == "never" else f"huge pages (THP {thp_mode()})"
+    return f"{where}, native CPU kernels, {_ACTIVATIONS[weight_format]} activations, on {pages}"
 
 
 def _checkpoint(path: Path, weight_format: str):

@@ -18,6 +18,19 @@ import mmap
 import torch
 
 HUGE_PAGE = 2 << 20
+THP_SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"
+
+
+def thp_mode() -> str:
+    """The kernel's transparent huge page mode ("always", "madvise", "never"), "unknown"
+    where it does not say: with "never" the weights stay on 4 KiB pages (for the log)."""
+    try:
+        with open(THP_SETTING) as setting:
+            text = setting.read()
+    except OSError:
+        return "unknown"
+    chosen = text[text.find("[") + 1 : text.find("]")] if "[" in text else ""
+    return chosen or "unknown"
 
 
 def empty_bytes(nbytes: int) -> torch.Tensor:

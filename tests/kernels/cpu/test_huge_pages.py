@@ -33,3 +33,16 @@ def test_the_mapping_is_freed_with_its_last_view():
     del tensor
     gc.collect()
     assert storage() is None
+
+
+def test_thp_mode_reads_the_bracketed_choice(tmp_path, monkeypatch):
+    from kernels.cpu import huge_pages
+
+    setting = tmp_path / "enabled"
+    setting.write_text("always [madvise] never\n")
+    monkeypatch.setattr(huge_pages, "THP_SETTING", str(setting))
+    assert huge_pages.thp_mode() == "madvise"
+    setting.write_text("always madvise [never]\n")
+    assert huge_pages.thp_mode() == "never"
+    monkeypatch.setattr(huge_pages, "THP_SETTING", str(tmp_path / "missing"))
+    assert huge_pages.thp_mode() == "unknown"

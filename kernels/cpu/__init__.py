@@ -23,7 +23,7 @@ import torch
 from kernels.cpu import fallback
 from kernels.cpu.build import load_native
 from kernels.cpu.formats import NATIVE_TYPES, QuantizedWeight, concat_rows, is_native_type
-from kernels.cpu.huge_pages import empty_bytes, page_aligned
+from kernels.cpu.huge_pages import empty_bytes
 
 __all__ = [
     "ACTIVATIONS",
@@ -126,12 +126,12 @@ def pack_runs(runs: list[list[QuantizedWeight]]) -> list[torch.Tensor] | None:
         return None
     packed, blocks, formats, widths, outs = [], [], [], [], []
     shapes = [_tiles_shape(ops, parts) for parts in runs]
-    arena = empty_bytes(sum(page_aligned(rows * width) for rows, width in shapes))
+    arena = empty_bytes(sum(_aligned(rows * width) for rows, width in shapes))
     offset = 0
     for parts, (rows, width) in zip(runs, shapes, strict=True):
         counts = [-(-part.out_features // TILE_ROWS) for part in parts]
         tiles = arena[offset : offset + rows * width].view(rows, width)
-        offset += page_aligned(rows * width)
+        offset += _aligned(rows * width)
         packed.append(tiles)
         for part, part_tiles in zip(parts, tiles.split(counts), strict=True):
             blocks.append(part.data)
@@ -151,6 +151,11 @@ def _tiles_shape(ops, parts: list[QuantizedWeight]) -> tuple[int, int]:
         raise ValueError("pack_parts needs parts of one format and width, whole tiles but the last")
     rows = sum(-(-part.out_features // TILE_ROWS) for part in parts)
     return rows, ops.tile_bytes(first.qtype, first.in_features)
+
+
+def _aligned(nbytes: int) -> int:
+    """Each run's tiles start on a page of their own in the arena."""
+    return -(-nbytes // 4096) * 4096
 
 
 def float_tiles_run(weight: QuantizedWeight, out_features: int | None = None) -> bool:

@@ -33,11 +33,6 @@ def thp_mode() -> str:
     return chosen or "unknown"
 
 
-def page_aligned(nbytes: int) -> int:
-    """`nbytes` rounded up to whole 4 KiB pages: where the next tensor in an arena starts."""
-    return -(-nbytes // 4096) * 4096
-
-
 def empty_bytes(nbytes: int) -> torch.Tensor:
     """An uninitialised uint8 tensor of `nbytes`, on huge pages where the OS allows."""
     advice = getattr(mmap, "MADV_HUGEPAGE", None)

@@ -16,14 +16,12 @@ Measured against the reference backend's gather + SDPA in docs/benchmarks.md §5
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import torch
 
-from kernels.attention import AttentionMetadata, KVCacheSpec
+from kernels.attention import AttentionMetadata
 from kernels.cpu.build import load_native
-from kernels.cpu.huge_pages import empty_bytes, page_aligned
 from kernels.reference import ReferenceBackend
 
 
@@ -44,26 +42,6 @@ class CpuPagedBackend(ReferenceBackend):
     def __init__(self) -> None:
         super().__init__()
         self._ops = load_native()
-
-    def allocate(self, spec: KVCacheSpec) -> None:
-        """The reference backend's caches, every layer's in one zeroed arena on huge pages
-        (kernels/cpu/huge_pages.py: attention reads blocks all over the cache)."""
-        if torch.device(spec.device).type != "cpu":
-            super().allocate(spec)
-            return
-        self.spec = spec
-        item = torch.empty(0, dtype=spec.dtype).element_size()
-        shape = (2, spec.block_size, spec.num_kv_heads, spec.head_dim)
-        sizes = [
-            spec.blocks_of(layer) * math.prod(shape) * item for layer in range(spec.num_layers)
-        ]
-        arena = empty_bytes(sum(map(page_aligned, sizes)))
-        arena.zero_()
-        self.kv_caches, offset = [], 0
-        for layer, nbytes in enumerate(sizes):
-            cache = arena[offset : offset + nbytes].view(spec.dtype)
-            self.kv_caches.append(cache.view(spec.blocks_of(layer), *shape))
-            offset += page_aligned(nbytes)
         if self._ops is None:
             raise RuntimeError("the native CPU kernels are not available")
         self._tokens: torch.Tensor | None = None  # [T, 4] int32

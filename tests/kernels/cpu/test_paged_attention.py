@@ -259,27 +259,3 @@ def test_a_tree_node_gets_the_output_of_decoding_its_path(window, kv_dtype: str)
         decode.plan(step)
         decoded = decode.forward(0, q[row : row + 1], k[row : row + 1], v[row : row + 1], 0.125)
         assert torch.equal(decoded[0], verified[row]), depth
-
-
-@pytest.mark.parametrize("kv_dtype", ["float32", "bfloat16"])
-def test_the_caches_are_zeroed_views_of_one_arena_like_the_reference_ones(kv_dtype: str) -> None:
-    """allocate() gives every layer the reference backend's cache (shape, dtype, zeros), the
-    window pool's layers theirs, laid out in one arena (on huge pages where granted)."""
-    from kernels.cpu.paged_attention import CpuPagedBackend
-
-    spec = KVCacheSpec(
-        num_layers=4, num_blocks=40, block_size=16, num_kv_heads=2, head_dim=64,
-        dtype=getattr(torch, kv_dtype), device=torch.device("cpu"),
-        sliding_windows=(8, 0, 8, 0), num_window_blocks=6,
-    )  # fmt: skip
-    native, reference = CpuPagedBackend(), ReferenceBackend()
-    native.allocate(spec)
-    reference.allocate(spec)
-    for ours, theirs in zip(native.kv_caches, reference.kv_caches, strict=True):
-        assert ours.shape == theirs.shape and ours.dtype == theirs.dtype
-        assert ours.is_contiguous() and not ours.any()
-    bases = [cache.untyped_storage().data_ptr() for cache in native.kv_caches]
-    assert len(set(bases)) == 1  # one arena
-    starts = [cache.data_ptr() for cache in native.kv_caches]
-    for cache, following in zip(native.kv_caches, starts[1:]):
-        assert cache.data_ptr() + cache.numel() * cache.element_size() <= following

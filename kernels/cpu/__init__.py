@@ -126,10 +126,10 @@ def pack_runs(runs: list[list[QuantizedWeight]]) -> list[torch.Tensor] | None:
         return None
     packed, blocks, formats, widths, outs = [], [], [], [], []
     shapes = [_tiles_shape(ops, parts) for parts in runs]
-    arena = empty_bytes(sum(_aligned(rows * width) for rows, width in shapes))
+    arena = empty_bytes(sum(_aligned(sum(counts) * width) for counts, width in shapes))
     offset = 0
-    for parts, (rows, width) in zip(runs, shapes, strict=True):
-        counts = [-(-part.out_features // TILE_ROWS) for part in parts]
+    for parts, (counts, width) in zip(runs, shapes, strict=True):
+        rows = sum(counts)
         tiles = arena[offset : offset + rows * width].view(rows, width)
         offset += _aligned(rows * width)
         packed.append(tiles)
@@ -142,15 +142,15 @@ def pack_runs(runs: list[list[QuantizedWeight]]) -> list[torch.Tensor] | None:
     return packed
 
 
-def _tiles_shape(ops, parts: list[QuantizedWeight]) -> tuple[int, int]:
-    """(tiles, bytes per tile) of a run's parts packed into one tensor."""
+def _tiles_shape(ops, parts: list[QuantizedWeight]) -> tuple[list[int], int]:
+    """(tiles of each part, bytes per tile) of a run's parts packed into one tensor."""
     first = parts[0]
     if any((p.qtype, p.in_features) != (first.qtype, first.in_features) for p in parts) or any(
         p.out_features % TILE_ROWS for p in parts[:-1]
     ):
         raise ValueError("pack_parts needs parts of one format and width, whole tiles but the last")
-    rows = sum(-(-part.out_features // TILE_ROWS) for part in parts)
-    return rows, ops.tile_bytes(first.qtype, first.in_features)
+    counts = [-(-part.out_features // TILE_ROWS) for part in parts]
+    return counts, ops.tile_bytes(first.qtype, first.in_features)
 
 
 def _aligned(nbytes: int) -> int:

@@ -4,7 +4,9 @@ A decode step streams every weight once: with 4 KiB pages that is a TLB miss eve
 in a virtual machine each miss walks two page tables. Linux backs an anonymous mapping with
 2 MiB pages when asked (`madvise(MADV_HUGEPAGE)`; this machine's THP mode is `madvise`, so
 nothing is backed so unless asked), and the weights, written once at load, then stay on them.
-Measured on the 2-core VM (docs/benchmarks.md §5k): SmolLM2 batch-1 decode ~20% faster.
+Measured on the 2-core VM (docs/benchmarks.md §5k): on small pages the first SmolLM2 engine
+built in a process ran 22% slower than a second one; the Qwen 1.5B decoded 1.07-1.29x faster
+on huge pages; start-up pays ~0.5 s for it (a fresh huge page is slow to fault in there).
 
 `empty_bytes` hands out a uint8 tensor over such a mapping: 2 MiB aligned, advised before the
 first write (pages are faulted in as huge pages then), freed with the last tensor viewing it.

@@ -112,7 +112,7 @@ def profile_grid(
     each marked eager or not as the runner's graphs will run it. With a draft model, also one
     request drafting after the draft model missed a few dozen or hundred tokens (its
     catch-up): without them the catch-up term is never fitted and a probe after a long idle
-    spell is priced as free (docs/benchmarks.md §5j)."""
+    spell is priced as free (docs/benchmarks.md §5k)."""
     sizes = [n for n in (1, 2, 4, 8, 16, 32, 64, 128, 256) if n <= max_num_seqs]
     ks = sorted({0, 1, max_draft_tokens // 2, max_draft_tokens})
     contexts = sorted({16, max_context // 8, max_context})

@@ -96,6 +96,9 @@ class SpecState:
     # last ran it (control/goodput.py's exploration).
     acceptance: dict[str, list[float]] = field(default_factory=dict)
     last_run: dict[str, int] = field(default_factory=dict)
+    # This step's plan: the expected acceptance of each draft it gave the request, by its
+    # estimate (control/goodput.py compares them with the outcome: the estimate's calibration).
+    expected: tuple[float, ...] = ()
     # Per proposer: its own state of the request (n-gram index, recycle root, draft-model KV).
     memos: dict[str, Any] = field(default_factory=dict)
 

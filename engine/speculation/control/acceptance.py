@@ -22,6 +22,12 @@ from engine.speculation.control.policy import SpecResult
 
 MAX_TREE_NODES = 256  # SpecConfig.spec_tree_nodes upper bound
 GRID = 100  # tree acceptance is resolved on a grid of 1/GRID
+# Calibration (AcceptanceEstimator.calibration): decay per verified request of the sums of
+# accepted and expected drafts, which start at CALIBRATION_PRIOR each (a ratio of 1); the
+# ratio is kept in [CALIBRATION_FLOOR, 1].
+CALIBRATION_DECAY = 0.98
+CALIBRATION_PRIOR = 8.0
+CALIBRATION_FLOOR = 0.25
 
 
 def expected_emitted(acceptance: float, k: int) -> float:
@@ -93,6 +99,12 @@ class AcceptanceEstimator:
     Kinds: where a proposal's kind is known before the plan (n-gram: the matched order), each
     request keeps counts per kind (under "<name>#<kind>") and each kind has its own global
     prior, first seeded from the overall one; the overall prior pools every kind.
+
+    Calibration: drafts run where a request's estimate is high, and a few verifications make
+    a noisy estimate, so the estimates of the drafts that run read above their truth (on
+    SmolLM2 chat under load, 10% above: docs/benchmarks.md §5l). `calibration` is what the
+    drafts run accepted over what their estimates expected, and the policy values a draft
+    by it.
     """
 
     def __init__(
@@ -116,6 +128,7 @@ class AcceptanceEstimator:
         self._global = self._seed(prior)  # over every kind
         self._kinds: dict[str, list[float]] = {}  # per kind: its own global counts
         self.num_updates = 0  # verifications of its drafts seen, on any request
+        self._calibration = [CALIBRATION_PRIOR, CALIBRATION_PRIOR]  # accepted, expected
 
     def _seed(self, a: float) -> list[float]:
         # Pseudo-counts worth prior_weight observations: chains [successes, trials],
@@ -140,6 +153,23 @@ class AcceptanceEstimator:
         of that kind were verified)."""
         counts = spec.acceptance.get(self._key(kind))
         return self.prior(kind) if counts is None else self._rate(counts)
+
+    @property
+    def calibration(self) -> float:
+        """Accepted drafts over the drafts their estimates expected, of the drafts the policy
+        ran (decayed sums), in [CALIBRATION_FLOOR, 1]: below 1 where the estimates acted on
+        are optimistic. Never above 1, so it cannot talk the policy into drafts."""
+        accepted, expected = self._calibration
+        return min(1.0, max(CALIBRATION_FLOOR, accepted / expected))
+
+    def calibrate(self, expected: float, accepted: int) -> None:
+        """One verified request: `expected` drafts accepted by the plan's estimate (the sum of
+        its drafts' gains), `accepted` by the target."""
+        if expected <= 0.0:
+            return
+        sums = self._calibration
+        sums[0] = CALIBRATION_DECAY * sums[0] + accepted
+        sums[1] = CALIBRATION_DECAY * sums[1] + expected
 
     def update(self, result: SpecResult) -> None:
         drafted, accepted = result.num_draft_tokens, result.num_accepted_tokens

@@ -11,8 +11,9 @@ token a draft model feeds to catch up (apart from its passes), refitted on the l
     theta = argmin  sum_t w_t (x_t . theta - seconds_t)^2 + ridge |theta - prior|^2,  theta >= 0
 
 w_t = forgetting^age x a Huber-style weight from a few reweighting passes, so a step stalled by
-something else (a busy core, GC) cannot drag the fit. theta >= 0: work never makes a step
-faster, which keeps the policy's marginal costs sane. Directions the window does not excite
+something else (a busy core, GC) cannot drag the fit, x (median seconds / seconds_t)^2, so each
+step's error counts relative to its length (a 1 s prefill does not outweigh 40 ms decodes).
+theta >= 0: work never makes a step faster, which keeps the policy's marginal costs sane. Directions the window does not excite
 (draft steps while nobody speculates) rest at the prior: the start-up profile's fit.
 
 The profile's own samples stay in every refit as anchors, at ANCHOR_WEIGHT each (the window's
@@ -213,6 +214,7 @@ class OnlineLinearCostModel:
         y = np.concatenate([self._y[:n], self._anchor_y])
         ages = (self._count - 1 - np.arange(n)) % len(self._y)
         base = np.concatenate([self.forgetting**ages, np.full(len(self._anchor_y), ANCHOR_WEIGHT)])
+        base *= _relative_weights(y, self.min_seconds)
         robust = np.ones(len(y))
         theta = np.asarray(self._theta)
         for i in range(passes):
@@ -337,6 +339,16 @@ class OnlineLinearCostModel:
         self.num_observations = int(params["num_observations"])
         self._set_theta(np.asarray(params["theta"], dtype=float))
         self._seeded = True
+
+
+def _relative_weights(seconds: np.ndarray, min_seconds: float) -> np.ndarray:
+    """Least-squares weights that make each sample's error count relative to its seconds
+    (scaled to 1 at the median, which keeps the ridge's weight): the policy compares plans
+    by ratios, and steps span 40 ms to seconds. Absolute errors let a few long steps set
+    the fit; on the Qwen pair a 1.3 s catch-up sample priced a first draft (pass and row) at
+    0 and a second at 36 ms, measured 16 and 21 (docs/benchmarks.md §5l)."""
+    seconds = np.maximum(seconds, min_seconds)
+    return (float(np.median(seconds)) / seconds) ** 2
 
 
 def _nonnegative_ridge(

@@ -10,6 +10,13 @@ k cycles through 0..max so the model sees the draft direction, and a request idl
 that probe's extra seconds (a draft model's catch-up) are within EXPLORE_SHARE of the idle
 plans' steps.
 
+Under load two corrections keep drafts that only look good from running: the search leaves
+the step's sunk work (prefill chunks, decodes that cannot speculate) out of the seconds it
+divides by, so a draft is priced at the decoding requests' own goodput (a 200-token chunk
+beside one decode made any draft above a = 0.005 look paying); and a proposer's drafts are
+valued at its estimates' calibration (acceptance.py: what the drafts run accepted over what
+the plan expected, recorded on SpecState.expected). docs/benchmarks.md §5l measures both.
+
 Acceptance is estimated per kind of proposal where the proposer names one before the plan
 (SpecCandidate.kind: the n-gram match's order). Between full searches, for up to REPRICE_EVERY
 plans while the batch keeps its size and shape, each request's k is its best response at the
@@ -141,7 +148,7 @@ class GoodputPolicy(SpecPolicy):
         a = estimator.rate(candidate.spec, kind)
         # A draft model runs one pass per chain position, and one per node it expands in a
         # tree (a pass expands one node of every request), so k drafts cost k passes.
-        gains = self._gains(a, cap, estimator.prior(kind))
+        gains = self._valued(self._gains(a, cap, estimator.prior(kind)), proposer)
         if not self.choice:
             seconds = self._catchup_share(candidate, gains) if self.draft_model else 0.0
             return SearchSlot(gains, range(1, cap + 1), cap, propose_seconds=seconds)
@@ -172,6 +179,17 @@ class GoodputPolicy(SpecPolicy):
         predict, tokens = self.cost_model.predict, 1024
         fed = predict(StepFeatures(num_catchup_tokens=tokens)) - predict(StepFeatures())
         self._catchup_per_token = max(0.0, fed) / tokens
+
+    def _valued(self, gains: Sequence[float], proposer: str) -> list[float]:
+        """The gains as the search weighs them: times the proposer's calibration (its
+        estimates' realised share where the policy acted on them; AcceptanceEstimator)."""
+        value = self.estimators[proposer].calibration
+        return [gain * value for gain in gains]
+
+    def _record(self, candidate: SpecCandidate, proposer: str, valued: Sequence[float]) -> None:
+        """The estimate's expected acceptance of the planned drafts, for its calibration."""
+        value = self.estimators[proposer].calibration
+        candidate.spec.expected = tuple(gain / value for gain in valued)
 
     def _gains(self, a: float, cap: int, prior: float) -> Sequence[float]:
         """Chains: a^j. Trees: the learned shape's node path probabilities, scaled by how this
@@ -272,12 +290,13 @@ class GoodputPolicy(SpecPolicy):
                 self.graphs,
                 self.token_budget,
                 self.plan_seconds,
+                self._sunk_seconds(candidates, base),
                 caps_first=self._caps_last,
             )
             result = best_lengths(problem)
             ks, chosen = result.ks, problem.chosen(result.picks)
             self._caps_last = all(k == slot.cap for k, slot in zip(ks, chosen))
-            self.last_predicted_step_time = result.predicted_seconds
+            self.last_predicted_step_time = result.predicted_seconds + problem.sunk_seconds
             self._take_prices(problem, result, base)
         else:
             warmup_k = self._num_plans % (self.max_draft_tokens + 1)
@@ -291,9 +310,18 @@ class GoodputPolicy(SpecPolicy):
             candidate.spec.proposer = name if k > 0 and self.choice else ""
             if self.choice:  # the chosen member's kind, for its result's estimate
                 candidate.spec.kind = candidate.offers.get(name, (0, ""))[1] if k > 0 else ""
+            candidate.spec.expected = ()
             if k > 0:
                 candidate.spec.last_run[name] = self._num_plans
+                self._record(candidate, name, slot.gains[:k])
         return plan
+
+    def _sunk_seconds(self, candidates: Sequence[SpecCandidate], base: StepFeatures) -> float:
+        """The predicted seconds of the step's work beyond the candidates' decoding (prefill
+        chunks, other decodes): it emits nothing the search counts, and runs anyway."""
+        decoding = [(c.context_len - 1, 1, 0) for c in candidates]
+        alone = self.cost_model.predict(StepFeatures.from_shapes(decoding, False, self.graphs))
+        return max(0.0, self.cost_model.predict(base) - alone)
 
     # ---- between searches: best responses at the last search's prices -------------------
     def _take_prices(
@@ -327,20 +355,23 @@ class GoodputPolicy(SpecPolicy):
         name, estimator = self.proposers[0], self.estimators[self.proposers[0]]
         caps = [self._cap(c) for c in candidates]
         probe = self._probe(candidates, [[cap] for cap in caps])
-        ks = []
+        ks, valued = [], []
         for i, (candidate, cap) in enumerate(zip(candidates, caps)):
             a = estimator.rate(candidate.spec, candidate.kind)
-            gains = self._gains(a, cap, estimator.prior(candidate.kind))
+            gains = self._valued(self._gains(a, cap, estimator.prior(candidate.kind)), name)
             floor = 1 if probe is not None and probe[0] == i else 0
             ks.append(best_response(gains, cap, floor, self._prices))
+            valued.append(gains)
         drafts = sum(ks)
         if self.token_budget is not None and base.num_batched_tokens + drafts > self.token_budget:
             self._prices = None
             return None
         plan = {c.request_id: k for c, k in zip(candidates, ks) if k > 0}
-        for candidate, k in zip(candidates, ks):
+        for candidate, k, gains in zip(candidates, ks, valued):
+            candidate.spec.expected = ()
             if k > 0:
                 candidate.spec.last_run[name] = self._num_plans
+                self._record(candidate, name, gains[:k])
         features = base.with_drafts(drafts, len(plan), 0, self.graphs)
         self.last_predicted_step_time = self.cost_model.predict(features) + self.plan_seconds
         return plan
@@ -353,7 +384,10 @@ class GoodputPolicy(SpecPolicy):
     ) -> None:
         self.cost_model.observe(features, step_seconds)
         for result in results:
-            self.estimators.get(result.proposer, self.acceptance).update(result)
+            estimator = self.estimators.get(result.proposer, self.acceptance)
+            expected = result.spec.expected[: result.num_draft_tokens]
+            estimator.calibrate(sum(expected), result.num_accepted_tokens)
+            estimator.update(result)
 
     def rate(self, spec: SpecState, proposer: str = "", kind: str = "") -> float:
         """A request's acceptance estimate for a proposer (chains: per draft token; trees:

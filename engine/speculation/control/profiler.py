@@ -163,8 +163,9 @@ class SeedReport:
     cache_path: str | None = None
 
 
-# Bumped when the profile's shapes or their order change: an older cached fit is not reused.
-GRID_VERSION = 4
+# Bumped when the profile's shapes, their order or how they are fitted change: an older cached
+# fit is not reused (5: samples weighted by relative error, cost_model._relative_weights).
+GRID_VERSION = 5
 
 
 def seed_cost_model(

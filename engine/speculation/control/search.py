@@ -304,7 +304,7 @@ def _best_uniform(problem: SearchProblem, best: SearchResult, picks: list[int]) 
             break
         e, n_drafts, n_spec, seconds_cpu, n_steps = totals.T
         seconds = problem.seconds_with(n_drafts, n_spec, n_steps)
-        seconds += seconds_cpu + problem.overhead_seconds
+        seconds += seconds_cpu + problem.extra_seconds
         goodput = e / seconds
         j = int(goodput.argmax())
         if goodput[j] > best.goodput * (1.0 + 1e-12):

@@ -56,6 +56,11 @@ class SearchProblem:
     graphs: GraphShapes = NO_GRAPHS
     token_budget: int | None = None
     overhead_seconds: float = 0.0  # paid by every plan: the planning itself
+    # The step's work that emits nothing this step and runs whatever the plan (prefill chunks,
+    # decodes that cannot speculate): left out of the seconds the ratio divides by, so drafts
+    # are priced at the goodput of the speculating requests' own decoding. Counted in, a long
+    # prefill chunk made any draft look cheap beside it (docs/benchmarks.md §5l).
+    sunk_seconds: float = 0.0
     # Try "every request at its cap" first (search._caps_if_best): the policy sets it when its
     # last plan was that, so a search that would not find it there pays nothing for trying.
     caps_first: bool = False
@@ -124,10 +129,15 @@ class SearchProblem:
     def evaluate(self, ks: Sequence[int], picks: Sequence[int] | None = None) -> SearchResult:
         slots = self.chosen(picks)
         emitted = sum(1.0 + s.cumulative[k] for s, k in zip(slots, ks))
-        seconds = self.cost_model.predict(self.features(ks, picks)) + self.overhead_seconds
+        seconds = self.cost_model.predict(self.features(ks, picks)) + self.extra_seconds
         seconds += sum(s.propose_seconds for s, k in zip(slots, ks) if k > 0)
         picks = tuple(picks) if picks is not None else (0,) * len(slots)
         return SearchResult(tuple(ks), seconds, emitted / seconds, picks)
+
+    @property
+    def extra_seconds(self) -> float:
+        """What every plan's predicted step time is corrected by: planning, less sunk work."""
+        return self.overhead_seconds - self.sunk_seconds
 
     def seconds_with(self, drafts, spec, passes=0) -> np.ndarray:
         """The cost model's seconds for the base plus d drafts on s speculating requests (and

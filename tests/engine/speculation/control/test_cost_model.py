@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import statistics
@@ -359,3 +360,25 @@ def test_predict_drafts_is_predict_of_with_drafts_for_many_plans(graphs):
             for d, s, p in zip(drafts, spec, passes)
         ]
         assert got.tolist() == pytest.approx(want, rel=1e-9, abs=1e-12)
+
+
+def test_a_long_step_the_model_cannot_fit_does_not_set_the_short_steps_prices():
+    """The Qwen pair's start-up profile (2026-11-26, medians): one request decoding with k
+    draft-model drafts takes 46 / 62 / 83 / 114 / 151 ms at k = 0..4, and the draft's catch-up,
+    superlinear in tokens, 208 ms for 64 tokens and 1261 ms for 256. Fitted on absolute
+    errors, the 1.26 s sample priced the first draft at 0 and the second at 36 ms, so the
+    policy never drafted two; fitted on relative errors, each k is within 8%."""
+    measured = {0: 0.046, 1: 0.062, 2: 0.083, 3: 0.114, 4: 0.151}
+    samples = [
+        (StepFeatures.from_shapes([(context, 1, k)], draft_model=True), seconds)
+        for context in (16, 64, 512)
+        for k, seconds in measured.items()
+    ]
+    one_draft = StepFeatures.from_shapes([(512, 1, 1)], draft_model=True)
+    for tokens, seconds in ((64, 0.208), (256, 1.261)):
+        samples.append((dataclasses.replace(one_draft, num_catchup_tokens=tokens), seconds))
+    model = OnlineLinearCostModel()
+    model.fit(samples)
+    for k, seconds in measured.items():
+        predicted = model.predict(StepFeatures.from_shapes([(300, 1, k)], draft_model=True))
+        assert predicted == pytest.approx(seconds, rel=0.08), k

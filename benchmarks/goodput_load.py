@@ -1,0 +1,113 @@
+"""Goodput vs no speculation under Poisson load, in one process: each policy's engine serves
+the same arrivals (one seed per round), the policies taking turns round by round, so a
+machine that drifts between rounds hits them alike; prints each round's mean latency (arrival
+to last token) and its ratio to `off`, and the drafts each speculating engine verified.
+
+The server sweep (spec_sweep.py) restarts a server per cell and its cells vary by +-10% on this
+2-core VM; this removes HTTP and process starts, so a 3% effect shows in a few rounds.
+
+    .venv/bin/python benchmarks/goodput_load.py --rate 9.5 --rounds 6 --threads 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from engine.config import EngineConfig
+from engine.front.llm import LLM
+from engine.sampling_params import SamplingParams
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "workload_chat.jsonl"
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--policies", nargs="+", default=["off", "goodput"])
+    parser.add_argument("--proposer", default="ngram")
+    parser.add_argument("--dataset", default=str(DATA))
+    parser.add_argument("--num-prompts", type=int, default=48)
+    parser.add_argument("--rate", type=float, default=9.5, help="arrivals per second")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--model", default=None, help="default: the embedded SmolLM2")
+    return parser.parse_args()
+
+
+def build(policy: str, args: argparse.Namespace) -> LLM:
+    flat = dict(speculative_proposer=args.proposer, spec_policy=policy, threads=args.threads)
+    flat.update(num_speculative_tokens=5, enable_prefix_caching=False)
+    if args.model:
+        flat.update(model=args.model)
+    return LLM(config=EngineConfig.from_flat(flat))
+
+
+def serve(llm: LLM, prompts: list[list[int]], params: SamplingParams, rate: float, seed: int):
+    """Mean seconds from arrival to finish, requests arriving as a Poisson process."""
+    rng, at, arrivals = random.Random(seed), 0.0, []
+    for _ in prompts:
+        at += rng.expovariate(rate)
+        arrivals.append(at)
+    engine, latencies, added = llm.engine, {}, 0
+    start = time.perf_counter()
+    while len(latencies) < len(prompts):
+        now = time.perf_counter() - start
+        while added < len(prompts) and arrivals[added] <= now:
+            engine.add_request(f"s{seed}-{added}", prompts[added], params)
+            added += 1
+        if not engine.has_unfinished_requests():
+            time.sleep(max(0.0, arrivals[added] - now))
+            continue
+        for output in engine.step():
+            if output.finished:
+                index = int(output.request_id.rsplit("-", 1)[1])
+                latencies[index] = time.perf_counter() - start - arrivals[index]
+    return statistics.mean(latencies.values())
+
+
+def main() -> None:
+    args = parse_args()
+    torch.set_num_threads(args.threads)
+    llms = {policy: build(policy, args) for policy in args.policies}
+    tokenizer = next(iter(llms.values())).tokenizer
+    lines = Path(args.dataset).read_text().splitlines()[: args.num_prompts]
+    prompts = [
+        tokenizer.apply_chat_template([{"role": "user", "content": json.loads(line)["prompt"]}])
+        for line in lines
+    ]
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
+    for llm in llms.values():  # warm-up: allocator, thread pool, caches
+        llm.generate(prompts[:4], params, use_tqdm=False)
+    latency: dict[str, list[float]] = {policy: [] for policy in llms}
+    for round_index in range(args.rounds):
+        order = list(llms) if round_index % 2 == 0 else list(reversed(llms))
+        for policy in order:
+            totals = llms[policy].engine.spec.totals
+            before = (totals.num_draft_tokens, totals.num_accepted_tokens)
+            latency[policy].append(serve(llms[policy], prompts, params, args.rate, round_index))
+            drafts = totals.num_draft_tokens - before[0]
+            accepted = totals.num_accepted_tokens - before[1]
+            print(
+                f"round {round_index} {policy}: mean latency {latency[policy][-1]:.2f} s, "
+                f"{drafts} drafts verified, {accepted} accepted",
+                flush=True,
+            )
+    if "off" not in latency:
+        return
+    for policy, values in latency.items():
+        ratios = [value / off for value, off in zip(values, latency["off"])]
+        print(
+            f"{policy}: latency / off per round {[round(r, 3) for r in ratios]}, "
+            f"median {statistics.median(ratios):.3f}, mean {statistics.mean(ratios):.3f}"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -13,8 +13,9 @@ token a draft model feeds to catch up (apart from its passes), refitted on the l
 w_t = forgetting^age x a Huber-style weight from a few reweighting passes, so a step stalled by
 something else (a busy core, GC) cannot drag the fit, x (median seconds / seconds_t)^2, so each
 step's error counts relative to its length (a 1 s prefill does not outweigh 40 ms decodes).
-theta >= 0: work never makes a step faster, which keeps the policy's marginal costs sane. Directions the window does not excite
-(draft steps while nobody speculates) rest at the prior: the start-up profile's fit.
+theta >= 0: work never makes a step faster, which keeps the policy's marginal costs sane.
+Directions the window does not excite (draft steps while nobody speculates) rest at the prior:
+the start-up profile's fit.
 
 The profile's own samples stay in every refit as anchors, at ANCHOR_WEIGHT each (the window's
 ~100 effective samples outweigh them ~4:1 where both speak): live traffic fills the window from

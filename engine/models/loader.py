@@ -117,7 +117,8 @@ def _weight_log(weight_format: str) -> str:
     where = (
         "quantized to Q8_0 at load" if weight_format == "q8_0" else "the GGUF's quantized blocks"
     )
-    pages = "4 KiB pages" if thp_mode() == "never" else f"huge pages (THP {thp_mode()})"
+    mode = thp_mode()
+    pages = "4 KiB pages" if mode == "never" else f"huge pages (THP {mode})"
     return f"{where}, native CPU kernels, {_ACTIVATIONS[weight_format]} activations, on {pages}"
 
 

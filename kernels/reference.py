@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from kernels import host_memory
 from kernels.attention import AttentionMetadata, KVCacheSpec
 
 # Largest padded K+V gather of one decode group (see the module docstring for the measurement).
@@ -73,10 +74,10 @@ class ReferenceBackend:
     def allocate(self, spec: KVCacheSpec) -> None:
         self.spec = spec
         self.kv_caches = [
-            torch.zeros(
+            host_memory.zeros(
                 (spec.blocks_of(layer), 2, spec.block_size, spec.num_kv_heads, spec.head_dim),
-                dtype=spec.dtype,
-                device=spec.device,
+                spec.dtype,
+                spec.device,
             )
             for layer in range(spec.num_layers)
         ]

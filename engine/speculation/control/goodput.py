@@ -139,16 +139,15 @@ class GoodputPolicy(SpecPolicy):
     def choice(self) -> bool:
         return len(self.proposers) > 1
 
-    def _slot(self, candidate: SpecCandidate, proposer: str) -> SearchSlot:
+    def _slot(self, candidate: SpecCandidate, proposer: str, value: float) -> SearchSlot:
+        """The candidate's option for `proposer`, whose calibration is `value` this plan."""
         cap, kind = self._cap(candidate), candidate.kind
         offered = candidate.offers.get(proposer)
         if offered is not None:  # proposer choice: what this member can draft now, its kind
             cap, kind = min(cap, offered[0]), offered[1]
-        estimator = self.estimators[proposer]
-        a = estimator.rate(candidate.spec, kind)
         # A draft model runs one pass per chain position, and one per node it expands in a
         # tree (a pass expands one node of every request), so k drafts cost k passes.
-        gains = self._valued(self._gains(a, cap, estimator.prior(kind)), proposer)
+        gains = self._valued_gains(candidate.spec, proposer, kind, cap, value)
         if not self.choice:
             seconds = self._catchup_share(candidate, gains) if self.draft_model else 0.0
             return SearchSlot(gains, range(1, cap + 1), cap, propose_seconds=seconds)
@@ -180,11 +179,17 @@ class GoodputPolicy(SpecPolicy):
         fed = predict(StepFeatures(num_catchup_tokens=tokens)) - predict(StepFeatures())
         self._catchup_per_token = max(0.0, fed) / tokens
 
-    def _valued(self, gains: Sequence[float], proposer: str) -> list[float]:
-        """The gains as the search weighs them: times the proposer's calibration (its
-        estimates' realised share where the policy acted on them; AcceptanceEstimator)."""
-        value = self.estimators[proposer].calibration
-        return [gain * value for gain in gains]
+    def _valued_gains(
+        self, spec: SpecState, proposer: str, kind: str, cap: int, value: float
+    ) -> list[float]:
+        """The gains of drafts 1..cap from `proposer` as the search weighs them: its estimate's
+        gains (_gains) times `value`, its calibration (the estimates' realised share where the
+        policy acted on them; AcceptanceEstimator)."""
+        estimator = self.estimators[proposer]
+        a = estimator.rate(spec, kind)
+        if not self.tree:  # the common case inline: a plan makes one per request and proposer
+            return [value * a**j for j in range(1, cap + 1)]
+        return [value * gain for gain in self._gains(a, cap, estimator.prior(kind))]
 
     def _record(self, candidate: SpecCandidate, proposer: str, valued: Sequence[float]) -> None:
         """The estimate's expected acceptance of the planned drafts, for its calibration."""
@@ -279,7 +284,11 @@ class GoodputPolicy(SpecPolicy):
             plan = self._respond(candidates, base)
             if plan is not None:
                 return plan
-        options = [[self._slot(c, name) for name in self.proposers] for c in candidates]
+        values = [self.estimators[name].calibration for name in self.proposers]
+        options = [
+            [self._slot(c, name, value) for name, value in zip(self.proposers, values)]
+            for c in candidates
+        ]
         self._explore(candidates, options, base)
         if self.cost_model.fitted:
             problem = SearchProblem(
@@ -352,13 +361,13 @@ class GoodputPolicy(SpecPolicy):
         draft), the plan's step predicted once (metrics); None when the token budget binds
         (the search decides which drafts go)."""
         self._plans_since_search += 1
-        name, estimator = self.proposers[0], self.estimators[self.proposers[0]]
+        name = self.proposers[0]
+        value = self.estimators[name].calibration
         caps = [self._cap(c) for c in candidates]
         probe = self._probe(candidates, [[cap] for cap in caps])
         ks, valued = [], []
         for i, (candidate, cap) in enumerate(zip(candidates, caps)):
-            a = estimator.rate(candidate.spec, candidate.kind)
-            gains = self._valued(self._gains(a, cap, estimator.prior(candidate.kind)), name)
+            gains = self._valued_gains(candidate.spec, name, candidate.kind, cap, value)
             floor = 1 if probe is not None and probe[0] == i else 0
             ks.append(best_response(gains, cap, floor, self._prices))
             valued.append(gains)

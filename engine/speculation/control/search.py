@@ -35,7 +35,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import accumulate
 
 import numpy as np
 
@@ -269,51 +268,65 @@ def _uniform_picks(problem: SearchProblem) -> list[list[int]]:
 
 def _best_uniform(problem: SearchProblem, best: SearchResult, picks: list[int]) -> SearchResult:
     """The best m-requests-at-c plan (requests ranked by their first gain): the totals of
-    every m as running sums over the ranked requests, the step predicted at the checked m."""
-    slots, base, flags = problem.chosen(picks), problem.base, problem.chosen_flags(picks)
-    order = sorted(range(len(slots)), key=lambda i: -slots[i].cumulative[min(1, slots[i].cap)])
-    ranked = [(slots[i], flags[i]) for i in order]
-    floors = [s.floor for s, _ in ranked]
-    floor_emitted = sum(1.0 + s.cumulative[s.floor] for s in slots)
-    floor_spec = sum(1 for k in floors if k > 0)
-    floor_cpu = sum(s.propose_seconds for s in slots if s.floor > 0)
-    floor_steps = max((s.depths[s.floor - 1] for s, f in ranked if f and s.floor), default=0)
-    counts = sorted(_checked_counts(len(slots)))
-    room = None if problem.token_budget is None else problem.token_budget - base.num_batched_tokens
-    for c in range(1, max((s.cap for s in slots), default=0) + 1):
-        ks = [max(s.floor, min(c, s.cap)) for s, _ in ranked]
-        joins = [k > 0 and f == 0 for k, f in zip(ks, floors)]
-        emitted = accumulate(
-            (s.cumulative[k] - s.cumulative[f] for (s, _), k, f in zip(ranked, ks, floors)),
-            initial=floor_emitted,
-        )
-        drafts = accumulate((k - f for k, f in zip(ks, floors)), initial=sum(floors))
-        specs = accumulate(joins, initial=floor_spec)
-        cpu = accumulate(
-            (s.propose_seconds * j for (s, _), j in zip(ranked, joins)), initial=floor_cpu
-        )
-        steps = accumulate(
-            (s.depths[k - 1] if d and k else 0 for (s, d), k in zip(ranked, ks)),
-            max,
-            initial=floor_steps,
-        )
-        totals = np.array(list(zip(emitted, drafts, specs, cpu, steps)))[counts]
-        if room is not None:  # drafts grow with m: the counts that fit come first
-            totals = totals[totals[:, 1] <= room]
-        if not len(totals):
+    every m and c as running sums over the ranked requests (arrays [c, m]), the step
+    predicted at the checked m."""
+    n, table = len(picks), problem.table
+    rows = np.arange(n)
+    cumulative, depths = table.cumulative[rows, picks], table.depths[rows, picks]
+    floors, caps = table.floors[rows, picks], table.caps[rows, picks]
+    cpu, draft = table.seconds[rows, picks], table.draft[rows, picks]
+    initial = _uniform_start(cumulative, depths, floors, cpu, draft)
+    order = np.argsort(-cumulative[rows, np.minimum(1, caps)], kind="stable")
+    cumulative, depths, floors = cumulative[order], depths[order], floors[order]
+    caps, cpu, draft = caps[order], cpu[order], draft[order]
+    c = np.arange(1, int(caps.max(initial=0)) + 1)[:, None]
+    ks = np.maximum(floors, np.minimum(c, caps))  # [c, ranked request]
+    joins = (ks > 0) & (floors == 0)
+    ranked_rows = np.broadcast_to(np.arange(n), ks.shape)
+    gained = cumulative[ranked_rows, ks] - cumulative[np.arange(n), floors]
+    columns = (
+        _running(np.cumsum, gained, initial[0]),
+        _running(np.cumsum, ks - floors, initial[1]),
+        _running(np.cumsum, joins, initial[2]),
+        _running(np.cumsum, np.where(joins, cpu, 0.0), initial[3]),
+        _running(np.maximum.accumulate, np.where(draft, depths[ranked_rows, ks], 0), initial[4]),
+    )
+    counts = sorted(_checked_counts(n))
+    e, n_drafts, n_spec, seconds_cpu, n_steps = np.stack(columns)[:, :, counts]  # [c, m] each
+    seconds = problem.seconds_with(n_drafts, n_spec, n_steps) + (
+        seconds_cpu + problem.extra_seconds
+    )
+    goodputs = e / seconds
+    room = problem.token_budget
+    fits = n_drafts <= (room - problem.base.num_batched_tokens if room is not None else np.inf)
+    for i in range(len(c)):
+        if not fits[i, 0]:  # drafts grow with m and c: the counts that fit come first
             break
-        e, n_drafts, n_spec, seconds_cpu, n_steps = totals.T
-        seconds = problem.seconds_with(n_drafts, n_spec, n_steps)
-        seconds += seconds_cpu + problem.extra_seconds
-        goodput = e / seconds
+        goodput = goodputs[i, fits[i]]
         j = int(goodput.argmax())
         if goodput[j] > best.goodput * (1.0 + 1e-12):
-            m = counts[j]
-            plan = [0] * len(slots)
-            for rank, i in enumerate(order):
-                plan[i] = ks[rank] if rank < m else floors[rank]
-            best = SearchResult(tuple(plan), float(seconds[j]), float(goodput[j]), tuple(picks))
+            m, plan = counts[j], [0] * n
+            for rank, request in enumerate(order.tolist()):
+                plan[request] = int(ks[i, rank] if rank < m else floors[rank])
+            best = SearchResult(tuple(plan), float(seconds[i, j]), float(goodput[j]), tuple(picks))
     return best
+
+
+def _uniform_start(cumulative, depths, floors, cpu, draft) -> tuple[float, int, int, float, int]:
+    """The uniform plans' totals before any request joins (each at its floor): tokens
+    emitted, drafts, speculating requests, proposing seconds, draft-model passes."""
+    at_floor = cumulative[np.arange(len(floors)), floors]
+    emitted = float(np.cumsum(np.concatenate(([0.0], 1.0 + at_floor)))[-1])
+    spec, cpu_total = floors > 0, np.cumsum(np.concatenate(([0.0], cpu[floors > 0])))[-1]
+    passes = depths[np.arange(len(floors)), floors][draft & spec]
+    return emitted, int(floors.sum()), int(spec.sum()), float(cpu_total), int(passes.max(initial=0))
+
+
+def _running(accumulate_fn, values: np.ndarray, initial) -> np.ndarray:
+    """accumulate_fn along each row of [c, n] `values`, started from `initial`: [c, n + 1],
+    column m the total over the first m (sequential, as Python's accumulate adds)."""
+    start = np.full((values.shape[0], 1), initial, dtype=np.result_type(values, type(initial)))
+    return accumulate_fn(np.concatenate((start, values), axis=1), axis=1)
 
 
 def _checked_counts(n: int) -> set[int]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from itertools import accumulate
 
 import numpy as np
 
@@ -33,10 +34,7 @@ class SearchSlot:
     cumulative: list[float] = field(init=False)
 
     def __post_init__(self) -> None:
-        total, self.cumulative = 0.0, [0.0]
-        for gain in self.gains[: self.cap]:
-            total += gain
-            self.cumulative.append(total)
+        self.cumulative = list(accumulate(self.gains[: self.cap], initial=0.0))
 
 
 @dataclass(frozen=True)
@@ -78,6 +76,8 @@ class SearchProblem:
         does at least as well with the other (same features, no fewer tokens). Typically the
         model-free proposers reduce to the best of them."""
         kinds = [self.runs_draft(o) for o in options]
+        if len(set(kinds)) == len(kinds):  # each option alone of its kind: none to compare
+            return options
         kept = []
         for i, option in enumerate(options):
             rivals = ((j, p) for j, p in enumerate(options) if j != i and kinds[j] == kinds[i])
@@ -119,9 +119,10 @@ class SearchProblem:
         return [flags[p] for flags, p in zip(self.draft_flags, picks)]
 
     def features(self, ks: Sequence[int], picks: Sequence[int] | None = None) -> StepFeatures:
-        slots, flags = self.chosen(picks), self.chosen_flags(picks)
+        picks = picks if picks is not None else (0,) * len(ks)
+        chosen = zip(self.options, self.draft_flags, picks, ks)
         steps = max(
-            (s.depths[k - 1] for s, k, draft in zip(slots, ks, flags) if k > 0 and draft),
+            (options[p].depths[k - 1] for options, flags, p, k in chosen if k > 0 and flags[p]),
             default=0,
         )
         return self.base.with_drafts(sum(ks), sum(1 for k in ks if k > 0), steps, self.graphs)
@@ -194,14 +195,23 @@ class OptionTable:
     ) -> OptionTable:
         n, m = len(options), max(len(o) for o in options)
         width = 1 + max(s.cap for o in options for s in o)
-        cumulative = np.full((n, m, width), -np.inf)
-        depths = np.zeros((n, m, width), dtype=np.int64)
-        floors, caps = np.ones((n, m), dtype=np.int64), np.zeros((n, m), dtype=np.int64)
-        seconds, draft = np.zeros((n, m)), np.zeros((n, m), dtype=bool)
-        for i, (slot_options, slot_flags) in enumerate(zip(options, flags)):
-            for j, (slot, runs) in enumerate(zip(slot_options, slot_flags)):
-                cumulative[i, j, : slot.cap + 1] = slot.cumulative
-                depths[i, j, 1 : slot.cap + 1] = slot.depths[: slot.cap]
-                floors[i, j], caps[i, j] = slot.floor, slot.cap
-                seconds[i, j], draft[i, j] = slot.propose_seconds, runs
+        missing = SearchSlot((), (), 0, floor=1)  # pads a slot's options to m: never valid
+        padded = [(*o, *(missing,) * (m - len(o))) for o in options]
+        slots = [slot for o in padded for slot in o]
+        draft = [runs for f in flags for runs in (*f, *(False,) * (m - len(f)))]
+        cumulative = np.array(
+            [_padded(() if s is missing else s.cumulative, width, -np.inf) for s in slots]
+        ).reshape(n, m, width)
+        depths = np.array(
+            [_padded((0, *s.depths[: s.cap]), width, 0) for s in slots], dtype=np.int64
+        ).reshape(n, m, width)
+        floors = np.array([s.floor for s in slots], dtype=np.int64).reshape(n, m)
+        caps = np.array([s.cap for s in slots], dtype=np.int64).reshape(n, m)
+        seconds = np.array([s.propose_seconds for s in slots], dtype=float).reshape(n, m)
+        draft = np.array(draft, dtype=bool).reshape(n, m)
         return cls(cumulative, depths, floors, caps, seconds, draft)
+
+
+def _padded(values: Sequence, width: int, fill) -> list:
+    """values, then fill up to width."""
+    return [*values, *(fill,) * (width - len(values))]

@@ -1,6 +1,7 @@
 """In-process decode tok/s of whichever `engine` package is first on sys.path, so two checkouts
 can be compared with the same script (PYTHONPATH=<tree>): B greedy requests, N tokens each,
-static threads, median of R repetitions after a warm-up; one JSON line.
+static threads (or --thread-policy adaptive, the server's default on a CPU), median of R
+repetitions after a warm-up; one JSON line.
 
     for t in /tmp/before /work/main; do PYTHONPATH=$t .venv/bin/python \
         benchmarks/decode_ab.py --batch 16 --tokens 64 --reps 3; done
@@ -27,9 +28,10 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--thread-policy", default="static", choices=["static", "adaptive"])
     args = parser.parse_args()
     try:
-        config = EngineConfig.from_flat({"thread_policy": "static"})
+        config = EngineConfig.from_flat({"thread_policy": args.thread_policy})
     except ValueError:  # a tree from before the thread policy
         config = EngineConfig.from_flat({})
     llm = LLM(config=config)

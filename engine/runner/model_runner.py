@@ -81,6 +81,7 @@ class ModelRunner:
         if self.config.device.thread_policy == "adaptive" and self.device.type == "cpu":
             self.thread_policy = ThreadPolicy(torch.get_num_threads())
             torch.set_num_threads(self.thread_policy.current)
+        torch.manual_seed(self.config.model.seed)
 
     def _follow_free_cores(self) -> None:
         """The compute threads for this step (kernels/cpu/thread_policy.py): one fewer while
@@ -91,7 +92,6 @@ class ModelRunner:
         if threads != torch.get_num_threads():
             logger.info("compute threads: %d -> %d (cores free)", torch.get_num_threads(), threads)
             torch.set_num_threads(threads)
-        torch.manual_seed(self.config.model.seed)
 
     def _allocate_kv_cache(self) -> KVSplit:
         arch = self.arch

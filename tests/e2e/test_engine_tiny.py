@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
+import torch
 
 from engine.config import EngineConfig
 from engine.front.llm import LLM
@@ -185,3 +186,16 @@ def test_abort_frees_blocks(llm):
     [output] = engine.step()
     assert output.request_id == "to-abort" and output.finished and output.finish_reason == "abort"
     assert_pool_restored(llm)
+
+
+def test_steps_leave_the_global_random_generator_alone(llm):
+    """The engine seeds torch's global generator once, at build: a step that reseeded it (the
+    adaptive thread check once did, every step) reset the caller's random stream and cost a
+    stack capture per step."""
+    torch.manual_seed(99)
+    torch.rand(3)
+    llm.generate(prompts(2, seed=5), GREEDY, use_tqdm=False)
+    after = torch.rand(3)
+    torch.manual_seed(99)
+    torch.rand(3)
+    assert torch.equal(after, torch.rand(3))

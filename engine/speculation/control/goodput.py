@@ -71,6 +71,10 @@ REPRICE_EVERY = 8
 # long idle spell), and probing it every explore_interval plans regardless cost auto a third
 # of its speed on the Qwen pair (docs/benchmarks.md §4g).
 EXPLORE_SHARE = 0.05
+# Drafts run only where the plan's predicted goodput beats the plan without them by this
+# share: a draft of about break-even gain costs the requests beside it their verify rows
+# whatever it returns, and the estimates behind it are noisy (docs/benchmarks.md §5m).
+DRAFT_MARGIN = 0.03
 
 
 class GoodputPolicy(SpecPolicy):
@@ -302,7 +306,7 @@ class GoodputPolicy(SpecPolicy):
                 self._sunk_seconds(candidates, base),
                 caps_first=self._caps_last,
             )
-            result = best_lengths(problem)
+            result = _worth_drafting(problem, best_lengths(problem))
             ks, chosen = result.ks, problem.chosen(result.picks)
             self._caps_last = all(k == slot.cap for k, slot in zip(ks, chosen))
             self.last_predicted_step_time = result.predicted_seconds + problem.sunk_seconds
@@ -369,7 +373,7 @@ class GoodputPolicy(SpecPolicy):
         for i, (candidate, cap) in enumerate(zip(candidates, caps)):
             gains = self._valued_gains(candidate.spec, name, candidate.kind, cap, value)
             floor = 1 if probe is not None and probe[0] == i else 0
-            ks.append(best_response(gains, cap, floor, self._prices))
+            ks.append(best_response(gains, cap, floor, self._prices, DRAFT_MARGIN))
             valued.append(gains)
         drafts = sum(ks)
         if self.token_budget is not None and base.num_batched_tokens + drafts > self.token_budget:
@@ -402,3 +406,13 @@ class GoodputPolicy(SpecPolicy):
         """A request's acceptance estimate for a proposer (chains: per draft token; trees:
         rank-1) and proposals of a kind; "" or a name it does not choose among: its first."""
         return self.estimators.get(proposer, self.acceptance).rate(spec, kind)
+
+
+def _worth_drafting(problem: SearchProblem, found: SearchResult) -> SearchResult:
+    """The search's plan where it beats its floors (no drafts but forced probes) by
+    DRAFT_MARGIN, else the floors."""
+    floors = [options[0].floor for options in problem.options]
+    if list(found.ks) == floors:
+        return found
+    without = problem.evaluate(floors)
+    return found if found.goodput >= without.goodput * (1.0 + DRAFT_MARGIN) else without

@@ -109,10 +109,13 @@ def prices_at(problem: SearchProblem, result: SearchResult) -> Prices:
     return Prices(result.goodput, costs.per_token, costs.per_request_free)
 
 
-def best_response(gains: Sequence[float], cap: int, floor: int, prices: Prices) -> int:
+def best_response(
+    gains: Sequence[float], cap: int, floor: int, prices: Prices, margin: float = 0.0
+) -> int:
     """The k in [floor, cap] maximising E(k) - level * (per_token * k + per_request * [k > 0])
-    (the first on ties), for gains g(1..cap)."""
-    level, token, request = prices.level, prices.per_token, prices.per_request
+    (the first on ties), for gains g(1..cap); `margin`: drafts priced at level * (1 + margin),
+    so they must beat the level by that share."""
+    level, token, request = prices.level * (1.0 + margin), prices.per_token, prices.per_request
     best_k, best = 0, 0.0
     emitted = 0.0
     for k in range(1, cap + 1):

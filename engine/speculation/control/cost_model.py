@@ -29,13 +29,10 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import json
-import os
 import statistics
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -368,36 +365,3 @@ def _nonnegative_ridge(
             break
         free &= theta > 0.0
     return np.maximum(theta, 0.0)
-
-
-def cache_key(model: str, device: str, dtype: str, threads: int | None) -> str:
-    return f"{model}|{device}|{dtype}|{threads if threads is not None else 'default'}"
-
-
-class CostModelCache:
-    """A JSON file of fitted cost models keyed by (model, device, dtype, threads)."""
-
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path).expanduser()
-
-    def _read(self) -> dict[str, Any]:
-        try:
-            data = json.loads(self.path.read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
-            return {}  # a missing or corrupt cache only costs a re-profile
-        return data if isinstance(data, dict) else {}
-
-    def load(self, key: str | tuple) -> dict[str, Any] | None:
-        return self._read().get(_key_text(key))
-
-    def save(self, key: str | tuple, params: dict[str, Any]) -> None:
-        data = self._read()
-        data[_key_text(key)] = params
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        partial = self.path.with_suffix(f".{os.getpid()}.tmp")
-        partial.write_text(json.dumps(data))
-        os.replace(partial, self.path)  # atomic: a concurrent reader sees old or new, never half
-
-
-def _key_text(key: str | tuple) -> str:
-    return key if isinstance(key, str) else cache_key(*key)

@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from engine.speculation.control.cost_model import CostModelCache, OnlineLinearCostModel, cache_key
+from engine.speculation.control.cost_cache import CostModelCache, cache_key
+from engine.speculation.control.cost_model import OnlineLinearCostModel
 from engine.speculation.control.step_features import StepFeatures, profile_grid
 from kernels.graph_shapes import NO_GRAPHS, GraphShapes
 

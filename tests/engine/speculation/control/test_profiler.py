@@ -21,7 +21,7 @@ from engine.request import Request
 from engine.runner.step_timer import StepTimer
 from engine.sampling_params import SamplingParams
 from engine.speculation.control import profiler
-from engine.speculation.control.cost_model import cache_key
+from engine.speculation.control.cost_cache import cache_key
 from engine.speculation.control.profiler import fit_to_pool, shapes_for, startup_grid
 from engine.speculation.control.step_features import StepFeatures, profile_grid
 

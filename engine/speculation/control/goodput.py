@@ -16,6 +16,9 @@ divides by, so a draft is priced at the decoding requests' own goodput (a 200-to
 beside one decode made any draft above a = 0.005 look paying); and a proposer's drafts are
 valued at its estimates' calibration (acceptance.py: what the drafts run accepted over what
 the plan expected, recorded on SpecState.expected). docs/benchmarks.md §5l measures both.
+And a plan's drafts must beat the plan without them by DRAFT_MARGIN of predicted goodput
+(best responses price drafts at the level times 1 + DRAFT_MARGIN): near break-even, a draft
+taxes the requests beside it with its verify rows for little gain (§5m).
 
 Acceptance is estimated per kind of proposal where the proposer names one before the plan
 (SpecCandidate.kind: the n-gram match's order). Between full searches, for up to REPRICE_EVERY

@@ -318,11 +318,16 @@ def _best_uniform(problem: SearchProblem, best: SearchResult, picks: list[int]) 
 def _uniform_start(cumulative, depths, floors, cpu, draft) -> tuple[float, int, int, float, int]:
     """The uniform plans' totals before any request joins (each at its floor): tokens
     emitted, drafts, speculating requests, proposing seconds, draft-model passes."""
-    at_floor = cumulative[np.arange(len(floors)), floors]
-    emitted = float(np.cumsum(np.concatenate(([0.0], 1.0 + at_floor)))[-1])
-    spec, cpu_total = floors > 0, np.cumsum(np.concatenate(([0.0], cpu[floors > 0])))[-1]
-    passes = depths[np.arange(len(floors)), floors][draft & spec]
-    return emitted, int(floors.sum()), int(spec.sum()), float(cpu_total), int(passes.max(initial=0))
+    rows, spec = np.arange(len(floors)), floors > 0
+    emitted = sum((1.0 + cumulative[rows, floors]).tolist())  # in order, as the plans add
+    passes = depths[rows, floors][draft & spec]
+    return (
+        emitted,
+        int(floors.sum()),
+        int(spec.sum()),
+        sum(cpu[spec].tolist()),
+        int(passes.max(initial=0)),
+    )
 
 
 def _running(accumulate_fn, values: np.ndarray, initial) -> np.ndarray:

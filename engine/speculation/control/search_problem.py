@@ -112,12 +112,6 @@ class SearchProblem:
             return [options[0] for options in self.options]
         return [options[p] for options, p in zip(self.options, picks)]
 
-    def chosen_flags(self, picks: Sequence[int] | None) -> list[bool]:
-        """runs_draft of each slot's chosen option."""
-        if picks is None:
-            return [flags[0] for flags in self.draft_flags]
-        return [flags[p] for flags, p in zip(self.draft_flags, picks)]
-
     def features(self, ks: Sequence[int], picks: Sequence[int] | None = None) -> StepFeatures:
         picks = picks if picks is not None else (0,) * len(ks)
         chosen = zip(self.options, self.draft_flags, picks, ks)

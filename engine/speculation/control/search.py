@@ -14,7 +14,7 @@ eager step instead of a replayed graph. So the search works on the ratio as a wh
 where c_token and c_request are the cost model's marginal costs at the current plan, then
 raise L to the new plan's goodput, until it stops improving. Draft-model passes are handled by
 running that for every cap M on the deepest chain (passes = M). The best of those plans and of
-the uniform plans (every request at min(c, cap_i)) is returned; tests compare it with brute
+the uniform plans (uniform_plans.py: m requests at min(c, cap_i)) is returned; tests compare it with brute
 force, fixed costs included.
 
 Two one-pass shortcuts answer the common cases exactly: "no drafts" (_floors_are_best) and
@@ -45,6 +45,7 @@ from engine.speculation.control.search_problem import (
     SearchSlot,
 )
 from engine.speculation.control.step_features import ROW_KNOTS, StepFeatures
+from engine.speculation.control.uniform_plans import best_uniform, uniform_picks
 
 __all__ = [
     "Prices",
@@ -73,8 +74,8 @@ def best_lengths(problem: SearchProblem) -> SearchResult:
     best = problem.evaluate(floors)
     if _floors_are_best(problem, best):
         return best
-    for picks in _uniform_picks(problem):
-        best = _best_uniform(problem, best, picks)
+    for picks in uniform_picks(problem):
+        best = best_uniform(problem, best, picks)
     max_cap = max((o.cap for options in problem.options for o in options), default=0)
     if problem.any_draft:
         lowest = max(0 if problem.any_free else 1, _forced_passes(problem))
@@ -253,99 +254,6 @@ def _one_request(problem: SearchProblem) -> SearchResult:
 def _max_draft_cap(problem: SearchProblem) -> int:
     caps = (o.cap for options in problem.options for o in options if problem.runs_draft(o))
     return max(caps, default=0)
-
-
-def _uniform_picks(problem: SearchProblem) -> list[list[int]]:
-    """The options the uniform plans use: each request's model-free option with the best
-    first gain, and (when there is one) its draft-model option, whose passes uniform plans
-    share across the batch; a request without such an option keeps its first."""
-    free, draft = [], []
-    for options, flags in zip(problem.options, problem.draft_flags):
-        ranked = sorted((-o.cumulative[min(1, o.cap)], i) for i, o in enumerate(options))
-        free.append(next((i for _, i in ranked if not flags[i]), 0))
-        draft.append(next((i for _, i in ranked if flags[i]), 0))
-    if not problem.any_draft:
-        return [free]
-    return [free, draft] if problem.any_free else [draft]
-
-
-def _best_uniform(problem: SearchProblem, best: SearchResult, picks: list[int]) -> SearchResult:
-    """The best m-requests-at-c plan (requests ranked by their first gain): the totals of
-    every m and c as running sums over the ranked requests (arrays [c, m]), the step
-    predicted at the checked m."""
-    n, table = len(picks), problem.table
-    rows = np.arange(n)
-    cumulative, depths = table.cumulative[rows, picks], table.depths[rows, picks]
-    floors, caps = table.floors[rows, picks], table.caps[rows, picks]
-    cpu, draft = table.seconds[rows, picks], table.draft[rows, picks]
-    initial = _uniform_start(cumulative, depths, floors, cpu, draft)
-    order = np.argsort(-cumulative[rows, np.minimum(1, caps)], kind="stable")
-    cumulative, depths, floors = cumulative[order], depths[order], floors[order]
-    caps, cpu, draft = caps[order], cpu[order], draft[order]
-    c = np.arange(1, int(caps.max(initial=0)) + 1)[:, None]
-    ks = np.maximum(floors, np.minimum(c, caps))  # [c, ranked request]
-    joins = (ks > 0) & (floors == 0)
-    ranked_rows = np.broadcast_to(np.arange(n), ks.shape)
-    gained = cumulative[ranked_rows, ks] - cumulative[np.arange(n), floors]
-    columns = (
-        _running(np.cumsum, gained, initial[0]),
-        _running(np.cumsum, ks - floors, initial[1]),
-        _running(np.cumsum, joins, initial[2]),
-        _running(np.cumsum, np.where(joins, cpu, 0.0), initial[3]),
-        _running(np.maximum.accumulate, np.where(draft, depths[ranked_rows, ks], 0), initial[4]),
-    )
-    counts = sorted(_checked_counts(n))
-    e, n_drafts, n_spec, seconds_cpu, n_steps = np.stack(columns)[:, :, counts]  # [c, m] each
-    seconds = problem.seconds_with(n_drafts, n_spec, n_steps) + (
-        seconds_cpu + problem.extra_seconds
-    )
-    goodputs = e / seconds
-    room = problem.token_budget
-    fits = n_drafts <= (room - problem.base.num_batched_tokens if room is not None else np.inf)
-    for i in range(len(c)):
-        if not fits[i, 0]:  # drafts grow with m and c: the counts that fit come first
-            break
-        goodput = goodputs[i, fits[i]]
-        j = int(goodput.argmax())
-        if goodput[j] > best.goodput * (1.0 + 1e-12):
-            m, plan = counts[j], [0] * n
-            for rank, request in enumerate(order.tolist()):
-                plan[request] = int(ks[i, rank] if rank < m else floors[rank])
-            best = SearchResult(tuple(plan), float(seconds[i, j]), float(goodput[j]), tuple(picks))
-    return best
-
-
-def _uniform_start(cumulative, depths, floors, cpu, draft) -> tuple[float, int, int, float, int]:
-    """The uniform plans' totals before any request joins (each at its floor): tokens
-    emitted, drafts, speculating requests, proposing seconds, draft-model passes."""
-    rows, spec = np.arange(len(floors)), floors > 0
-    emitted = sum((1.0 + cumulative[rows, floors]).tolist())  # in order, as the plans add
-    passes = depths[rows, floors][draft & spec]
-    return (
-        emitted,
-        int(floors.sum()),
-        int(spec.sum()),
-        sum(cpu[spec].tolist()),
-        int(passes.max(initial=0)),
-    )
-
-
-def _running(accumulate_fn, values: np.ndarray, initial) -> np.ndarray:
-    """accumulate_fn along each row of [c, n] `values`, started from `initial`: [c, n + 1],
-    column m the total over the first m (sequential, as Python's accumulate adds)."""
-    start = np.full((values.shape[0], 1), initial, dtype=np.result_type(values, type(initial)))
-    return accumulate_fn(np.concatenate((start, values), axis=1), axis=1)
-
-
-def _checked_counts(n: int) -> set[int]:
-    """Every m up to 8, then about 1.5x apart (and n): the best m of a large batch is found
-    to within a few requests, which the Dinkelbach rounds that follow then settle one by one;
-    each m checked is one cost-model prediction, most of a large batch's planning time."""
-    counts, m = set(range(1, min(n, 8) + 1)), 8
-    while m < n:
-        m = min(n, int(m * 1.5))
-        counts.add(m)
-    return counts
 
 
 def _dinkelbach(

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from engine.speculation.control import search as search_module
+from engine.speculation.control import uniform_plans
 from engine.speculation.control.cost_model import OnlineLinearCostModel
 from engine.speculation.control.search import SearchProblem, SearchResult, SearchSlot
 from engine.speculation.control.step_features import StepFeatures, profile_grid
@@ -26,7 +26,7 @@ def fitted_cost_model() -> OnlineLinearCostModel:
 def uniform_by_loop(problem: SearchProblem, best: SearchResult, picks: list[int]) -> SearchResult:
     slots = problem.chosen(picks)
     order = sorted(range(len(slots)), key=lambda i: -slots[i].cumulative[min(1, slots[i].cap)])
-    counts = sorted(search_module._checked_counts(len(slots)))
+    counts = sorted(uniform_plans._checked_counts(len(slots)))
     for c in range(1, max(s.cap for s in slots) + 1):
         for m in counts:
             ks = [s.floor for s in slots]
@@ -69,8 +69,8 @@ def test_the_uniform_plans_are_the_best_of_every_plan_a_loop_builds(cost):
     for _ in range(150):
         problem = random_problem(rng, model)
         floors = problem.evaluate([options[0].floor for options in problem.options])
-        for picks in search_module._uniform_picks(problem):
-            found = search_module._best_uniform(problem, floors, picks)
+        for picks in uniform_plans.uniform_picks(problem):
+            found = uniform_plans.best_uniform(problem, floors, picks)
             expected = uniform_by_loop(problem, floors, picks)
             assert found.goodput == pytest.approx(expected.goodput, rel=1e-9)
             assert problem.evaluate(found.ks, found.picks).goodput == pytest.approx(found.goodput)

@@ -343,10 +343,14 @@ class GoodputPolicy(SpecPolicy):
     def _take_prices(
         self, problem: SearchProblem, result: SearchResult, base: StepFeatures
     ) -> None:
-        """Keep the search's prices where a request's k depends on nothing shared: one
-        option per request, no draft-model passes, no token budget binding."""
+        """Keep the search's prices where a request's k depends on nothing shared (one
+        option per request, no draft-model passes, no token budget binding) and where each
+        request's best response at them is its k in the plan (_responses_agree)."""
         simple = not self.choice and not problem.any_draft
-        self._prices = prices_at(problem, result) if simple and result.goodput > 0 else None
+        prices = prices_at(problem, result) if simple and result.goodput > 0 else None
+        self._prices = (
+            prices if prices is not None and _responses_agree(problem, result, prices) else None
+        )
         self._priced_base, self._plans_since_search = base, 0
 
     def _prices_hold(self, base: StepFeatures) -> bool:
@@ -409,6 +413,20 @@ class GoodputPolicy(SpecPolicy):
         """A request's acceptance estimate for a proposer (chains: per draft token; trees:
         rank-1) and proposals of a kind; "" or a name it does not choose among: its first."""
         return self.estimators.get(proposer, self.acceptance).rate(spec, kind)
+
+
+def _responses_agree(problem: SearchProblem, result: SearchResult, prices: Prices) -> bool:
+    """Whether every request's best response at `prices` (as _respond prices it) is its k in
+    the search's plan. Prices are the step's marginal seconds just past the plan; where the
+    step time is not linear there (a row knot, as on the Qwen 1.5B from 5 to 6 rows, one more
+    draft after a batch-1 chain of 4) they price every draft at the jump, and the responses
+    would drop drafts the search found paying (docs/benchmarks.md §5n). Then the next plan
+    searches again."""
+    return all(
+        best_response(slot.gains, slot.cap, slot.floor, prices, DRAFT_MARGIN) == k
+        for options, k in zip(problem.options, result.ks)
+        for slot in options[:1]
+    )
 
 
 def _worth_drafting(problem: SearchProblem, found: SearchResult) -> SearchResult:

@@ -3,7 +3,8 @@
 Both models run their GGUF blocks on the native CPU kernels (`--weights gguf`). Workloads:
 copy-heavy documentation and open-ended chat (../shared/data) and code editing
 (benchmarks/data/workload_code_edit.jsonl: a 20-60 line snippet and a small change, so the
-answer mostly copies the code), all through the chat template. Each prompt is generated alone,
+answer mostly copies the code), and `mixed` (code editing and chat prompts taking turns, the
+same engines carrying their estimates from one to the next), all through the chat template. Each prompt is generated alone,
 greedy (or sampled at --temperature with one seed), with a fixed number of new tokens (EOS
 ignored); tok/s, acceptance and tokens per step are measured as in spec_bench.py (decode only,
 prefill excluded) and each config's tokens are compared with off's. Configs are `off` or `PROPOSER[:chain|tree[:BUDGET]][@goodput]`:
@@ -47,6 +48,9 @@ WORKLOADS = {
     "chat": ROOT.parent / "shared" / "data" / "workload_chat.jsonl",
     "code_edit": ROOT / "benchmarks" / "data" / "workload_code_edit.jsonl",
 }
+# Code editing and open-ended chat taking turns, --num-prompts of each: where choosing the
+# proposer per request can beat every single one (n-gram copies code, the draft model chats).
+MIXED = ("code_edit", "chat")
 PROPOSERS = ("draft", "ngram", "recycle", "auto")
 DEFAULT_BUDGET = {"chain": 4, "tree": 8}  # chain: k; tree: node budget
 
@@ -56,7 +60,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--num-prompts", type=int, default=4, help="prompts per workload")
     parser.add_argument("--max-tokens", type=int, default=128, help="new tokens per prompt")
     parser.add_argument("--configs", nargs="+", default=["off", "draft:chain:4", "draft:tree"])
-    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
+    parser.add_argument(
+        "--workloads", nargs="+", default=list(WORKLOADS), choices=[*WORKLOADS, "mixed"]
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument(
         "--temperature", type=float, default=0.0, help="0: greedy; > 0: sampled with one seed"
@@ -149,11 +155,21 @@ def load_workloads(llm: LLM, args: argparse.Namespace) -> list[tuple[str, int, l
     """(workload, index, chat-templated prompt ids) for every prompt, workload by workload."""
     prompts = []
     for workload in args.workloads:
-        lines = [line for line in WORKLOADS[workload].read_text().splitlines() if line.strip()]
-        for index, line in enumerate(lines[: args.num_prompts]):
-            messages = [{"role": "user", "content": json.loads(line)["prompt"]}]
-            prompts.append((workload, index, llm.tokenizer.apply_chat_template(messages)))
+        if workload == "mixed":
+            pairs = zip(*(read_prompts(llm, name, args.num_prompts) for name in MIXED))
+            turns = [prompt for pair in pairs for prompt in pair]
+            prompts += [(workload, index, prompt) for index, prompt in enumerate(turns)]
+        else:
+            read = read_prompts(llm, workload, args.num_prompts)
+            prompts += [(workload, index, prompt) for index, prompt in enumerate(read)]
     return prompts
+
+
+def read_prompts(llm: LLM, workload: str, count: int) -> list[list[int]]:
+    """The first `count` prompts of a workload file, chat-templated token ids."""
+    lines = [line for line in WORKLOADS[workload].read_text().splitlines() if line.strip()]
+    messages = ([{"role": "user", "content": json.loads(line)["prompt"]}] for line in lines[:count])
+    return [llm.tokenizer.apply_chat_template(m) for m in messages]
 
 
 def warm_up(llm: LLM, prompts: list[tuple[str, int, list[int]]]) -> None:

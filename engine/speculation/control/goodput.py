@@ -422,10 +422,9 @@ def _responses_agree(problem: SearchProblem, result: SearchResult, prices: Price
     draft after a batch-1 chain of 4) they price every draft at the jump, and the responses
     would drop drafts the search found paying (docs/benchmarks.md §5n). Then the next plan
     searches again."""
-    return all(
+    return all(  # one option per request: prices are taken only without proposer choice
         best_response(slot.gains, slot.cap, slot.floor, prices, DRAFT_MARGIN) == k
-        for options, k in zip(problem.options, result.ks)
-        for slot in options[:1]
+        for [slot], k in zip(problem.options, result.ks)
     )
 
 

@@ -13,9 +13,9 @@ eager step instead of a replayed graph. So the search works on the ratio as a wh
 
 where c_token and c_request are the cost model's marginal costs at the current plan, then
 raise L to the new plan's goodput, until it stops improving. Draft-model passes are handled by
-running that for every cap M on the deepest chain (passes = M). The best of those plans and of
-the uniform plans (uniform_plans.py: m requests at min(c, cap_i)) is returned; tests compare it with brute
-force, fixed costs included.
+running that for every cap M on the deepest chain (passes = M). The best of those plans and
+of the uniform plans (uniform_plans.py: m requests at min(c, cap_i)) is returned; tests
+compare it with brute force, fixed costs included.
 
 Two one-pass shortcuts answer the common cases exactly: "no drafts" (_floors_are_best) and
 "every request at its cap" (_caps_if_best, tried first when the caller's last plan was that).

@@ -1,16 +1,19 @@
-// One layer through the AVX-512 integer tile kernel (kernels/cpu/csrc/qint_avx512.cpp), outside
-// Python: where a verify-shaped call's time goes. Prints the machine's `vpdpbusd zmm` rate (12
-// independent chains), then per activation mode and M the best of 30 calls on a K = 1536,
+// One layer through the integer tile kernels (kernels/cpu/csrc/qint_avx512.cpp, or
+// qint_avx2.cpp with --avx2 or on a CPU without AVX-512 VNNI), outside Python: where a
+// verify-shaped call's time goes. On AVX-512 it prints the machine's `vpdpbusd zmm` rate (12
+// independent chains); then per activation mode and M the best of 30 calls on a K = 1536,
 // N = 8960 layer of random tiles (fine for timing: integer work does not depend on the values),
-// in ns per vpdpbusd the layer needs (int16 needs two per four products). --dram: 32 such layers
-// in one buffer, past the L3, streamed from memory; --threads 2: the tiles split in halves.
+// in ns per four-product dot the layer needs (int16 needs two per four products) and in GB/s
+// of weights read. --dram: 32 such layers in one buffer, past the L3, streamed from memory;
+// --threads 2: the tiles split in halves.
 //
 //   TORCH=.venv/lib/python3.11/site-packages/torch/include
 //   g++ -O3 -std=c++17 -ffp-contract=off -fopenmp -isystem $TORCH \
 //       -isystem $TORCH/torch/csrc/api/include -Ikernels/cpu/csrc benchmarks/qint_layer.cpp \
-//       kernels/cpu/csrc/qint_avx512.cpp -o /tmp/qint_layer -lpthread
+//       kernels/cpu/csrc/qint_avx512.cpp kernels/cpu/csrc/qint_avx2.cpp -o /tmp/qint_layer \
+//       -lpthread
 //   /tmp/qint_layer 12            # Q4_K (ggml type ids: 8 Q8_0, 6 Q5_0, 14 Q6_K, ...)
-//   /tmp/qint_layer 12 --dram --threads 2
+//   /tmp/qint_layer 12 --dram --threads 2 [--avx2]
 #include <immintrin.h>
 
 #include <chrono>
@@ -49,27 +52,32 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) double vnni_ns() {
   return ns;
 }
 
-void run(const QintJob& job, int64_t tiles, int64_t M, bool two) {
-  if (!two) return qint_tiles_avx512(job, 0, tiles, 0, M);
-  std::thread half([&] { qint_tiles_avx512(job, 0, tiles / 2, 0, M); });
-  qint_tiles_avx512(job, tiles / 2, tiles, 0, M);
+using Tiles = void (*)(const QintJob&, int64_t, int64_t, int64_t, int64_t);
+
+void run(Tiles kernel, const QintJob& job, int64_t tiles, int64_t M, bool two) {
+  if (!two) return kernel(job, 0, tiles, 0, M);
+  std::thread half([&] { kernel(job, 0, tiles / 2, 0, M); });
+  kernel(job, tiles / 2, tiles, 0, M);
   half.join();
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (!cpu_has_avx512()) {
-    std::puts("this CPU lacks AVX-512 with VNNI");
+  if (!cpu_has_avx2()) {
+    std::puts("this CPU lacks AVX2");
     return 1;
   }
   const int64_t format = argc > 1 ? std::atol(argv[1]) : kQ4_K;
-  bool dram = false, two = false;
+  bool dram = false, two = false, avx2 = !cpu_has_avx512();
   for (int i = 2; i < argc; ++i) {
     dram |= std::strcmp(argv[i], "--dram") == 0;
+    avx2 |= std::strcmp(argv[i], "--avx2") == 0;
     two |= std::strcmp(argv[i], "--threads") == 0 && i + 1 < argc && std::atoi(argv[i + 1]) == 2;
   }
-  std::printf("vpdpbusd zmm: %.3f ns each (12 independent chains, one thread)\n", vnni_ns());
+  const Tiles kernel = avx2 ? qint_tiles_avx2 : qint_tiles_avx512;
+  std::printf("kernel: %s\n", avx2 ? "AVX2" : "AVX-512 VNNI");
+  if (!avx2) std::printf("vpdpbusd zmm: %.3f ns each (12 independent chains, one thread)\n", vnni_ns());
   const int64_t K = 1536, N = 8960 * (dram ? 32 : 1), tiles = N / kTileCols;
   std::vector<uint8_t> packed(tile_bytes(format, K) * tiles);
   std::srand(0);
@@ -84,13 +92,13 @@ int main(int argc, char** argv) {
       double best = 1e9;
       for (int rep = 0; rep < 30; ++rep) {
         const auto start = std::chrono::steady_clock::now();
-        run(job, tiles, M, two);
+        run(kernel, job, tiles, M, two);
         best = std::min(best, seconds_since(start));
       }
       const double dots = (double)M * K * N / 64 * (mode == ActMode::kInt16 ? 2 : 1);
-      std::printf("type %ld %s M=%ld: %.3f ms, %.3f ns per vpdpbusd, %.3f ms per row\n",
+      std::printf("type %ld %s M=%ld: %.3f ms, %.3f ns per dot, %.3f ms per row, %.1f GB/s\n",
                   (long)format, mode == ActMode::kInt16 ? "int16" : "int8", (long)M, best * 1e3,
-                  best * 1e9 / dots, best * 1e3 / M);
+                  best * 1e9 / dots, best * 1e3 / M, packed.size() / best / 1e9);
     }
   }
   return 0;

@@ -1,7 +1,9 @@
-// The integer-activation tile kernels (qint_kernel.h) on AVX2: a tile runs as two halves of 8
-// columns, a U8 plane half is one ymm. u8 x s8 products by maddubs (saturating pairs of int16:
+// The integer-activation tile kernels (qint_kernel.h) on AVX2, twice: qint_avx2 runs a tile as
+// two halves of 8 columns (a U8 plane half is one ymm), qint_avx2_wide runs one row 16 columns
+// at a time (two ymm); qint_tiles_avx2 picks per call. u8 x s8 products by maddubs (saturating pairs of int16:
 // exact for weight bytes <= 63, every format's but Q8_0's, whose bytes are split into nibbles)
-// then madd into int32, so the sums are exactly vpdpbusd's.
+// then madd into int32, so the sums are exactly vpdpbusd's. Codes of at most 6 bits add their
+// maddubs pairs as int16 for a few plane pairs before one madd (partial sums).
 #include "qint.h"
 
 #pragma GCC push_options
@@ -39,6 +41,15 @@ struct V {
     const __m256i high = _mm256_slli_epi32(dot_small(high4(u), x), 4);
     return _mm256_add_epi32(acc, _mm256_add_epi32(high, dot_small(low4(u), x)));
   }
+  // Partial sums (qint_kernel.h's dot_pairs_partial): maddubs's int16 pairs added as int16, exact
+  // while |sum| <= depth * 2 * 128 * max_code <= 32767, then madd'ed into int32 once.
+  using P = __m256i;
+  static constexpr int partial_depth(int max_code) { return 32767 / (256 * max_code); }
+  static P pzero() { return _mm256_setzero_si256(); }
+  static P pdot(P acc, U8 u, int32_t x4) {
+    return _mm256_add_epi16(acc, _mm256_maddubs_epi16(u, _mm256_set1_epi32(x4)));
+  }
+  static I32 widen(P p) { return _mm256_madd_epi16(p, _mm256_set1_epi16(1)); }
   static I32 combine(I32 hi, I32 lo) { return _mm256_add_epi32(_mm256_slli_epi32(hi, 8), lo); }
   static I32 add(I32 a, I32 b) { return _mm256_add_epi32(a, b); }
   static I32 sub_scalar(I32 a, int32_t s) { return _mm256_sub_epi32(a, _mm256_set1_epi32(s)); }
@@ -59,14 +70,120 @@ struct V {
 };
 
 }  // namespace qint_avx2
+
+// The same kernels 16 columns at a time, for one row: each activation word is broadcast once
+// for both halves of a tile. Measured per format (docs/benchmarks.md §5o): 0.82-0.93x the
+// 8-column pass at M = 1, except Q5_K and Q6_K with int16 activations (1.02x, 1.14x: their
+// extra bit planes no longer fit the registers), and slower at M >= 2.
+namespace qint_avx2_wide {
+
+// Two ymm make one 16-column vector, so a tile runs in one pass and each activation word is
+// broadcast once for both halves.
+struct Y2 {
+  __m256i a, b;
+};
+struct F2 {
+  __m256 a, b;
+};
+
+inline Y2 both(__m256i (*op)(__m256i, __m256i), Y2 x, __m256i y) { return {op(x.a, y), op(x.b, y)}; }
+
+struct V {
+  static constexpr int kLanes = 16, kMaxRows = 1;
+  using U8 = Y2;
+  using I32 = Y2;
+  using F32 = F2;
+
+  static U8 load(const uint8_t* p) {
+    return {_mm256_loadu_si256((const __m256i*)p), _mm256_loadu_si256((const __m256i*)(p + 32))};
+  }
+  static U8 low4(U8 v) { return both(_mm256_and_si256, v, _mm256_set1_epi8(0x0F)); }
+  static U8 high4(U8 v) { return low4({_mm256_srli_epi16(v.a, 4), _mm256_srli_epi16(v.b, 4)}); }
+  static U8 shift_mask(U8 v, int n, uint8_t mask) {
+    const __m128i count = _mm_cvtsi32_si128(n >= 0 ? n : -n);
+    const Y2 s = n >= 0 ? Y2{_mm256_sll_epi16(v.a, count), _mm256_sll_epi16(v.b, count)}
+                        : Y2{_mm256_srl_epi16(v.a, count), _mm256_srl_epi16(v.b, count)};
+    return both(_mm256_and_si256, s, _mm256_set1_epi8((char)mask));
+  }
+  static U8 or8(U8 a, U8 b) { return {_mm256_or_si256(a.a, b.a), _mm256_or_si256(a.b, b.b)}; }
+  static I32 zero() { return {_mm256_setzero_si256(), _mm256_setzero_si256()}; }
+  // Sum of four u8 x s8 products per 32-bit lane; u <= 63 keeps maddubs from saturating.
+  static __m256i dot_small(__m256i u, __m256i x) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1));
+  }
+  static __m256i dot_half(__m256i acc, __m256i u, __m256i x, bool full) {
+    if (!full) return _mm256_add_epi32(acc, dot_small(u, x));
+    const __m256i low = _mm256_and_si256(u, _mm256_set1_epi8(0x0F));
+    const __m256i high = _mm256_and_si256(_mm256_srli_epi16(u, 4), _mm256_set1_epi8(0x0F));
+    const __m256i sum = _mm256_add_epi32(_mm256_slli_epi32(dot_small(high, x), 4), dot_small(low, x));
+    return _mm256_add_epi32(acc, sum);
+  }
+  template <bool kFull>
+  static I32 dot(I32 acc, U8 u, int32_t x4) {
+    const __m256i x = _mm256_set1_epi32(x4);
+    return {dot_half(acc.a, u.a, x, kFull), dot_half(acc.b, u.b, x, kFull)};
+  }
+  // Partial sums (qint_kernel.h's dot_pairs_partial): maddubs's int16 pairs added as int16, exact
+  // while |sum| <= depth * 2 * 128 * max_code <= 32767, then madd'ed into int32 once.
+  using P = Y2;
+  static constexpr int partial_depth(int max_code) { return 32767 / (256 * max_code); }
+  static P pzero() { return zero(); }
+  static P pdot(P acc, U8 u, int32_t x4) {
+    const __m256i x = _mm256_set1_epi32(x4);
+    return {_mm256_add_epi16(acc.a, _mm256_maddubs_epi16(u.a, x)),
+            _mm256_add_epi16(acc.b, _mm256_maddubs_epi16(u.b, x))};
+  }
+  static I32 widen(P p) { return both(_mm256_madd_epi16, p, _mm256_set1_epi16(1)); }
+  static I32 combine(I32 hi, I32 lo) {
+    return {_mm256_add_epi32(_mm256_slli_epi32(hi.a, 8), lo.a),
+            _mm256_add_epi32(_mm256_slli_epi32(hi.b, 8), lo.b)};
+  }
+  static I32 add(I32 a, I32 b) { return {_mm256_add_epi32(a.a, b.a), _mm256_add_epi32(a.b, b.b)}; }
+  static I32 sub_scalar(I32 a, int32_t s) { return both(_mm256_sub_epi32, a, _mm256_set1_epi32(s)); }
+  static F32 cvt(I32 a) { return {_mm256_cvtepi32_ps(a.a), _mm256_cvtepi32_ps(a.b)}; }
+  static F32 zero_f() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+  static F32 fma(F32 a, F32 b, F32 c) {
+    return {_mm256_fmadd_ps(a.a, b.a, c.a), _mm256_fmadd_ps(a.b, b.b, c.b)};
+  }
+  static F32 fnma(F32 a, F32 b, F32 c) {
+    return {_mm256_fnmadd_ps(a.a, b.a, c.a), _mm256_fnmadd_ps(a.b, b.b, c.b)};
+  }
+  static F32 mul(F32 a, F32 b) { return {_mm256_mul_ps(a.a, b.a), _mm256_mul_ps(a.b, b.b)}; }
+  static F32 set1(float v) { return {_mm256_set1_ps(v), _mm256_set1_ps(v)}; }
+  static F32 halves(const uint8_t* p) {
+    return {_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)),
+            _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 16)))};
+  }
+  static F32 bytes_u8(const uint8_t* p) {
+    return {_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p))),
+            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(p + 8))))};
+  }
+  static F32 bytes_i8(const uint8_t* p) {
+    return {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p))),
+            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(p + 8))))};
+  }
+  static void store(float* out, F32 v) {
+    _mm256_storeu_ps(out, v.a);
+    _mm256_storeu_ps(out + 8, v.b);
+  }
+};
+
+}  // namespace qint_avx2_wide
 }  // namespace goodspeed
 
 #define QINT_NS qint_avx2
 #include "qint_kernel.h"
 #undef QINT_NS
 
+#define QINT_NS qint_avx2_wide
+#include "qint_kernel.h"
+#undef QINT_NS
+
 namespace goodspeed {
 void qint_tiles_avx2(const QintJob& job, int64_t t0, int64_t t1, int64_t r0, int64_t r1) {
+  const bool split = job.x.lo != nullptr;
+  const bool wide = r1 - r0 == 1 && !(split && (job.format == kQ5_K || job.format == kQ6_K));
+  if (wide) return qint_avx2_wide::run(job, t0, t1, r0, r1);
   qint_avx2::run(job, t0, t1, r0, r1);
 }
 }  // namespace goodspeed

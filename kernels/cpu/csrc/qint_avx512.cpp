@@ -32,6 +32,7 @@ struct V {
   static I32 dot(I32 acc, U8 u, int32_t x4) {
     return _mm512_dpbusd_epi32(acc, u, _mm512_set1_epi32(x4));
   }
+  static constexpr int partial_depth(int) { return 0; }  // vpdpbusd sums into int32 directly
   static I32 combine(I32 hi, I32 lo) { return _mm512_add_epi32(_mm512_slli_epi32(hi, 8), lo); }
   static I32 add(I32 a, I32 b) { return _mm512_add_epi32(a, b); }
   static I32 sub_scalar(I32 a, int32_t s) { return _mm512_sub_epi32(a, _mm512_set1_epi32(s)); }

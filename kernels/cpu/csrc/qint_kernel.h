@@ -13,11 +13,13 @@
 // float step is one rounding in a fixed order, so a row's output is the same bytes whatever M,
 // the row chunk, the thread count or the ISA (AVX-512, AVX2 or scalar).
 //
-// V (16 columns per vector on AVX-512 and scalar, 8 on AVX2 which runs a tile as two halves):
+// V (16 columns per vector on AVX-512, scalar and AVX2's one-row path, 8 on AVX2's other path,
+// which runs a tile as two halves):
 //   U8 (4 bytes a column), I32, F32; load, low4, high4, shift_mask, or8, dot (u <= 63), dot_full
 //   (any byte), combine ((hi << 8) + lo), add, sub_scalar, cvt, fma, fnma, mul, set1, halves,
-//   bytes_u8, bytes_i8, store, zero, zero_f.
-#pragma once
+//   bytes_u8, bytes_i8, store, zero, zero_f; partial_depth(max code) (0: products go straight
+//   into int32), and where it is not 0: P (narrow partial sums), pzero, pdot, widen.
+// No include guard: a translation unit may include it once per QINT_NS (qint_avx2.cpp twice).
 
 #include <cstdint>
 
@@ -34,11 +36,54 @@ namespace QINT_NS {
 // memory and the hardware prefetcher keeps up alone).
 constexpr int64_t kPrefetchRows = 2;
 
+// dot_pairs for a V whose products land in narrower partial sums (AVX2: maddubs's int16 pairs)
+// that stay exact for kDepth plane pairs: each run of kDepth pairs is summed narrow, then
+// widened into the int32 sums. The same integers as dot_pairs, fewer instructions per product.
+template <int R, bool kSplit, int P, int kDepth, class W, class Planes>
+inline void dot_pairs_partial(const Acts& x, int64_t r0, int64_t ia, int64_t ib, Planes planes,
+                              typename W::I32 sa[R], typename W::I32 sb[R]) {
+  typename W::I32 ah[R], bh[R], al[R], bl[R];
+  QI_UNROLL for (int p0 = 0; p0 < P; p0 += kDepth) {
+    typename W::P ph[R], qh[R], pl[R], ql[R];
+    QI_UNROLL for (int r = 0; r < R; ++r) ph[r] = qh[r] = pl[r] = ql[r] = W::pzero();
+    QI_UNROLL for (int p = p0; p < (p0 + kDepth < P ? p0 + kDepth : P); ++p) {
+      typename W::U8 ua, ub;
+      planes(p, ua, ub);
+      QI_UNROLL for (int r = 0; r < R; ++r) {
+        const int64_t row = r0 + r;
+        ph[r] = W::pdot(ph[r], ua, x.hi_word(row, ia + 4 * p));
+        qh[r] = W::pdot(qh[r], ub, x.hi_word(row, ib + 4 * p));
+        if constexpr (kSplit) {
+          pl[r] = W::pdot(pl[r], ua, x.lo_word(row, ia + 4 * p));
+          ql[r] = W::pdot(ql[r], ub, x.lo_word(row, ib + 4 * p));
+        }
+      }
+    }
+    QI_UNROLL for (int r = 0; r < R; ++r) {
+      ah[r] = p0 == 0 ? W::widen(ph[r]) : W::add(ah[r], W::widen(ph[r]));
+      bh[r] = p0 == 0 ? W::widen(qh[r]) : W::add(bh[r], W::widen(qh[r]));
+      if constexpr (kSplit) {
+        al[r] = p0 == 0 ? W::widen(pl[r]) : W::add(al[r], W::widen(pl[r]));
+        bl[r] = p0 == 0 ? W::widen(ql[r]) : W::add(bl[r], W::widen(ql[r]));
+      }
+    }
+  }
+  QI_UNROLL for (int r = 0; r < R; ++r) {
+    sa[r] = kSplit ? W::combine(ah[r], al[r]) : ah[r];
+    sb[r] = kSplit ? W::combine(bh[r], bl[r]) : bh[r];
+  }
+}
+
 // One pass over P plane pairs: plane a (inputs ia + 4p) and plane b (inputs ib + 4p) of each
-// pair p, dotted with R rows' activations into sa[r], sb[r] (exact integer sums).
-template <int R, bool kSplit, bool kFull, int P, class Planes>
+// pair p, dotted with R rows' activations into sa[r], sb[r] (exact integer sums). kMaxCode: the
+// largest weight code the planes hold (15, 31 or 63; Q8_0's full bytes take the kFull path).
+template <int R, bool kSplit, bool kFull, int P, int kMaxCode, class Planes>
 inline void dot_pairs(const Acts& x, int64_t r0, int64_t ia, int64_t ib, Planes planes,
                       V::I32 sa[R], V::I32 sb[R]) {
+  if constexpr (!kFull && V::partial_depth(kMaxCode) > 0) {
+    return dot_pairs_partial<R, kSplit, P, V::partial_depth(kMaxCode), V>(x, r0, ia, ib, planes,
+                                                                          sa, sb);
+  }
   V::I32 ah[R], bh[R], al[R], bl[R];
   QI_UNROLL for (int r = 0; r < R; ++r) ah[r] = bh[r] = al[r] = bl[r] = V::zero();
   QI_UNROLL for (int p = 0; p < P; ++p) {
@@ -72,6 +117,7 @@ struct Small {
   static constexpr bool kMin = kFormat == kQ4_1 || kFormat == kQ5_1;
   static constexpr bool kFive = kFormat == kQ5_0 || kFormat == kQ5_1;
   static constexpr bool kFull = kFormat == kQ8_0;
+  static constexpr int kMaxCode = kFull ? 255 : kFive ? 31 : 15;
   static constexpr int32_t kOffset = kFormat == kQ8_0 ? 128 : kFormat == kQ4_0 ? 8
                                      : kFormat == kQ5_0 ? 16 : 0;
 
@@ -82,7 +128,7 @@ struct Small {
     const uint8_t* planes = blk + (kMin ? 64 : 32) + 4 * c0;
     const V::U8 fifth = kFive ? V::load(planes + 256) : V::U8{};
     V::I32 sa[R], sb[R];
-    dot_pairs<R, kSplit, kFull, 4>(x, r0, 32 * b, 32 * b + 16, [&](int p, V::U8& ua, V::U8& ub) {
+    dot_pairs<R, kSplit, kFull, 4, kMaxCode>(x, r0, 32 * b, 32 * b + 16, [&](int p, V::U8& ua, V::U8& ub) {
       if constexpr (kFull) {
         ua = V::load(planes + 64 * p);
         ub = V::load(planes + 64 * (p + 4));
@@ -124,7 +170,7 @@ struct K45 {
       const V::U8 f1 = kFive ? V::load(planes + 576) : V::U8{};
       V::I32 s[2][R];
       const int64_t base = 256 * b + 64 * j;
-      dot_pairs<R, kSplit, false, 8>(x, r0, base, base + 32, [&](int v, V::U8& ua, V::U8& ub) {
+      dot_pairs<R, kSplit, false, 8, kFive ? 31 : 15>(x, r0, base, base + 32, [&](int v, V::U8& ua, V::U8& ub) {
         const V::U8 w = V::load(planes + 64 * v);
         ua = V::low4(w);
         ub = V::high4(w);
@@ -161,7 +207,7 @@ struct Q6K {
       const V::U8 top0 = V::load(planes + 256), top1 = V::load(planes + 320);
       V::I32 s[2][R];
       const int64_t base = 256 * b + 32 * g;
-      dot_pairs<R, kSplit, false, 4>(x, r0, base, base + 16, [&](int v, V::U8& ua, V::U8& ub) {
+      dot_pairs<R, kSplit, false, 4, 63>(x, r0, base, base + 16, [&](int v, V::U8& ua, V::U8& ub) {
         const V::U8 w = V::load(planes + 64 * v);
         ua = V::or8(V::low4(w), V::shift_mask(top0, 4 - 2 * v, 0x30));
         ub = V::or8(V::high4(w), V::shift_mask(top1, 4 - 2 * v, 0x30));

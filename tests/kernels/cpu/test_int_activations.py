@@ -144,9 +144,22 @@ def test_a_non_finite_row_stays_in_its_row(quant_cases):
     assert torch.equal(got[0], clean[0]) and torch.equal(got[2], clean[2])
 
 
+def _all_codes_max(qtype: Q, block_bytes: int, scale_at: int) -> QuantizedWeight:
+    """16 rows of one 256-input super-block run (or 8 small blocks) with every byte 0xFF (every
+    weight code and sub-block scale at its largest) but the f16 super-scale, and no min."""
+    blocks = np.full((16, 256 // gguf.GGML_QUANT_SIZES[qtype][0] * block_bytes), 0xFF, np.uint8)
+    per_row = blocks.reshape(16, -1, block_bytes)
+    per_row[:, :, scale_at : scale_at + 2] = np.array([0.01], np.float16).view(np.uint8)
+    if qtype in (Q.Q4_K, Q.Q5_K, Q.Q4_1):  # dmin (Q4_1: m) = 0: the codes alone
+        per_row[:, :, 2:4] = 0
+    return QuantizedWeight(int(qtype), torch.from_numpy(blocks), 256)
+
+
 def test_extreme_weights_and_activations():
-    """Q8_0 at +-127 and Q6_K's largest codes against the largest activations: the biggest
-    integer sums (and the q + 128 offset) neither saturate nor overflow, on every ISA."""
+    """Every code at its largest (Q8_0 at +-127, Q6_K 63, Q5 31, Q4 15) against the largest
+    activations of one sign, the other, mixed, and Q8_0's own signs: the biggest integer sums (the AVX2
+    path's int16 partial sums and the q + 128 offset included) neither saturate nor overflow,
+    on every ISA."""
     rng = np.random.default_rng(5)
     signs = rng.choice([-1.0, 1.0], size=(16, 256)).astype(np.float32)
     q8 = QuantizedWeight(int(Q.Q8_0), torch.from_numpy(gguf.quants.quantize(signs, Q.Q8_0)), 256)
@@ -154,8 +167,16 @@ def test_extreme_weights_and_activations():
     q6_blocks[:, 192:208] = 127  # int8 scales at their largest
     q6_blocks[:, 208:210] = np.array([0.01], dtype=np.float16).view(np.uint8)
     q6 = QuantizedWeight(int(Q.Q6_K), torch.from_numpy(q6_blocks), 256)
-    x = torch.from_numpy(rng.choice([-3.0, 3.0], size=(3, 256)).astype(np.float32))
-    for weight in (q8, q6):
+    largest = [
+        _all_codes_max(Q.Q4_K, 144, 0),
+        _all_codes_max(Q.Q5_K, 176, 0),
+        _all_codes_max(Q.Q4_0, 18, 0),
+        _all_codes_max(Q.Q5_0, 22, 0),
+        _all_codes_max(Q.Q4_1, 20, 0),
+    ]
+    rows = [np.full(256, 3.0), np.full(256, -3.0), rng.choice([-3.0, 3.0], size=256), 3 * signs[0]]
+    x = torch.from_numpy(np.stack(rows)).float()  # the last: Q8_0's first row, sign for sign
+    for weight in (q8, q6, *largest):
         reference = fallback.dequantize(weight)
         for act in MODES:
             values = fallback.int_values(x, act)
@@ -163,7 +184,8 @@ def test_extreme_weights_and_activations():
             for isa in native_isas():
                 got = qlinear(x, weight, act=act, isa=isa).double()
                 assert ((got - exact).abs() <= int_bound(values, reference)).all()
-            assert exact.abs().max() > 100
+            largest_possible = values.abs().double() @ reference.abs().double().T
+            assert (exact.abs() == largest_possible).any()  # some sum is at its extreme
 
 
 def test_packing_and_its_checks(quant_cases):

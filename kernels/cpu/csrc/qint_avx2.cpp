@@ -1,9 +1,9 @@
-// The integer-activation tile kernels (qint_kernel.h) on AVX2, twice: qint_avx2 runs a tile as
-// two halves of 8 columns (a U8 plane half is one ymm), qint_avx2_wide runs one row 16 columns
-// at a time (two ymm); qint_tiles_avx2 picks per call. u8 x s8 products by maddubs (saturating pairs of int16:
-// exact for weight bytes <= 63, every format's but Q8_0's, whose bytes are split into nibbles)
-// then madd into int32, so the sums are exactly vpdpbusd's. Codes of at most 6 bits add their
-// maddubs pairs as int16 for a few plane pairs before one madd (partial sums).
+// The integer-activation tile kernels (qint_kernel.h) on AVX2, in two shapes: qint_avx2 runs a
+// tile as two halves of 8 columns (a U8 plane half is one ymm), qint_avx2_wide 16 columns at a
+// time (two ymm); qint_tiles_avx2 picks per call. u8 x s8 products by maddubs (saturating pairs
+// of int16: exact for weight bytes <= 63, every format's but Q8_0's, whose bytes are split into
+// nibbles) then madd into int32, so the sums are exactly vpdpbusd's. Codes of at most 6 bits add
+// their maddubs pairs as int16 for a few plane pairs before one madd (partial sums).
 #include "qint.h"
 
 #pragma GCC push_options
@@ -50,6 +50,7 @@ struct V {
     return _mm256_add_epi16(acc, _mm256_maddubs_epi16(u, _mm256_set1_epi32(x4)));
   }
   static I32 widen(P p) { return _mm256_madd_epi16(p, _mm256_set1_epi16(1)); }
+  static void keep(P& p) { __asm__("" : "+x"(p)); }
   static I32 combine(I32 hi, I32 lo) { return _mm256_add_epi32(_mm256_slli_epi32(hi, 8), lo); }
   static I32 add(I32 a, I32 b) { return _mm256_add_epi32(a, b); }
   static I32 sub_scalar(I32 a, int32_t s) { return _mm256_sub_epi32(a, _mm256_set1_epi32(s)); }
@@ -71,14 +72,11 @@ struct V {
 
 }  // namespace qint_avx2
 
-// The same kernels 16 columns at a time, for one row: each activation word is broadcast once
-// for both halves of a tile. Measured per format (docs/benchmarks.md §5o): 0.82-0.93x the
-// 8-column pass at M = 1, except Q5_K and Q6_K with int16 activations (1.02x, 1.14x: their
-// extra bit planes no longer fit the registers), and slower at M >= 2.
+// The same kernels 16 columns at a time: each activation word is broadcast once for both halves
+// of a tile, at the price of twice the registers per accumulator (docs/benchmarks.md §5o).
 namespace qint_avx2_wide {
 
-// Two ymm make one 16-column vector, so a tile runs in one pass and each activation word is
-// broadcast once for both halves.
+// Two ymm make one 16-column vector.
 struct Y2 {
   __m256i a, b;
 };
@@ -89,7 +87,7 @@ struct F2 {
 inline Y2 both(__m256i (*op)(__m256i, __m256i), Y2 x, __m256i y) { return {op(x.a, y), op(x.b, y)}; }
 
 struct V {
-  static constexpr int kLanes = 16, kMaxRows = 1;
+  static constexpr int kLanes = 16, kMaxRows = 2;
   using U8 = Y2;
   using I32 = Y2;
   using F32 = F2;
@@ -134,6 +132,7 @@ struct V {
             _mm256_add_epi16(acc.b, _mm256_maddubs_epi16(u.b, x))};
   }
   static I32 widen(P p) { return both(_mm256_madd_epi16, p, _mm256_set1_epi16(1)); }
+  static void keep(P& p) { __asm__("" : "+x"(p.a), "+x"(p.b)); }
   static I32 combine(I32 hi, I32 lo) {
     return {_mm256_add_epi32(_mm256_slli_epi32(hi.a, 8), lo.a),
             _mm256_add_epi32(_mm256_slli_epi32(hi.b, 8), lo.b)};
@@ -181,9 +180,20 @@ struct V {
 
 namespace goodspeed {
 void qint_tiles_avx2(const QintJob& job, int64_t t0, int64_t t1, int64_t r0, int64_t r1) {
+  // Measured per format, activation mode and row count (benchmarks/qint_layer.cpp, §5o): one row
+  // runs wide (0.62-0.91x the 8-column pass) but int16 Q5_K / Q6_K (1.0-1.17x: their extra bit
+  // planes crowd the registers); several rows run wide for the 4-bit formats alone, two rows a
+  // pass with int8 (0.43-0.81x) and one with int16 (0.72-0.89x; its hi and lo sums double the
+  // accumulators), and 8 columns two rows a pass for the rest (wide: 1.0-1.6x).
   const bool split = job.x.lo != nullptr;
-  const bool wide = r1 - r0 == 1 && !(split && (job.format == kQ5_K || job.format == kQ6_K));
-  if (wide) return qint_avx2_wide::run(job, t0, t1, r0, r1);
+  const bool four_bit = job.format == kQ4_0 || job.format == kQ4_1 || job.format == kQ4_K;
+  if (r1 - r0 == 1) {
+    if (!(split && (job.format == kQ5_K || job.format == kQ6_K))) {
+      return qint_avx2_wide::run(job, t0, t1, r0, r1);
+    }
+  } else if (four_bit) {
+    return qint_avx2_wide::run(job, t0, t1, r0, r1, split ? 1 : 2);
+  }
   qint_avx2::run(job, t0, t1, r0, r1);
 }
 }  // namespace goodspeed

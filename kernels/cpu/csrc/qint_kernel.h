@@ -57,6 +57,12 @@ inline void dot_pairs_partial(const Acts& x, int64_t r0, int64_t ia, int64_t ib,
           pl[r] = W::pdot(pl[r], ua, x.lo_word(row, ia + 4 * p));
           ql[r] = W::pdot(ql[r], ub, x.lo_word(row, ib + 4 * p));
         }
+        W::keep(ph[r]);
+        W::keep(qh[r]);
+        if constexpr (kSplit) {
+          W::keep(pl[r]);
+          W::keep(ql[r]);
+        }
       }
     }
     QI_UNROLL for (int r = 0; r < R; ++r) {
@@ -247,14 +253,14 @@ inline void tile_rows(const uint8_t* tile, const uint8_t* next, int64_t block_by
   }
 }
 
-// Rows in passes of at most kMaxRows, as even as they go (5 rows: 3 + 2, not 4 + 1: a lone row
-// is latency-bound and costs nearly a whole pass).
+// Rows in passes of at most max_rows (<= kMaxRows), as even as they go (5 rows: 3 + 2, not
+// 4 + 1: a lone row is latency-bound and costs nearly a whole pass).
 template <class F, bool kSplit>
 inline void run_tiles(const QintJob& job, int64_t tile_begin, int64_t tile_end, int64_t row_begin,
-                      int64_t row_end) {
+                      int64_t row_end, int64_t max_rows) {
   const int64_t block_bytes = tile_block_bytes(job.format);
   const int64_t stride = tile_bytes(job.format, job.x.K);
-  const int64_t passes = (row_end - row_begin + V::kMaxRows - 1) / V::kMaxRows;
+  const int64_t passes = (row_end - row_begin + max_rows - 1) / max_rows;
   const bool fetch = row_end - row_begin >= kPrefetchRows;
   for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
     const uint8_t* weights = job.packed + tile * stride;
@@ -276,23 +282,26 @@ inline void run_tiles(const QintJob& job, int64_t tile_begin, int64_t tile_end, 
 }
 
 template <bool kSplit>
-inline void run_format(const QintJob& job, int64_t t0, int64_t t1, int64_t r0, int64_t r1) {
+inline void run_format(const QintJob& job, int64_t t0, int64_t t1, int64_t r0, int64_t r1,
+                       int64_t m) {
   switch (job.format) {
-    case kQ8_0: return run_tiles<Small<kQ8_0>, kSplit>(job, t0, t1, r0, r1);
-    case kQ4_0: return run_tiles<Small<kQ4_0>, kSplit>(job, t0, t1, r0, r1);
-    case kQ4_1: return run_tiles<Small<kQ4_1>, kSplit>(job, t0, t1, r0, r1);
-    case kQ5_0: return run_tiles<Small<kQ5_0>, kSplit>(job, t0, t1, r0, r1);
-    case kQ5_1: return run_tiles<Small<kQ5_1>, kSplit>(job, t0, t1, r0, r1);
-    case kQ4_K: return run_tiles<K45<false>, kSplit>(job, t0, t1, r0, r1);
-    case kQ5_K: return run_tiles<K45<true>, kSplit>(job, t0, t1, r0, r1);
-    case kQ6_K: return run_tiles<Q6K, kSplit>(job, t0, t1, r0, r1);
+    case kQ8_0: return run_tiles<Small<kQ8_0>, kSplit>(job, t0, t1, r0, r1, m);
+    case kQ4_0: return run_tiles<Small<kQ4_0>, kSplit>(job, t0, t1, r0, r1, m);
+    case kQ4_1: return run_tiles<Small<kQ4_1>, kSplit>(job, t0, t1, r0, r1, m);
+    case kQ5_0: return run_tiles<Small<kQ5_0>, kSplit>(job, t0, t1, r0, r1, m);
+    case kQ5_1: return run_tiles<Small<kQ5_1>, kSplit>(job, t0, t1, r0, r1, m);
+    case kQ4_K: return run_tiles<K45<false>, kSplit>(job, t0, t1, r0, r1, m);
+    case kQ5_K: return run_tiles<K45<true>, kSplit>(job, t0, t1, r0, r1, m);
+    case kQ6_K: return run_tiles<Q6K, kSplit>(job, t0, t1, r0, r1, m);
   }
 }
 
 // The ISA's entry point (qint.h): tiles [t0, t1) x rows [r0, r1) of one job.
-inline void run(const QintJob& job, int64_t t0, int64_t t1, int64_t r0, int64_t r1) {
-  if (job.x.lo != nullptr) return run_format<true>(job, t0, t1, r0, r1);
-  run_format<false>(job, t0, t1, r0, r1);
+// max_rows: rows per pass, at most V::kMaxRows.
+inline void run(const QintJob& job, int64_t t0, int64_t t1, int64_t r0, int64_t r1,
+                int64_t max_rows = V::kMaxRows) {
+  if (job.x.lo != nullptr) return run_format<true>(job, t0, t1, r0, r1, max_rows);
+  run_format<false>(job, t0, t1, r0, r1, max_rows);
 }
 
 #undef QI_UNROLL

@@ -15,7 +15,7 @@ namespace goodspeed {
 namespace qint_avx2 {
 
 struct V {
-  static constexpr int kLanes = 8, kMaxRows = 2;
+  static constexpr int kLanes = 8, kMaxRows = 2, kRegs = 1;  // kRegs: ymm per vector
   using U8 = __m256i;
   using I32 = __m256i;
   using F32 = __m256;
@@ -50,7 +50,11 @@ struct V {
     return _mm256_add_epi16(acc, _mm256_maddubs_epi16(u, _mm256_set1_epi32(x4)));
   }
   static I32 widen(P p) { return _mm256_madd_epi16(p, _mm256_set1_epi16(1)); }
-  static void keep(P& p) { __asm__("" : "+x"(p)); }
+  // The sum as it stands, in a register: GCC would otherwise hoist every product and spill.
+  static P keep(P p) {
+    __asm__("" : "+x"(p));
+    return p;
+  }
   static I32 combine(I32 hi, I32 lo) { return _mm256_add_epi32(_mm256_slli_epi32(hi, 8), lo); }
   static I32 add(I32 a, I32 b) { return _mm256_add_epi32(a, b); }
   static I32 sub_scalar(I32 a, int32_t s) { return _mm256_sub_epi32(a, _mm256_set1_epi32(s)); }
@@ -87,7 +91,7 @@ struct F2 {
 inline Y2 both(__m256i (*op)(__m256i, __m256i), Y2 x, __m256i y) { return {op(x.a, y), op(x.b, y)}; }
 
 struct V {
-  static constexpr int kLanes = 16, kMaxRows = 2;
+  static constexpr int kLanes = 16, kMaxRows = 2, kRegs = 2;
   using U8 = Y2;
   using I32 = Y2;
   using F32 = F2;
@@ -132,7 +136,10 @@ struct V {
             _mm256_add_epi16(acc.b, _mm256_maddubs_epi16(u.b, x))};
   }
   static I32 widen(P p) { return both(_mm256_madd_epi16, p, _mm256_set1_epi16(1)); }
-  static void keep(P& p) { __asm__("" : "+x"(p.a), "+x"(p.b)); }
+  static P keep(P p) {
+    __asm__("" : "+x"(p.a), "+x"(p.b));
+    return p;
+  }
   static I32 combine(I32 hi, I32 lo) {
     return {_mm256_add_epi32(_mm256_slli_epi32(hi.a, 8), lo.a),
             _mm256_add_epi32(_mm256_slli_epi32(hi.b, 8), lo.b)};
@@ -180,20 +187,12 @@ struct V {
 
 namespace goodspeed {
 void qint_tiles_avx2(const QintJob& job, int64_t t0, int64_t t1, int64_t r0, int64_t r1) {
-  // Measured per format, activation mode and row count (benchmarks/qint_layer.cpp, §5o): one row
-  // runs wide (0.62-0.91x the 8-column pass) but int16 Q5_K / Q6_K (1.0-1.17x: their extra bit
-  // planes crowd the registers); several rows run wide for the 4-bit formats alone, two rows a
-  // pass with int8 (0.43-0.81x) and one with int16 (0.72-0.89x; its hi and lo sums double the
-  // accumulators), and 8 columns two rows a pass for the rest (wide: 1.0-1.6x).
-  const bool split = job.x.lo != nullptr;
-  const bool four_bit = job.format == kQ4_0 || job.format == kQ4_1 || job.format == kQ4_K;
-  if (r1 - r0 == 1) {
-    if (!(split && (job.format == kQ5_K || job.format == kQ6_K))) {
-      return qint_avx2_wide::run(job, t0, t1, r0, r1);
-    }
-  } else if (four_bit) {
-    return qint_avx2_wide::run(job, t0, t1, r0, r1, split ? 1 : 2);
-  }
+  // Measured per format, activation mode and row count (benchmarks/qint_layer.cpp, §5o): the
+  // 16-column pass is 0.61-0.90x the 8-column one at one row for every format, and at several
+  // rows 0.53-0.91x for the formats of 4 and 5 bits but Q5_K, about even for Q6_K (0.88-1.08x);
+  // Q5_K (int16 1.03-1.18x) and Q8_0 (0.92-1.17x) keep 8 columns at several rows.
+  const bool wide = r1 - r0 == 1 || !(job.format == kQ5_K || job.format == kQ8_0);
+  if (wide) return qint_avx2_wide::run(job, t0, t1, r0, r1);
   qint_avx2::run(job, t0, t1, r0, r1);
 }
 }  // namespace goodspeed

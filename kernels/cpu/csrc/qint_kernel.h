@@ -36,12 +36,12 @@ namespace QINT_NS {
 // memory and the hardware prefetcher keeps up alone).
 constexpr int64_t kPrefetchRows = 2;
 
-// dot_pairs for a V whose products land in narrower partial sums (AVX2: maddubs's int16 pairs)
-// that stay exact for kDepth plane pairs: each run of kDepth pairs is summed narrow, then
-// widened into the int32 sums. The same integers as dot_pairs, fewer instructions per product.
-template <int R, bool kSplit, int P, int kDepth, class W, class Planes>
-inline void dot_pairs_partial(const Acts& x, int64_t r0, int64_t ia, int64_t ib, Planes planes,
-                              typename W::I32 sa[R], typename W::I32 sb[R]) {
+// Partial sums (a V whose products land in narrower sums, AVX2: maddubs's int16 pairs) that stay
+// exact for kDepth plane pairs: each run of kDepth pairs is summed narrow, then widened into the
+// int32 sums of plane a (kA: into sa) and of plane b (kB: into sb).
+template <int R, bool kSplit, int P, int kDepth, bool kA, bool kB, class W, class Planes>
+inline void partial_sums(const Acts& x, int64_t r0, int64_t ia, int64_t ib, Planes planes,
+                         typename W::I32 sa[R], typename W::I32 sb[R]) {
   typename W::I32 ah[R], bh[R], al[R], bl[R];
   QI_UNROLL for (int p0 = 0; p0 < P; p0 += kDepth) {
     typename W::P ph[R], qh[R], pl[R], ql[R];
@@ -51,32 +51,39 @@ inline void dot_pairs_partial(const Acts& x, int64_t r0, int64_t ia, int64_t ib,
       planes(p, ua, ub);
       QI_UNROLL for (int r = 0; r < R; ++r) {
         const int64_t row = r0 + r;
-        ph[r] = W::pdot(ph[r], ua, x.hi_word(row, ia + 4 * p));
-        qh[r] = W::pdot(qh[r], ub, x.hi_word(row, ib + 4 * p));
-        if constexpr (kSplit) {
-          pl[r] = W::pdot(pl[r], ua, x.lo_word(row, ia + 4 * p));
-          ql[r] = W::pdot(ql[r], ub, x.lo_word(row, ib + 4 * p));
-        }
-        W::keep(ph[r]);
-        W::keep(qh[r]);
-        if constexpr (kSplit) {
-          W::keep(pl[r]);
-          W::keep(ql[r]);
-        }
+        if constexpr (kA) ph[r] = W::keep(W::pdot(ph[r], ua, x.hi_word(row, ia + 4 * p)));
+        if constexpr (kB) qh[r] = W::keep(W::pdot(qh[r], ub, x.hi_word(row, ib + 4 * p)));
+        if constexpr (kSplit && kA) pl[r] = W::keep(W::pdot(pl[r], ua, x.lo_word(row, ia + 4 * p)));
+        if constexpr (kSplit && kB) ql[r] = W::keep(W::pdot(ql[r], ub, x.lo_word(row, ib + 4 * p)));
       }
     }
     QI_UNROLL for (int r = 0; r < R; ++r) {
-      ah[r] = p0 == 0 ? W::widen(ph[r]) : W::add(ah[r], W::widen(ph[r]));
-      bh[r] = p0 == 0 ? W::widen(qh[r]) : W::add(bh[r], W::widen(qh[r]));
-      if constexpr (kSplit) {
-        al[r] = p0 == 0 ? W::widen(pl[r]) : W::add(al[r], W::widen(pl[r]));
-        bl[r] = p0 == 0 ? W::widen(ql[r]) : W::add(bl[r], W::widen(ql[r]));
-      }
+      if constexpr (kA) ah[r] = p0 == 0 ? W::widen(ph[r]) : W::add(ah[r], W::widen(ph[r]));
+      if constexpr (kB) bh[r] = p0 == 0 ? W::widen(qh[r]) : W::add(bh[r], W::widen(qh[r]));
+      if constexpr (kSplit && kA) al[r] = p0 == 0 ? W::widen(pl[r]) : W::add(al[r], W::widen(pl[r]));
+      if constexpr (kSplit && kB) bl[r] = p0 == 0 ? W::widen(ql[r]) : W::add(bl[r], W::widen(ql[r]));
     }
   }
   QI_UNROLL for (int r = 0; r < R; ++r) {
-    sa[r] = kSplit ? W::combine(ah[r], al[r]) : ah[r];
-    sb[r] = kSplit ? W::combine(bh[r], bl[r]) : bh[r];
+    if constexpr (kA) sa[r] = kSplit ? W::combine(ah[r], al[r]) : ah[r];
+    if constexpr (kB) sb[r] = kSplit ? W::combine(bh[r], bl[r]) : bh[r];
+  }
+}
+
+// dot_pairs on partial sums: the same integers, fewer instructions per product. Where the
+// accumulators and a format's extra bit planes (codes past 15) would crowd the registers (more
+// than ten: W::kRegs each, AVX2 has sixteen), plane a's sums come first, then plane b's (the
+// pair's load repeated, an L1 hit), so half the accumulators are live at a time. Measured on
+// AVX2 (benchmarks/qint_layer.cpp): 0.8-0.95x where this splits, 1.02-1.19x where it does not.
+template <int R, bool kSplit, int P, int kDepth, int kMaxCode, class W, class Planes>
+inline void dot_pairs_partial(const Acts& x, int64_t r0, int64_t ia, int64_t ib, Planes planes,
+                              typename W::I32 sa[R], typename W::I32 sb[R]) {
+  constexpr int kAccumulators = (kSplit ? 2 : 1) * 2 * R, kExtraPlanes = kMaxCode > 15 ? 2 : 0;
+  if constexpr ((kAccumulators + kExtraPlanes) * W::kRegs > 10) {
+    partial_sums<R, kSplit, P, kDepth, true, false, W>(x, r0, ia, ib, planes, sa, sb);
+    partial_sums<R, kSplit, P, kDepth, false, true, W>(x, r0, ia, ib, planes, sa, sb);
+  } else {
+    partial_sums<R, kSplit, P, kDepth, true, true, W>(x, r0, ia, ib, planes, sa, sb);
   }
 }
 
@@ -87,8 +94,8 @@ template <int R, bool kSplit, bool kFull, int P, int kMaxCode, class Planes>
 inline void dot_pairs(const Acts& x, int64_t r0, int64_t ia, int64_t ib, Planes planes,
                       V::I32 sa[R], V::I32 sb[R]) {
   if constexpr (!kFull && V::partial_depth(kMaxCode) > 0) {
-    return dot_pairs_partial<R, kSplit, P, V::partial_depth(kMaxCode), V>(x, r0, ia, ib, planes,
-                                                                          sa, sb);
+    return dot_pairs_partial<R, kSplit, P, V::partial_depth(kMaxCode), kMaxCode, V>(
+        x, r0, ia, ib, planes, sa, sb);
   }
   V::I32 ah[R], bh[R], al[R], bl[R];
   QI_UNROLL for (int r = 0; r < R; ++r) ah[r] = bh[r] = al[r] = bl[r] = V::zero();
@@ -253,14 +260,14 @@ inline void tile_rows(const uint8_t* tile, const uint8_t* next, int64_t block_by
   }
 }
 
-// Rows in passes of at most max_rows (<= kMaxRows), as even as they go (5 rows: 3 + 2, not
-// 4 + 1: a lone row is latency-bound and costs nearly a whole pass).
+// Rows in passes of at most kMaxRows, as even as they go (5 rows: 3 + 2, not 4 + 1: a lone row
+// is latency-bound and costs nearly a whole pass).
 template <class F, bool kSplit>
 inline void run_tiles(const QintJob& job, int64_t tile_begin, int64_t tile_end, int64_t row_begin,
-                      int64_t row_end, int64_t max_rows) {
+                      int64_t row_end) {
   const int64_t block_bytes = tile_block_bytes(job.format);
   const int64_t stride = tile_bytes(job.format, job.x.K);
-  const int64_t passes = (row_end - row_begin + max_rows - 1) / max_rows;
+  const int64_t passes = (row_end - row_begin + V::kMaxRows - 1) / V::kMaxRows;
   const bool fetch = row_end - row_begin >= kPrefetchRows;
   for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
     const uint8_t* weights = job.packed + tile * stride;
@@ -282,26 +289,23 @@ inline void run_tiles(const QintJob& job, int64_t tile_begin, int64_t tile_end, 
 }
 
 template <bool kSplit>
-inline void run_format(const QintJob& job, int64_t t0, int64_t t1, int64_t r0, int64_t r1,
-                       int64_t m) {
+inline void run_format(const QintJob& job, int64_t t0, int64_t t1, int64_t r0, int64_t r1) {
   switch (job.format) {
-    case kQ8_0: return run_tiles<Small<kQ8_0>, kSplit>(job, t0, t1, r0, r1, m);
-    case kQ4_0: return run_tiles<Small<kQ4_0>, kSplit>(job, t0, t1, r0, r1, m);
-    case kQ4_1: return run_tiles<Small<kQ4_1>, kSplit>(job, t0, t1, r0, r1, m);
-    case kQ5_0: return run_tiles<Small<kQ5_0>, kSplit>(job, t0, t1, r0, r1, m);
-    case kQ5_1: return run_tiles<Small<kQ5_1>, kSplit>(job, t0, t1, r0, r1, m);
-    case kQ4_K: return run_tiles<K45<false>, kSplit>(job, t0, t1, r0, r1, m);
-    case kQ5_K: return run_tiles<K45<true>, kSplit>(job, t0, t1, r0, r1, m);
-    case kQ6_K: return run_tiles<Q6K, kSplit>(job, t0, t1, r0, r1, m);
+    case kQ8_0: return run_tiles<Small<kQ8_0>, kSplit>(job, t0, t1, r0, r1);
+    case kQ4_0: return run_tiles<Small<kQ4_0>, kSplit>(job, t0, t1, r0, r1);
+    case kQ4_1: return run_tiles<Small<kQ4_1>, kSplit>(job, t0, t1, r0, r1);
+    case kQ5_0: return run_tiles<Small<kQ5_0>, kSplit>(job, t0, t1, r0, r1);
+    case kQ5_1: return run_tiles<Small<kQ5_1>, kSplit>(job, t0, t1, r0, r1);
+    case kQ4_K: return run_tiles<K45<false>, kSplit>(job, t0, t1, r0, r1);
+    case kQ5_K: return run_tiles<K45<true>, kSplit>(job, t0, t1, r0, r1);
+    case kQ6_K: return run_tiles<Q6K, kSplit>(job, t0, t1, r0, r1);
   }
 }
 
 // The ISA's entry point (qint.h): tiles [t0, t1) x rows [r0, r1) of one job.
-// max_rows: rows per pass, at most V::kMaxRows.
-inline void run(const QintJob& job, int64_t t0, int64_t t1, int64_t r0, int64_t r1,
-                int64_t max_rows = V::kMaxRows) {
-  if (job.x.lo != nullptr) return run_format<true>(job, t0, t1, r0, r1, max_rows);
-  run_format<false>(job, t0, t1, r0, r1, max_rows);
+inline void run(const QintJob& job, int64_t t0, int64_t t1, int64_t r0, int64_t r1) {
+  if (job.x.lo != nullptr) return run_format<true>(job, t0, t1, r0, r1);
+  run_format<false>(job, t0, t1, r0, r1);
 }
 
 #undef QI_UNROLL

@@ -187,10 +187,10 @@ struct V {
 
 namespace goodspeed {
 void qint_tiles_avx2(const QintJob& job, int64_t t0, int64_t t1, int64_t r0, int64_t r1) {
-  // Measured per format, activation mode and row count (benchmarks/qint_layer.cpp, §5o): the
-  // 16-column pass is 0.61-0.90x the 8-column one at one row for every format, and at several
-  // rows 0.53-0.91x for the formats of 4 and 5 bits but Q5_K, about even for Q6_K (0.88-1.08x);
-  // Q5_K (int16 1.03-1.18x) and Q8_0 (0.92-1.17x) keep 8 columns at several rows.
+  // Measured per format, activation mode and row count (docs/benchmarks.md §5o): the 16-column
+  // pass is 0.72-0.92x the 8-column one at one row for every format; at several rows 0.79-1.0x
+  // for most, about even for Q6_K (0.94-1.05x) and int16 Q4_K (0.87-1.06x), worse for Q5_K
+  // (1.04-1.28x), mixed for Q8_0 (0.89-1.08x): those two keep 8 columns at several rows.
   const bool wide = r1 - r0 == 1 || !(job.format == kQ5_K || job.format == kQ8_0);
   if (wide) return qint_avx2_wide::run(job, t0, t1, r0, r1);
   qint_avx2::run(job, t0, t1, r0, r1);

@@ -74,7 +74,8 @@ inline void partial_sums(const Acts& x, int64_t r0, int64_t ia, int64_t ib, Plan
 // accumulators and a format's extra bit planes (codes past 15) would crowd the registers (more
 // than ten: W::kRegs each, AVX2 has sixteen), plane a's sums come first, then plane b's (the
 // pair's load repeated, an L1 hit), so half the accumulators are live at a time. Measured on
-// AVX2 (benchmarks/qint_layer.cpp): 0.8-0.95x where this splits, 1.02-1.19x where it does not.
+// AVX2 (docs/benchmarks.md §5o): 0.8-0.95x where this splits; splitting everywhere cost Q4_K
+// int8 1.02-1.10x, splitting nowhere Q6_K int8 at several rows 1.1-1.4x.
 template <int R, bool kSplit, int P, int kDepth, int kMaxCode, class W, class Planes>
 inline void dot_pairs_partial(const Acts& x, int64_t r0, int64_t ia, int64_t ib, Planes planes,
                               typename W::I32 sa[R], typename W::I32 sb[R]) {

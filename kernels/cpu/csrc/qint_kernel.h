@@ -13,12 +13,13 @@
 // float step is one rounding in a fixed order, so a row's output is the same bytes whatever M,
 // the row chunk, the thread count or the ISA (AVX-512, AVX2 or scalar).
 //
-// V (16 columns per vector on AVX-512, scalar and AVX2's one-row path, 8 on AVX2's other path,
+// V (16 columns per vector on AVX-512, scalar and AVX2's wide shape, 8 on AVX2's narrow shape,
 // which runs a tile as two halves):
 //   U8 (4 bytes a column), I32, F32; load, low4, high4, shift_mask, or8, dot (u <= 63), dot_full
 //   (any byte), combine ((hi << 8) + lo), add, sub_scalar, cvt, fma, fnma, mul, set1, halves,
 //   bytes_u8, bytes_i8, store, zero, zero_f; partial_depth(max code) (0: products go straight
-//   into int32), and where it is not 0: P (narrow partial sums), pzero, pdot, widen.
+//   into int32), and where it is not 0: P (narrow partial sums), pzero, pdot, widen, keep (the
+//   sum pinned in a register), kRegs (registers per vector).
 // No include guard: a translation unit may include it once per QINT_NS (qint_avx2.cpp twice).
 
 #include <cstdint>

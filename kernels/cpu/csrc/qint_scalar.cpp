@@ -32,7 +32,7 @@ struct V {
     }
     return acc;
   }
-  static constexpr int partial_depth(int) { return 0; }  // vpdpbusd sums into int32 directly
+  static constexpr int partial_depth(int) { return 0; }  // products go straight into int32
   static I32 combine(I32 hi, const I32& lo) {
     for (int l = 0; l < 16; ++l) hi.v[l] = (int32_t)((uint32_t)hi.v[l] << 8) + lo.v[l];
     return hi;

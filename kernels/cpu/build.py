@@ -104,6 +104,7 @@ def _compile(directory: Path, name: str) -> ModuleType:
     if reason is not None:
         raise BuildUnavailable(reason)
     directory.mkdir(parents=True, exist_ok=True)
+    logger.info("compiling the native CPU kernels, once per source version (~2 min on 2 cores)")
     start = time.perf_counter()
     module = load(
         name=name,

@@ -14,6 +14,8 @@ warning that says why; callers then use the PyTorch fallback. Decided once per p
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import importlib.machinery
@@ -24,6 +26,7 @@ import platform
 import shutil
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -49,6 +52,7 @@ LDFLAGS = ("-fopenmp",)
 DEFAULT_CACHE = "~/.cache/goodspeed/kernels"
 _DISABLE_ENV = "GOODSPEED_NATIVE_KERNELS"
 _CACHE_ENV = "GOODSPEED_KERNEL_CACHE"
+TORCH_LOCK = "lock"  # torch.utils.cpp_extension's FileBaton in the build directory
 
 
 def source_hash() -> str:
@@ -104,21 +108,48 @@ def _compile(directory: Path, name: str) -> ModuleType:
     if reason is not None:
         raise BuildUnavailable(reason)
     directory.mkdir(parents=True, exist_ok=True)
-    logger.info("compiling the native CPU kernels, once per source version (~2 min on 2 cores)")
-    start = time.perf_counter()
-    module = load(
-        name=name,
-        sources=[str(CSRC / name) for name in SOURCES],
-        extra_cflags=list(CFLAGS),
-        extra_ldflags=list(LDFLAGS),
-        build_directory=str(directory),
-        verbose=False,
-    )
+    with _one_builder(directory):
+        built = _import_built(directory, name)  # another process built it while this one waited
+        if built is not None:
+            return built
+        _drop_stale_torch_lock(directory)
+        logger.info("compiling the native CPU kernels, once per source version (~2 min on 2 cores)")
+        start = time.perf_counter()
+        module = load(
+            name=name,
+            sources=[str(CSRC / name) for name in SOURCES],
+            extra_cflags=list(CFLAGS),
+            extra_ldflags=list(LDFLAGS),
+            build_directory=str(directory),
+            verbose=False,
+        )
     sys.modules[name] = module  # as _import_built does: one library object per process
     logger.info(
         "compiled the native CPU kernels in %.1f s into %s", time.perf_counter() - start, directory
     )
     return module
+
+
+@contextlib.contextmanager
+def _one_builder(directory: Path) -> Iterator[None]:
+    """One builder per build directory across processes, by an flock the OS releases when its
+    holder dies (torch's own `lock` file outlives a killed build)."""
+    with open(directory / "goodspeed-build.lock", "w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            logger.info("waiting for another process's build of the native CPU kernels")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+def _drop_stale_torch_lock(directory: Path) -> None:
+    """Under _one_builder no other build runs, so a `lock` file torch left is a killed build's,
+    and torch would wait on it forever."""
+    stale = directory / TORCH_LOCK
+    if stale.exists():
+        logger.warning("removing %s, left by an interrupted build", stale)
+        stale.unlink()
 
 
 @functools.cache

@@ -91,3 +91,22 @@ def test_a_built_library_is_imported_without_compiling(native, monkeypatch):
         assert build.load_native() is not None
     finally:
         build.load_native.cache_clear()
+
+
+def test_a_lock_left_by_a_killed_build_is_removed(fresh_build, monkeypatch, caplog):
+    """torch waits forever on the `lock` file a killed build leaves; the build removes it (under
+    its own flock, no other build can be running) before compiling."""
+    directory = build.build_dir()
+    directory.mkdir(parents=True)
+    (directory / build.TORCH_LOCK).touch()
+    compiled = type(sys)("stub_kernels")
+
+    def load(**kwargs):
+        assert not (directory / build.TORCH_LOCK).exists()
+        return compiled
+
+    monkeypatch.setattr(torch.utils.cpp_extension, "load", load)
+    with caplog.at_level(logging.DEBUG):
+        assert build.load_native() is compiled
+    [record] = warnings_logged(caplog)
+    assert "interrupted build" in record.getMessage()

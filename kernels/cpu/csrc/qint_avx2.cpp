@@ -80,7 +80,8 @@ struct V {
 // of a tile, at the price of twice the registers per accumulator (docs/benchmarks.md §5o).
 namespace qint_avx2_wide {
 
-// Two ymm make one 16-column vector.
+// Two ymm make one 16-column vector; every operation is the 8-column one on each half (the
+// shared activation broadcast is computed once: the same expression, merged by the compiler).
 struct Y2 {
   __m256i a, b;
 };
@@ -88,89 +89,46 @@ struct F2 {
   __m256 a, b;
 };
 
-inline Y2 both(__m256i (*op)(__m256i, __m256i), Y2 x, __m256i y) { return {op(x.a, y), op(x.b, y)}; }
-
 struct V {
+  using N = qint_avx2::V;
   static constexpr int kLanes = 16, kMaxRows = 2, kRegs = 2;
   using U8 = Y2;
   using I32 = Y2;
   using F32 = F2;
+  using P = Y2;
 
-  static U8 load(const uint8_t* p) {
-    return {_mm256_loadu_si256((const __m256i*)p), _mm256_loadu_si256((const __m256i*)(p + 32))};
-  }
-  static U8 low4(U8 v) { return both(_mm256_and_si256, v, _mm256_set1_epi8(0x0F)); }
-  static U8 high4(U8 v) { return low4({_mm256_srli_epi16(v.a, 4), _mm256_srli_epi16(v.b, 4)}); }
+  static U8 load(const uint8_t* p) { return {N::load(p), N::load(p + 32)}; }
+  static U8 low4(U8 v) { return {N::low4(v.a), N::low4(v.b)}; }
+  static U8 high4(U8 v) { return {N::high4(v.a), N::high4(v.b)}; }
   static U8 shift_mask(U8 v, int n, uint8_t mask) {
-    const __m128i count = _mm_cvtsi32_si128(n >= 0 ? n : -n);
-    const Y2 s = n >= 0 ? Y2{_mm256_sll_epi16(v.a, count), _mm256_sll_epi16(v.b, count)}
-                        : Y2{_mm256_srl_epi16(v.a, count), _mm256_srl_epi16(v.b, count)};
-    return both(_mm256_and_si256, s, _mm256_set1_epi8((char)mask));
+    return {N::shift_mask(v.a, n, mask), N::shift_mask(v.b, n, mask)};
   }
-  static U8 or8(U8 a, U8 b) { return {_mm256_or_si256(a.a, b.a), _mm256_or_si256(a.b, b.b)}; }
-  static I32 zero() { return {_mm256_setzero_si256(), _mm256_setzero_si256()}; }
-  // Sum of four u8 x s8 products per 32-bit lane; u <= 63 keeps maddubs from saturating.
-  static __m256i dot_small(__m256i u, __m256i x) {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1));
-  }
-  static __m256i dot_half(__m256i acc, __m256i u, __m256i x, bool full) {
-    if (!full) return _mm256_add_epi32(acc, dot_small(u, x));
-    const __m256i low = _mm256_and_si256(u, _mm256_set1_epi8(0x0F));
-    const __m256i high = _mm256_and_si256(_mm256_srli_epi16(u, 4), _mm256_set1_epi8(0x0F));
-    const __m256i sum = _mm256_add_epi32(_mm256_slli_epi32(dot_small(high, x), 4), dot_small(low, x));
-    return _mm256_add_epi32(acc, sum);
-  }
+  static U8 or8(U8 x, U8 y) { return {N::or8(x.a, y.a), N::or8(x.b, y.b)}; }
+  static I32 zero() { return {N::zero(), N::zero()}; }
   template <bool kFull>
   static I32 dot(I32 acc, U8 u, int32_t x4) {
-    const __m256i x = _mm256_set1_epi32(x4);
-    return {dot_half(acc.a, u.a, x, kFull), dot_half(acc.b, u.b, x, kFull)};
+    return {N::dot<kFull>(acc.a, u.a, x4), N::dot<kFull>(acc.b, u.b, x4)};
   }
-  // Partial sums (qint_kernel.h's dot_pairs_partial): maddubs's int16 pairs added as int16, exact
-  // while |sum| <= depth * 2 * 128 * max_code <= 32767, then madd'ed into int32 once.
-  using P = Y2;
-  static constexpr int partial_depth(int max_code) { return 32767 / (256 * max_code); }
-  static P pzero() { return zero(); }
-  static P pdot(P acc, U8 u, int32_t x4) {
-    const __m256i x = _mm256_set1_epi32(x4);
-    return {_mm256_add_epi16(acc.a, _mm256_maddubs_epi16(u.a, x)),
-            _mm256_add_epi16(acc.b, _mm256_maddubs_epi16(u.b, x))};
-  }
-  static I32 widen(P p) { return both(_mm256_madd_epi16, p, _mm256_set1_epi16(1)); }
-  static P keep(P p) {
-    __asm__("" : "+x"(p.a), "+x"(p.b));
-    return p;
-  }
-  static I32 combine(I32 hi, I32 lo) {
-    return {_mm256_add_epi32(_mm256_slli_epi32(hi.a, 8), lo.a),
-            _mm256_add_epi32(_mm256_slli_epi32(hi.b, 8), lo.b)};
-  }
-  static I32 add(I32 a, I32 b) { return {_mm256_add_epi32(a.a, b.a), _mm256_add_epi32(a.b, b.b)}; }
-  static I32 sub_scalar(I32 a, int32_t s) { return both(_mm256_sub_epi32, a, _mm256_set1_epi32(s)); }
-  static F32 cvt(I32 a) { return {_mm256_cvtepi32_ps(a.a), _mm256_cvtepi32_ps(a.b)}; }
-  static F32 zero_f() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
-  static F32 fma(F32 a, F32 b, F32 c) {
-    return {_mm256_fmadd_ps(a.a, b.a, c.a), _mm256_fmadd_ps(a.b, b.b, c.b)};
-  }
-  static F32 fnma(F32 a, F32 b, F32 c) {
-    return {_mm256_fnmadd_ps(a.a, b.a, c.a), _mm256_fnmadd_ps(a.b, b.b, c.b)};
-  }
-  static F32 mul(F32 a, F32 b) { return {_mm256_mul_ps(a.a, b.a), _mm256_mul_ps(a.b, b.b)}; }
-  static F32 set1(float v) { return {_mm256_set1_ps(v), _mm256_set1_ps(v)}; }
-  static F32 halves(const uint8_t* p) {
-    return {_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)),
-            _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 16)))};
-  }
-  static F32 bytes_u8(const uint8_t* p) {
-    return {_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p))),
-            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(p + 8))))};
-  }
-  static F32 bytes_i8(const uint8_t* p) {
-    return {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p))),
-            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(p + 8))))};
-  }
+  static constexpr int partial_depth(int max_code) { return N::partial_depth(max_code); }
+  static P pzero() { return {N::pzero(), N::pzero()}; }
+  static P pdot(P acc, U8 u, int32_t x4) { return {N::pdot(acc.a, u.a, x4), N::pdot(acc.b, u.b, x4)}; }
+  static I32 widen(P p) { return {N::widen(p.a), N::widen(p.b)}; }
+  static P keep(P p) { return {N::keep(p.a), N::keep(p.b)}; }
+  static I32 combine(I32 hi, I32 lo) { return {N::combine(hi.a, lo.a), N::combine(hi.b, lo.b)}; }
+  static I32 add(I32 x, I32 y) { return {N::add(x.a, y.a), N::add(x.b, y.b)}; }
+  static I32 sub_scalar(I32 x, int32_t s) { return {N::sub_scalar(x.a, s), N::sub_scalar(x.b, s)}; }
+  static F32 cvt(I32 x) { return {N::cvt(x.a), N::cvt(x.b)}; }
+  static F32 zero_f() { return {N::zero_f(), N::zero_f()}; }
+  static F32 fma(F32 x, F32 y, F32 z) { return {N::fma(x.a, y.a, z.a), N::fma(x.b, y.b, z.b)}; }
+  static F32 fnma(F32 x, F32 y, F32 z) { return {N::fnma(x.a, y.a, z.a), N::fnma(x.b, y.b, z.b)}; }
+  static F32 mul(F32 x, F32 y) { return {N::mul(x.a, y.a), N::mul(x.b, y.b)}; }
+  static F32 set1(float v) { return {N::set1(v), N::set1(v)}; }
+  static F32 halves(const uint8_t* p) { return {N::halves(p), N::halves(p + 16)}; }
+  static F32 bytes_u8(const uint8_t* p) { return {N::bytes_u8(p), N::bytes_u8(p + 8)}; }
+  static F32 bytes_i8(const uint8_t* p) { return {N::bytes_i8(p), N::bytes_i8(p + 8)}; }
   static void store(float* out, F32 v) {
-    _mm256_storeu_ps(out, v.a);
-    _mm256_storeu_ps(out + 8, v.b);
+    N::store(out, v.a);
+    N::store(out + 8, v.b);
   }
 };
 

@@ -43,6 +43,7 @@ from engine.speculation.control.step_features import (
     StepFeatures,
     profile_grid,
 )
+from kernels.graph_shapes import NO_GRAPHS, GraphShapes
 
 # Fixed feature scales keep the normal equations well conditioned; coefficients() undoes them.
 _SCALES = (1.0, 256.0, *(1.0,) * (len(ROW_KNOTS) - 1), 16.0, 16384.0, 64.0, 4.0, 16.0, 1.0)
@@ -55,12 +56,31 @@ def row_ramps(rows: int) -> list[float]:
     return [min(1.0, max(0.0, (rows - lo) / (hi - lo))) for lo, hi in zip(ROW_KNOTS, ROW_KNOTS[1:])]
 
 
+def _replayed(
+    base: StepFeatures, drafts: np.ndarray, spec: np.ndarray, graphs: GraphShapes
+) -> tuple[np.ndarray, np.ndarray]:
+    """StepFeatures.with_drafts's eager flag and graph rows, for arrays of plans."""
+    drafts, spec = np.broadcast_arrays(drafts, spec)
+    longest = np.where(spec > 0, -(-drafts // np.maximum(spec, 1)), 0)
+    query_len = np.maximum(base.max_query_len, np.where(drafts > 0, 1 + longest, 0))
+    eager = np.full(drafts.shape, bool(base.num_eager_steps))
+    if graphs.eager_on_drafts:
+        eager |= drafts > 0
+    if graphs.enabled:
+        eager |= query_len > graphs.max_query_len
+    if not graphs.enabled or not 0 < base.num_requests <= graphs.batch_sizes[-1]:
+        return eager, np.zeros(drafts.shape)
+    batch, _ = graphs.padded(base.num_requests, 1)
+    return eager, np.where(eager, 0.0, batch * query_len)
+
+
 def _split_rows(f: StepFeatures) -> tuple[int, int]:
     """(rows of an eager step, rows of any other step): a step that leaves the CUDA-graph path
     pays per row on its own term, so that prefill chunks (eager, hundreds of rows) do not set
-    the row ramps that price replayed verification (tens of rows, nearly free)."""
+    the row ramps that price replayed verification (tens of rows, nearly free). A replayed
+    step's rows are those its graph computes, padding included."""
     rows = f.num_batched_tokens
-    return (rows, 0) if f.num_eager_steps else (0, rows)
+    return (rows, 0) if f.num_eager_steps else (0, f.num_graph_rows or rows)
 
 
 OUTLIER_FACTOR = 3.0  # log errors beyond this many times the median one are down-weighted
@@ -146,24 +166,25 @@ class OnlineLinearCostModel:
         num_draft_tokens: np.ndarray,
         num_spec_requests: np.ndarray,
         num_draft_steps: np.ndarray | int = 0,
-        eager_on_drafts: bool = False,
+        graphs: GraphShapes = NO_GRAPHS,
     ) -> np.ndarray:
         """predict(base.with_drafts(d, s, p, graphs)) for arrays of d, s, p at once (the
-        search's candidate plans); eager_on_drafts: graphs.eager_on_drafts. Equal to the
-        scalar predictions up to float rounding."""
+        search's candidate plans). Equal to the scalar predictions up to float rounding."""
         if self._dirty and (self._pending >= self.refit_every or not self._ever_solved):
             self._solve()
         c, f = self._coefficients, base
         drafts = np.asarray(num_draft_tokens, dtype=float)
+        spec = np.asarray(num_spec_requests)
         rows = f.num_batched_tokens + drafts
-        eager = (drafts > 0) if eager_on_drafts and not f.num_eager_steps else f.num_eager_steps > 0
-        ramps = np.interp(rows, ROW_KNOTS, self._ramp_sums)
-        row_seconds = np.where(eager, c[0], c[0] + c[1] * rows + ramps)
+        eager, graph_rows = _replayed(f, drafts, spec, graphs)
+        replayed_rows = np.where(graph_rows > 0, graph_rows, rows)
+        ramps = np.interp(replayed_rows, ROW_KNOTS, self._ramp_sums)
+        row_seconds = np.where(eager, c[0], c[0] + c[1] * replayed_rows + ramps)
         tail = c[2 + _NUM_RAMPS :]
         steps = np.maximum(f.num_draft_steps, num_draft_steps)
         seconds = row_seconds + tail[0] * f.num_requests + tail[1] * (f.num_kv_tokens + drafts)
         seconds += tail[2] * (f.num_draft_tokens + drafts) + tail[3] * steps
-        seconds += tail[4] * (f.num_spec_requests + np.asarray(num_spec_requests))
+        seconds += tail[4] * (f.num_spec_requests + spec)
         seconds += tail[5] * eager + tail[6] * np.where(eager, rows, 0.0)
         seconds += tail[7] * f.num_catchup_tokens
         return np.maximum(self.min_seconds, seconds)

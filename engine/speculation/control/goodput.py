@@ -50,13 +50,13 @@ from engine.speculation.control.acceptance import (
     tree_gains,
 )
 from engine.speculation.control.cost_model import StepCostModel
+from engine.speculation.control.padded_plans import best_plan
 from engine.speculation.control.policy import SpecCandidate, SpecPolicy, SpecResult
 from engine.speculation.control.search import (
     Prices,
     SearchProblem,
     SearchResult,
     SearchSlot,
-    best_lengths,
     best_response,
     prices_at,
 )
@@ -309,7 +309,7 @@ class GoodputPolicy(SpecPolicy):
                 self._sunk_seconds(candidates, base),
                 caps_first=self._caps_last,
             )
-            result = _worth_drafting(problem, best_lengths(problem))
+            result = _worth_drafting(problem, best_plan(problem))
             ks, chosen = result.ks, problem.chosen(result.picks)
             self._caps_last = all(k == slot.cap for k, slot in zip(ks, chosen))
             self.last_predicted_step_time = result.predicted_seconds + problem.sunk_seconds
@@ -392,7 +392,7 @@ class GoodputPolicy(SpecPolicy):
             if k > 0:
                 candidate.spec.last_run[name] = self._num_plans
                 self._record(candidate, name, gains[:k])
-        features = base.with_drafts(drafts, len(plan), 0, self.graphs)
+        features = base.with_drafts(drafts, len(plan), 0, self.graphs, max(ks, default=0))
         self.last_predicted_step_time = self.cost_model.predict(features) + self.plan_seconds
         return plan
 

@@ -85,7 +85,7 @@ def best_lengths(problem: SearchProblem) -> SearchResult:
     start = best
     for cap in caps:
         ks, picks = _dinkelbach(problem, cap, start)
-        ks = _within_budget(problem, ks, picks)
+        ks = within_budget(problem, ks, picks)
         result = problem.evaluate(ks, picks)
         if result.goodput > best.goodput * (1.0 + 1e-12) and _keeps_floors(problem, result):
             best = result
@@ -102,12 +102,16 @@ class Prices:
     level: float
     per_token: float
     per_request: float
+    # A padded graph step's drafts are priced within the plan's longest chain (the rows past
+    # it jump: padded_plans.py): responses stay within it. None: no such limit.
+    longest: int | None = None
 
 
 def prices_at(problem: SearchProblem, result: SearchResult) -> Prices:
     cap = max((o.cap for options in problem.options for o in options), default=0)
     costs = _marginal_costs(problem, result.ks, result.picks, cap)
-    return Prices(result.goodput, costs.per_token, costs.per_request_free)
+    longest = max(result.ks, default=0) if problem.pads else None
+    return Prices(result.goodput, costs.per_token, costs.per_request_free, longest)
 
 
 def best_response(
@@ -117,6 +121,8 @@ def best_response(
     (the first on ties), for gains g(1..cap); `margin`: drafts priced at level * (1 + margin),
     so they must beat the level by that share."""
     level, token, request = prices.level * (1.0 + margin), prices.per_token, prices.per_request
+    if prices.longest is not None:
+        cap = max(floor, min(cap, prices.longest))
     best_k, best = 0, 0.0
     emitted = 0.0
     for k in range(1, cap + 1):
@@ -269,7 +275,7 @@ def _dinkelbach(
     level, best_ks, best_picks, best_goodput = start.goodput, ks, picks, start.goodput
     for _ in range(MAX_ROUNDS):
         costs = _marginal_costs(problem, ks, picks, cap)
-        new_ks, new_picks = _best_options(problem.table, cap, level, costs)
+        new_ks, new_picks = best_options(problem.table, cap, level, costs)
         result = problem.evaluate(new_ks, new_picks)
         if result.goodput > best_goodput:
             best_ks, best_picks, best_goodput = new_ks, new_picks, result.goodput
@@ -280,7 +286,7 @@ def _dinkelbach(
 
 
 @dataclass(frozen=True)
-class _Costs:
+class Costs:
     """Marginal seconds at the current plan: one more draft, and a request's first draft
     with (draft options) or without (model-free options) the draft model's passes."""
 
@@ -291,7 +297,7 @@ class _Costs:
 
 def _marginal_costs(
     problem: SearchProblem, ks: Sequence[int], picks: Sequence[int], cap: int
-) -> _Costs:
+) -> Costs:
     """Seconds of one more draft on a speculating request, and the extra fixed seconds of a
     request's first draft (with the passes of a cap-deep chain paid once when any speculates)."""
     predict, graphs = problem.cost_model.predict, problem.graphs
@@ -309,11 +315,11 @@ def _marginal_costs(
         per_request_free = max(
             0.0, predict(features.with_drafts(1, 1, 0, graphs)) - seconds - per_token
         )
-    return _Costs(per_token, per_request, per_request_free)
+    return Costs(per_token, per_request, per_request_free)
 
 
-def _best_options(
-    table: OptionTable, cap: int, level: float, costs: _Costs
+def best_options(
+    table: OptionTable, cap: int, level: float, costs: Costs
 ) -> tuple[list[int], list[int]]:
     """Per slot, the (k, option) maximising E(k) - level * seconds(k) over its options, all
     slots at once: k in [floor, cap] (draft options also <= the pass cap), seconds(k) =
@@ -333,7 +339,7 @@ def _best_options(
     return ks.tolist(), np.where(none, 0, picks).tolist()
 
 
-def _within_budget(problem: SearchProblem, ks: list[int], picks: Sequence[int]) -> list[int]:
+def within_budget(problem: SearchProblem, ks: list[int], picks: Sequence[int]) -> list[int]:
     """Drop the least valuable drafts until the step fits the token budget."""
     ks, slots = list(ks), problem.chosen(picks)
     while not problem.fits(ks):

@@ -98,6 +98,12 @@ class SearchProblem:
         return any(any(flags) for flags in self.draft_flags)
 
     @cached_property
+    def pads(self) -> bool:
+        """Verification steps replay graphs padded to the longest chain (and there is no
+        draft model): a plan's rows follow its longest chain (padded_plans.py)."""
+        return self.graphs.enabled and self.graphs.max_query_len > 1 and not self.any_draft
+
+    @cached_property
     def any_free(self) -> bool:
         """Some option runs no draft-model pass (only asked when some option does)."""
         return not all(all(flags) for flags in self.draft_flags)
@@ -119,7 +125,8 @@ class SearchProblem:
             (options[p].depths[k - 1] for options, flags, p, k in chosen if k > 0 and flags[p]),
             default=0,
         )
-        return self.base.with_drafts(sum(ks), sum(1 for k in ks if k > 0), steps, self.graphs)
+        spec = sum(1 for k in ks if k > 0)
+        return self.base.with_drafts(sum(ks), spec, steps, self.graphs, max(ks, default=0))
 
     def evaluate(self, ks: Sequence[int], picks: Sequence[int] | None = None) -> SearchResult:
         slots = self.chosen(picks)
@@ -140,7 +147,7 @@ class SearchProblem:
         it has one, else one prediction each."""
         vectorised = getattr(self.cost_model, "predict_drafts", None)
         if vectorised is not None:
-            return vectorised(self.base, drafts, spec, passes, self.graphs.eager_on_drafts)
+            return vectorised(self.base, drafts, spec, passes, self.graphs)
         drafts, spec, passes = np.broadcast_arrays(drafts, spec, passes)
         with_drafts, graphs = self.base.with_drafts, self.graphs
         return np.array(

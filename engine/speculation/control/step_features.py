@@ -47,6 +47,14 @@ class StepFeatures:
     # ran, past each request's root): a term of its own, so that a probe after a long idle
     # spell is not read as slow draft passes.
     num_catchup_tokens: int = 0
+    # The longest request's rows (1 + k for a decode, the chunk for a prefill) and, for a step
+    # that replays a captured CUDA graph, the rows the graph computes: every request padded to
+    # that longest query and the batch to a captured size (kernels/graph_shapes.py). One
+    # request verifying 4 drafts beside 15 decodes makes the graph compute 16 x 5 rows, which
+    # the cost model's row terms then see (0: no graph replays the step; the rows are
+    # num_batched_tokens).
+    max_query_len: int = 0
+    num_graph_rows: int = 0
 
     @classmethod
     def from_shapes(
@@ -64,7 +72,9 @@ class StepFeatures:
         """
         shapes = list(shapes)
         ks = [k for _, _, k in shapes]
-        eager = graphs.enabled and not graphs.replays([new + k for _, new, k in shapes])
+        query_lens = [new + k for _, new, k in shapes]
+        eager = graphs.enabled and not graphs.replays(query_lens)
+        longest = max(query_lens, default=0)
         return cls(
             num_batched_tokens=sum(new + k for _, new, k in shapes),
             num_requests=len(shapes),
@@ -73,6 +83,8 @@ class StepFeatures:
             num_draft_steps=max(ks, default=0) if draft_model else 0,
             num_spec_requests=sum(1 for k in ks if k > 0),
             num_eager_steps=int(eager),
+            max_query_len=longest,
+            num_graph_rows=graph_rows(graphs, len(shapes), longest, eager),
         )
 
     def with_drafts(
@@ -81,11 +93,22 @@ class StepFeatures:
         num_spec_requests: int,
         num_draft_steps: int = 0,
         graphs: GraphShapes = NO_GRAPHS,
+        longest: int | None = None,
     ) -> StepFeatures:
         """These features plus drafts (each draft is one more batched and attended token).
-        Drafts make a replayed step eager only where graphs replay decodes alone: a runner
-        that replays verification captures chains up to the drafts' cap."""
-        eager = self.num_eager_steps or (graphs.eager_on_drafts and num_draft_tokens > 0)
+        `longest`: the longest chain among the added drafts, which sets a replayed step's
+        padding; by default the drafts spread evenly over the newly speculating requests
+        (drafts added to requests already speculating stay within the step's padding).
+        Drafts make a replayed step eager where graphs replay decodes alone, or where the
+        longest query passes the captured rows."""
+        if longest is None:
+            longest = -(-num_draft_tokens // num_spec_requests) if num_spec_requests else 0
+        query_len = max(self.max_query_len, 1 + longest if num_draft_tokens else 0)
+        eager = (
+            self.num_eager_steps
+            or (graphs.eager_on_drafts and num_draft_tokens > 0)
+            or (graphs.enabled and query_len > graphs.max_query_len)
+        )
         return StepFeatures(
             num_batched_tokens=self.num_batched_tokens + num_draft_tokens,
             num_requests=self.num_requests,
@@ -95,7 +118,17 @@ class StepFeatures:
             num_spec_requests=self.num_spec_requests + num_spec_requests,
             num_eager_steps=int(eager),
             num_catchup_tokens=self.num_catchup_tokens,
+            max_query_len=query_len,
+            num_graph_rows=graph_rows(graphs, self.num_requests, query_len, eager),
         )
+
+
+def graph_rows(graphs: GraphShapes, num_requests: int, query_len: int, eager: bool) -> int:
+    """The rows a replayed graph computes for the step (0 when none replays it)."""
+    if eager or not graphs.enabled or not 0 < num_requests <= graphs.batch_sizes[-1]:
+        return 0
+    batch, rows = graphs.padded(num_requests, query_len)
+    return batch * rows
 
 
 def profile_grid(

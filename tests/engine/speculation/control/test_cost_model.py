@@ -77,6 +77,7 @@ def test_from_shapes_counts_every_feature():
         num_draft_tokens=3,
         num_draft_steps=3,
         num_spec_requests=1,
+        max_query_len=32,
     )
     assert StepFeatures.from_shapes([(100, 1, 3)]).num_draft_steps == 0  # model-free proposer
     assert f.num_eager_steps == 0
@@ -101,6 +102,37 @@ def test_verify_graphs_keep_chains_up_to_their_rows_on_the_graph_path():
     base = StepFeatures.from_shapes([(100, 1, 0)] * 2, graphs=VERIFY_GRAPHS)
     assert base.with_drafts(4, 2, graphs=VERIFY_GRAPHS).num_eager_steps == 0
     assert base.with_drafts(4, 2, graphs=trees).num_eager_steps == 1
+
+
+def test_a_replayed_step_counts_the_rows_its_padded_graph_computes():
+    """One request verifying 4 drafts beside two decodes: the graph runs 4 requests (the
+    captured size above 3) x 5 rows, and the cost model's row terms price those 20 rows."""
+    f = StepFeatures.from_shapes([(100, 1, 4), (50, 1, 0), (60, 1, 0)], graphs=VERIFY_GRAPHS)
+    assert (f.num_batched_tokens, f.max_query_len, f.num_graph_rows) == (7, 5, 20)
+    uniform = StepFeatures.from_shapes([(100, 1, 4)] * 4, graphs=VERIFY_GRAPHS)
+    assert uniform.num_graph_rows == uniform.num_batched_tokens == 20
+    assert StepFeatures.from_shapes([(100, 1, 4)], graphs=NO_GRAPHS).num_graph_rows == 0
+    assert StepFeatures.from_shapes([(100, 1, 5)], graphs=VERIFY_GRAPHS).num_graph_rows == 0
+    model = OnlineLinearCostModel()  # fitted to steps costing 1 ms + 10 us a computed row
+    grid = profile_grid(graphs=VERIFY_GRAPHS, max_num_seqs=8)
+    model.fit([(g, 1e-3 + 1e-5 * (g.num_graph_rows or g.num_batched_tokens)) for g in grid])
+    assert model.predict(f) == pytest.approx(1e-3 + 20e-5, rel=0.02)
+    assert model.predict(f) == pytest.approx(model.predict(uniform), rel=0.02)
+
+
+def test_with_drafts_pads_to_the_longest_chain_on_the_graph_path():
+    base = StepFeatures.from_shapes([(100, 1, 0)] * 3, graphs=VERIFY_GRAPHS)
+    assert (base.max_query_len, base.num_graph_rows) == (1, 4)
+    one = base.with_drafts(4, 1, graphs=VERIFY_GRAPHS)  # a chain of 4 on one request
+    assert (one.num_batched_tokens, one.max_query_len, one.num_graph_rows) == (7, 5, 20)
+    spread = base.with_drafts(3, 3, graphs=VERIFY_GRAPHS)  # one draft each by default
+    assert (spread.max_query_len, spread.num_graph_rows) == (2, 8)
+    longest = base.with_drafts(3, 2, graphs=VERIFY_GRAPHS, longest=2)
+    assert (longest.max_query_len, longest.num_graph_rows) == (3, 12)
+    more = one.with_drafts(2, 0, graphs=VERIFY_GRAPHS)  # within the padding already paid
+    assert (more.max_query_len, more.num_graph_rows) == (5, 20)
+    past = base.with_drafts(5, 1, graphs=VERIFY_GRAPHS)  # 6 rows: no graph, eager
+    assert (past.num_eager_steps, past.num_graph_rows) == (1, 0)
 
 
 def test_with_drafts_adds_tokens_and_keeps_the_largest_draft_step_count():
@@ -355,7 +387,7 @@ def test_predict_drafts_is_predict_of_with_drafts_for_many_plans(graphs):
         drafts = [rng.randint(0, 300) for _ in range(5)]
         spec = [rng.randint(0, 60) for _ in range(5)]
         passes = [rng.randint(0, 5) for _ in range(5)]
-        got = model.predict_drafts(base, drafts, spec, passes, graphs.eager_on_drafts)
+        got = model.predict_drafts(base, drafts, spec, passes, graphs)
         want = [
             model.predict(base.with_drafts(d, s, p, graphs))
             for d, s, p in zip(drafts, spec, passes)

@@ -186,6 +186,8 @@ class BlockManager:
         """
         if shared is not None and shared.block_ids and request.block_ids:
             raise ValueError(f"request {request.request_id} already holds blocks")
+        if shared is None and self._holds(request, num_computed_tokens, num_new_tokens):
+            return []
         adopt = shared is not None and bool(shared.block_ids)
         span = (num_computed_tokens, num_computed_tokens + num_new_tokens)
         if adopt:
@@ -205,6 +207,19 @@ class BlockManager:
             copies += self._apply(self._window_pool, window, True)
             request.window_block_ids = window.table
         return copies
+
+    def _holds(self, request: Request, num_computed_tokens: int, num_new_tokens: int) -> bool:
+        """The request's own blocks already hold the written span, none of them shared, and
+        no window pool releases any (most decode steps): nothing to allocate or copy."""
+        table = request.block_ids
+        last = self.num_blocks_for(num_computed_tokens + num_new_tokens)
+        if self._window_pool is not None or num_new_tokens <= 0 or last > len(table):
+            return False
+        pool = self._pool
+        return all(
+            pool.ref_count(table[i]) == 1
+            for i in range(num_computed_tokens // self.block_size, last)
+        )
 
     def _plan(
         self, pool: BlockPool, table: list[int], adopted: list[int], num_computed: int, end: int

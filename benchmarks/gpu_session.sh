@@ -7,7 +7,8 @@
 #   bash benchmarks/gpu_session.sh b   # carry .gpu/m.part2 (call a left m.part1 in /tmp)
 #       SmolLM2 in bfloat16: batch-1 speculation (goodput and fixed), the decode harness,
 #       engine throughput, the in-process policy sweep, the goodput probe
-# ONLY="name ..." runs only those parts, SKIP="name ..." all but those. A call's carried paths
+# ONLY="name ..." runs only those parts, SKIP="name ..." all but those; SWEEP_SEEDS="0 1" runs
+# the policy sweep once per seed. A call's carried paths
 # are removed before the next call, so call a copies what call b needs into /tmp, which
 # lasts as long as the machine stays warm (30 s between calls).
 #
@@ -75,9 +76,25 @@ else
             --model "$MODEL" "${DATA[@]}" --out "$R/engine_$variant" --parts throughput \
             --throughput-engines fi-graphs
     done
-    part sweep 150 python3 benchmarks/engine_sweep.py --model "$MODEL" --device cuda \
-        --dtype bfloat16 "${DATA[@]}" --policies off,goodput,fixed:3 --multipliers 1,4,16 \
-        --num-prompts 16 --max-tokens 64 --out "$R/sweep.json"
+    # The sweep once per seed in SWEEP_SEEDS; with a base checkout carried in .gpu/base (its
+    # engine, kernels and benchmarks, e.g. `git archive`), the base's sweep and engine
+    # throughput take turns with this checkout's, on the same machine.
+    for seed in ${SWEEP_SEEDS:-0}; do
+        part "sweep-s$seed" 150 python3 benchmarks/engine_sweep.py --model "$MODEL" \
+            --device cuda --dtype bfloat16 "${DATA[@]}" --policies off,goodput,fixed:3 \
+            --multipliers 1,4,16 --num-prompts 16 --max-tokens 64 --seed "$seed" \
+            --out "$R/sweep_s$seed.json"
+        [ -d .gpu/base ] && part "sweep-base-s$seed" 150 python3 .gpu/base/benchmarks/engine_sweep.py \
+            --model "$MODEL" --device cuda --dtype bfloat16 "${DATA[@]}" \
+            --policies off,goodput --multipliers 1,4,16 --num-prompts 16 --max-tokens 64 \
+            --seed "$seed" --out "$R/sweep_base_s$seed.json"
+    done
+    if [ -d .gpu/base ]; then
+        mkdir -p "$R/engine_base"
+        part engine-base 90 env PYTHONPATH="$SITE:$PWD/.gpu/base" python3 \
+            .gpu/base/benchmarks/gpu_checks.py --model "$MODEL" "${DATA[@]}" \
+            --out "$R/engine_base" --parts throughput --throughput-engines fi-graphs
+    fi
     part spec-fixed 90 python3 benchmarks/spec_bench.py "${SPEC[@]}" --policy fixed \
         --out "$R/spec_fixed.json" --markdown "$R/spec_fixed.md"
     part phases 60 python3 benchmarks/graph_step_phases.py --model "$MODEL" \

@@ -95,6 +95,7 @@ def run_cell(llm: LLM, prompts: list[list[int]], gaps: list[float], max_tokens: 
     return dict(
         mean_latency=sum(latencies) / len(latencies),
         wall=max(done.values()) - start,
+        steps=after.num_steps_total - before.num_steps_total,
         draft_tokens=after.spec_num_draft_tokens_total - before.spec_num_draft_tokens_total,
         accepted=after.spec_num_accepted_tokens_total - before.spec_num_accepted_tokens_total,
     )

@@ -14,17 +14,13 @@ answers as everywhere else.
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 
 from engine.speculation.control.search import (
     MAX_ROUNDS,
-    Costs,
     SearchProblem,
     SearchResult,
     best_lengths,
-    best_options,
     within_budget,
 )
 
@@ -35,39 +31,62 @@ def best_plan(problem: SearchProblem) -> SearchResult:
         return best_lengths(problem)
     floors = [options[0].floor for options in problem.options]
     best = problem.evaluate(floors)
-    table = problem.table
-    for longest in range(max(1, max(floors)), int(table.caps.max(initial=0)) + 1):
-        result = _at_longest(problem, longest, best)
+    found = _by_longest(problem, best.goodput)
+    if found is not None:
+        ks = within_budget(problem, *found)
+        result = problem.evaluate(ks, found[1])
         if result.goodput > best.goodput * (1.0 + 1e-12):
             best = result
     return best
 
 
-def _at_longest(problem: SearchProblem, longest: int, start: SearchResult) -> SearchResult:
-    """The best plan whose chains are at most `longest`, by Dinkelbach rounds from the
-    goodput of `start`."""
-    table = dataclasses.replace(problem.table, caps=np.minimum(problem.table.caps, longest))
-    costs = _costs_at(problem, longest)
-    level, best = start.goodput, None
+def _by_longest(problem: SearchProblem, level: float) -> tuple[list[int], list[int]] | None:
+    """(ks, picks) of the best plan over every longest chain K at once (arrays [K, slot,
+    option, k]), by Dinkelbach rounds from `level`; None when no K is possible."""
+    table = problem.table
+    longest = np.arange(max(1, int(table.floors.min(axis=1).max())), table.caps.max() + 1)
+    if len(longest) == 0:
+        return None
+    per_token, per_request, fixed = _linear_costs(problem, longest)
+    k = np.arange(table.cumulative.shape[2])
+    cap = np.minimum(table.caps, longest[:, None, None])[..., None]  # [K, slot, option, 1]
+    valid = (k >= table.floors[..., None]) & (k <= cap)
+    gains = np.where(valid, table.cumulative, -np.inf)
+    costs = per_token[:, None, None, None] * k
+    costs = costs + (per_request[:, None, None, None] + table.seconds[..., None]) * (k > 0)
+    levels = np.full(len(longest), level)
+    best, best_goodput = None, level
     for _ in range(MAX_ROUNDS):
-        ks, picks = best_options(table, longest, level, costs)
-        ks = within_budget(problem, ks, picks)
-        result = problem.evaluate(ks, picks)
-        if best is None or result.goodput > best.goodput:
-            best = result
-        if result.goodput <= level * (1.0 + 1e-12):
+        choice = (gains - levels[:, None, None, None] * costs).reshape(len(longest), len(k), -1)
+        picks, ks = np.divmod(
+            choice.reshape(len(longest), table.floors.shape[0], -1).argmax(2), len(k)
+        )
+        slots = np.arange(ks.shape[1])
+        emitted = (1.0 + table.cumulative[slots, picks, ks]).sum(axis=1)
+        cpu = np.where(ks > 0, table.seconds[slots, picks], 0.0).sum(axis=1)
+        seconds = fixed + per_token * ks.sum(axis=1) + per_request * (ks > 0).sum(axis=1) + cpu
+        goodputs = emitted / (seconds + problem.extra_seconds)
+        top = int(goodputs.argmax())
+        if goodputs[top] > best_goodput:
+            best, best_goodput = (ks[top].tolist(), picks[top].tolist()), float(goodputs[top])
+        improved = goodputs > levels * (1.0 + 1e-12)
+        if not improved.any():
             break
-        level = result.goodput
+        levels = np.where(improved, goodputs, levels)
     return best
 
 
-def _costs_at(problem: SearchProblem, longest: int) -> Costs:
-    """A draft's and a speculating request's seconds with the step padded to 1 + longest rows
-    a request: the differences of three plans of that padding."""
-    predict, base, graphs = problem.cost_model.predict, problem.base, problem.graphs
-    one = predict(base.with_drafts(longest, 1, 0, graphs, longest))
-    more = predict(base.with_drafts(longest + 1, 1, 0, graphs, longest))
-    other = predict(base.with_drafts(longest + 1, 2, 0, graphs, longest))
-    per_token = max(0.0, more - one)
-    per_request = max(0.0, other - more)
-    return Costs(per_token, per_request, per_request)
+def _linear_costs(
+    problem: SearchProblem, longest: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per longest chain K (the step padded to 1 + K rows a request): seconds per draft, per
+    speculating request, and the rest, from three plans of that padding each (K drafts on
+    one request, 2K - 1 and 2K on two)."""
+    seconds = problem.seconds_with(
+        np.concatenate((longest, 2 * longest - 1, 2 * longest)),
+        np.repeat([1, 2, 2], len(longest)),
+    ).reshape(3, -1)
+    one, two_short, two = seconds
+    per_token = np.maximum(0.0, two - two_short)
+    per_request = np.maximum(0.0, two_short - one - (longest - 1) * per_token)
+    return per_token, per_request, one - longest * per_token - per_request

@@ -8,7 +8,8 @@
 #       SmolLM2 in bfloat16: batch-1 speculation (goodput and fixed), the decode harness,
 #       engine throughput, the in-process policy sweep, the goodput probe
 # ONLY="name ..." runs only those parts, SKIP="name ..." all but those; SWEEP_SEEDS="0 1" runs
-# the policy sweep once per seed, SWEEP_POLICIES="off,goodput" with those policies. A call's carried paths
+# the policy sweep once per seed, SWEEP_POLICIES="off,goodput" with those policies, and
+# SWEEP_ARGS="--workloads chat --num-prompts 32" adds (or overrides) its arguments. A call's carried paths
 # are removed before the next call, so call a copies what call b needs into /tmp, which
 # lasts as long as the machine stays warm (30 s between calls).
 #
@@ -83,11 +84,11 @@ else
         part "sweep-s$seed" 150 python3 benchmarks/engine_sweep.py --model "$MODEL" \
             --device cuda --dtype bfloat16 "${DATA[@]}" --policies "${SWEEP_POLICIES:-off,goodput,fixed:3}" \
             --multipliers 1,4,16 --num-prompts 16 --max-tokens 64 --seed "$seed" \
-            --out "$R/sweep_s$seed.json"
+            ${SWEEP_ARGS:-} --out "$R/sweep_s$seed.json"
         [ -d .gpu/base ] && part "sweep-base-s$seed" 150 python3 .gpu/base/benchmarks/engine_sweep.py \
             --model "$MODEL" --device cuda --dtype bfloat16 "${DATA[@]}" \
             --policies off,goodput --multipliers 1,4,16 --num-prompts 16 --max-tokens 64 \
-            --seed "$seed" --out "$R/sweep_base_s$seed.json"
+            --seed "$seed" ${SWEEP_ARGS:-} --out "$R/sweep_base_s$seed.json"
     done
     if [ -d .gpu/base ]; then
         mkdir -p "$R/engine_base"

@@ -103,8 +103,9 @@ class SpecDriver:
         start = time.perf_counter()  # planning time: the proposer's offers, the policy's plan
         candidates = []
         for request in running:
-            max_draft_tokens = min(self._cap(request), request.num_remaining_output_tokens - 1)
-            caught_up = request.num_computed_tokens == request.num_tokens - 1
+            num_tokens, remaining = request.num_tokens, request.num_remaining_output_tokens
+            max_draft_tokens = min(self._cap(request), remaining - 1)
+            caught_up = request.num_computed_tokens == num_tokens - 1
             kind, offers = "", {}
             if caught_up and max_draft_tokens > 0:
                 max_draft_tokens, kind, offers = self._offer(request, max_draft_tokens)
@@ -113,13 +114,13 @@ class SpecDriver:
                 candidates.append(
                     SpecCandidate(
                         request.request_id,
-                        request.num_tokens,
+                        num_tokens,
                         max_draft_tokens,
                         request.spec,
-                        self._catchup_tokens(request),
+                        self._catchup_tokens(request) if self.draft_model else 0,
                         kind,
                         offers,
-                        request.num_remaining_output_tokens,
+                        remaining,
                     )
                 )
         plan = {}

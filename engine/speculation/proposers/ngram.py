@@ -45,8 +45,15 @@ class NgramIndex:
         tokens = self.token_ids
         tokens.append(token_id)
         end = len(tokens)
+        tail = tuple(tokens[-self.ngram_max :])
+        ends = self._ends
         for n in range(self.ngram_min, min(self.ngram_max, end) + 1):
-            self._ends.setdefault(tuple(tokens[end - n :]), []).append(end)
+            key = tail[-n:]
+            found = ends.get(key)
+            if found is None:
+                ends[key] = [end]
+            else:
+                found.append(end)
 
     def longest_match(self) -> int:
         """The largest n whose suffix n-gram occurred before (0: none): the order of the match
@@ -56,6 +63,18 @@ class NgramIndex:
             if len(self._ends.get(tuple(self.token_ids[num_tokens - n :]), ())) >= 2:
                 return n  # its own occurrence ends at num_tokens; another is a match
         return 0
+
+    def best_match(self, num_draft_tokens: int) -> tuple[int, int]:
+        """(candidate_ends(num_draft_tokens, 1)[0], longest_match()) in one pass; (0, 0) with
+        no match. The longest suffix n-gram that occurred before also gives the first end:
+        every earlier occurrence is a candidate, full-length or cut short."""
+        tokens = self.token_ids
+        tail = tuple(tokens[-self.ngram_max :])
+        for n in range(min(self.ngram_max, len(tokens)), self.ngram_min - 1, -1):
+            ends = self._ends.get(tail[-n:])
+            if ends is not None and len(ends) >= 2:
+                return _order_ends(ends, len(tokens), num_draft_tokens, 1)[0], n
+        return 0, 0
 
     def candidate_ends(self, num_draft_tokens: int, limit: int) -> list[int]:
         """Up to `limit` distinct earlier match ends, best first (see the module docstring)."""
@@ -135,11 +154,12 @@ class NgramProposer:
         Syncs the index; a chain is as long as its match's continuation."""
         index = self._index_of(memos)
         index.sync(token_ids)
-        ends = index.candidate_ends(num_draft_tokens, limit=1)
-        if not ends:
+        end, order = index.best_match(num_draft_tokens)
+        if not order:
             return 0, ""
-        kind = f"n{index.longest_match()}"
-        return (num_draft_tokens if tree else min(num_draft_tokens, len(token_ids) - ends[0])), kind
+        return (
+            num_draft_tokens if tree else min(num_draft_tokens, len(token_ids) - end)
+        ), f"n{order}"
 
     def observe(self, observations: Sequence[Observation]) -> None:
         """Nothing to do: the index syncs from ProposeRequest.token_ids, which carries the

@@ -200,3 +200,17 @@ def test_the_index_lives_in_the_requests_memos():
     assert chain(proposer, [1, 2, 1, 2, 1], 2, "x") == [2, 1]
     assert isinstance(memos("x")["ngram"], NgramIndex)
     assert not request_state_in(proposer, lambda key: key == "x")
+
+
+def test_best_match_is_the_first_candidate_end_and_the_longest_match():
+    """The offer's one-pass lookup agrees with candidate_ends and longest_match on random
+    token streams (few symbols, so matches of every order occur)."""
+    rng = random.Random(7)
+    for _ in range(200):
+        index = NgramIndex(rng.randint(1, 2), rng.randint(2, 5))
+        tokens = [rng.randint(0, 4) for _ in range(rng.randint(1, 40))]
+        index.sync(tokens)
+        k = rng.randint(1, 6)
+        ends = index.candidate_ends(k, limit=1)
+        want = (ends[0], index.longest_match()) if ends else (0, 0)
+        assert index.best_match(k) == want

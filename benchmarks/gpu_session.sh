@@ -77,6 +77,12 @@ else
             --model "$MODEL" "${DATA[@]}" --out "$R/engine_$variant" --parts throughput \
             --throughput-engines fi-graphs
     done
+    if [ -d .gpu/base ]; then
+        mkdir -p "$R/engine_base"
+        part engine-base 90 env PYTHONPATH="$SITE:$PWD/.gpu/base" python3 \
+            .gpu/base/benchmarks/gpu_checks.py --model "$MODEL" "${DATA[@]}" \
+            --out "$R/engine_base" --parts throughput --throughput-engines fi-graphs
+    fi
     # The sweep once per seed in SWEEP_SEEDS; with a base checkout carried in .gpu/base (its
     # engine, kernels and benchmarks, e.g. `git archive`), the base's sweep and engine
     # throughput take turns with this checkout's, on the same machine.
@@ -90,12 +96,6 @@ else
             --policies off,goodput --multipliers 1,4,16 --num-prompts 16 --max-tokens 64 \
             --seed "$seed" ${SWEEP_ARGS:-} --out "$R/sweep_base_s$seed.json"
     done
-    if [ -d .gpu/base ]; then
-        mkdir -p "$R/engine_base"
-        part engine-base 90 env PYTHONPATH="$SITE:$PWD/.gpu/base" python3 \
-            .gpu/base/benchmarks/gpu_checks.py --model "$MODEL" "${DATA[@]}" \
-            --out "$R/engine_base" --parts throughput --throughput-engines fi-graphs
-    fi
     part spec-fixed 90 python3 benchmarks/spec_bench.py "${SPEC[@]}" --policy fixed \
         --out "$R/spec_fixed.json" --markdown "$R/spec_fixed.md"
     part phases 60 python3 benchmarks/graph_step_phases.py --model "$MODEL" \

@@ -257,6 +257,12 @@ class SpecDriver:
         if sched.is_empty:
             return
         results = self._observe_requests(sched, drafts, out) if self.proposer is not None else []
+        seconds = out.step_time + drafts.proposer_time
+        emitted = sum(len(o.token_ids) for o in out.outputs.values())
+        step_seconds = seconds + self.last_plan_time
+        self.last_goodput = emitted / step_seconds if step_seconds > 0 else 0.0
+        if not self.enabled:  # nothing predicts step times: the cost model learns nothing
+            return
         shapes = [
             (s.start, s.num_new_tokens - s.num_draft_tokens, drafts.num_draft_tokens(s.request_id))
             for s in sched.scheduled
@@ -264,17 +270,10 @@ class SpecDriver:
         features = dataclasses.replace(
             self._features(sched, shapes, drafts), num_catchup_tokens=drafts.num_catchup_tokens
         )
-        seconds = out.step_time + drafts.proposer_time
         # Choice: model-free proposing is priced per request apart from the cost model, and
         # planning by the policy's own term (GoodputPolicy.plan_seconds), not by the model.
         model_seconds = seconds - (self.proposer.free_seconds if self.choice else 0.0)
-        seconds += self.last_plan_time
-        emitted = sum(len(o.token_ids) for o in out.outputs.values())
-        self.last_goodput = emitted / seconds if seconds > 0 else 0.0
-        if self.enabled:
-            self.policy.observe(results, features, model_seconds)
-        else:
-            self.cost_model.observe(features, model_seconds)
+        self.policy.observe(results, features, model_seconds)
 
     def _observe_requests(
         self, sched: SchedulerOutput, drafts: Drafts, out: ModelOutput

@@ -32,14 +32,17 @@ class ScheduledRequest:
         0  # draft tokens reserved for this step (<= plan[k]); 0 while prefilling
     )
     start: int = 0  # == request.num_computed_tokens when scheduled
+    # The chunk reaches the request's last known token, as scheduled (read every step by the
+    # input packing, the proposer and the update; set once here).
+    needs_sample: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        end = self.start + self.num_new_tokens - self.num_draft_tokens
+        object.__setattr__(self, "needs_sample", end >= self.request.num_tokens)
 
     @property
     def request_id(self) -> str:
         return self.request.request_id
-
-    @property
-    def needs_sample(self) -> bool:
-        return self.start + self.num_new_tokens - self.num_draft_tokens >= self.request.num_tokens
 
     def check(self, step_output: RequestStepOutput | None) -> str | None:
         """The error that finishes this request given its step output, if any."""

@@ -6,10 +6,11 @@ plan looked nearly free, and goodput lost to no speculation on chat at 16 reques
 H200 (docs/benchmarks.md §4e-4f).
 
 At a fixed K the rows are fixed and the rest of the step time is linear in drafts and
-speculating requests, so each request's best k <= K at a goodput level is its best response
-(search.best_options), and Dinkelbach rounds settle the level. The best plan over K = 1..cap
-and the floors is returned; with one request there is no padding, and search.best_lengths
-answers as everywhere else.
+speculating requests, so each request's best (option, k <= K) at a goodput level maximises
+E(k) - level * seconds(k) on its own, and Dinkelbach rounds settle the level; every K runs at
+once as arrays [K, slot, option, k]. The best plan over K = 1..cap and the floors is
+returned; with one request there is no padding, and search.best_lengths answers as
+everywhere else.
 """
 
 from __future__ import annotations
@@ -57,10 +58,8 @@ def _by_longest(problem: SearchProblem, level: float) -> tuple[list[int], list[i
     levels = np.full(len(longest), level)
     best, best_goodput = None, level
     for _ in range(MAX_ROUNDS):
-        choice = (gains - levels[:, None, None, None] * costs).reshape(len(longest), len(k), -1)
-        picks, ks = np.divmod(
-            choice.reshape(len(longest), table.floors.shape[0], -1).argmax(2), len(k)
-        )
+        value = gains - levels[:, None, None, None] * costs  # [K, slot, option, k]
+        picks, ks = np.divmod(value.reshape(*value.shape[:2], -1).argmax(2), len(k))
         slots = np.arange(ks.shape[1])
         emitted = (1.0 + table.cumulative[slots, picks, ks]).sum(axis=1)
         cpu = np.where(ks > 0, table.seconds[slots, picks], 0.0).sum(axis=1)

@@ -275,7 +275,7 @@ def _dinkelbach(
     level, best_ks, best_picks, best_goodput = start.goodput, ks, picks, start.goodput
     for _ in range(MAX_ROUNDS):
         costs = _marginal_costs(problem, ks, picks, cap)
-        new_ks, new_picks = best_options(problem.table, cap, level, costs)
+        new_ks, new_picks = _best_options(problem.table, cap, level, costs)
         result = problem.evaluate(new_ks, new_picks)
         if result.goodput > best_goodput:
             best_ks, best_picks, best_goodput = new_ks, new_picks, result.goodput
@@ -286,7 +286,7 @@ def _dinkelbach(
 
 
 @dataclass(frozen=True)
-class Costs:
+class _Costs:
     """Marginal seconds at the current plan: one more draft, and a request's first draft
     with (draft options) or without (model-free options) the draft model's passes."""
 
@@ -297,7 +297,7 @@ class Costs:
 
 def _marginal_costs(
     problem: SearchProblem, ks: Sequence[int], picks: Sequence[int], cap: int
-) -> Costs:
+) -> _Costs:
     """Seconds of one more draft on a speculating request, and the extra fixed seconds of a
     request's first draft (with the passes of a cap-deep chain paid once when any speculates)."""
     predict, graphs = problem.cost_model.predict, problem.graphs
@@ -315,11 +315,11 @@ def _marginal_costs(
         per_request_free = max(
             0.0, predict(features.with_drafts(1, 1, 0, graphs)) - seconds - per_token
         )
-    return Costs(per_token, per_request, per_request_free)
+    return _Costs(per_token, per_request, per_request_free)
 
 
-def best_options(
-    table: OptionTable, cap: int, level: float, costs: Costs
+def _best_options(
+    table: OptionTable, cap: int, level: float, costs: _Costs
 ) -> tuple[list[int], list[int]]:
     """Per slot, the (k, option) maximising E(k) - level * seconds(k) over its options, all
     slots at once: k in [floor, cap] (draft options also <= the pass cap), seconds(k) =

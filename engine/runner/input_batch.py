@@ -127,55 +127,10 @@ def _window_view(rows: list[RequestRows], block_size: int) -> tuple[torch.Tensor
     return _table(tables).clamp_(min=0), torch.tensor(window_slots, dtype=torch.int64)
 
 
-def _decode_batch(scheduled: tuple[ScheduledRequest, ...], block_size: int) -> ModelInput:
-    """build_model_input of a step of plain decodes only (the common step under load): the
-    same values, column by column."""
-    n = len(scheduled)
-    starts = [s.start for s in scheduled]
-    tables = [s.request.block_ids for s in scheduled]
-    seq_lens = [start + 1 for start in starts]
-    metadata = AttentionMetadata(
-        query_start_loc=torch.arange(n + 1, dtype=torch.int32),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
-        block_tables=_table(tables),
-        slot_mapping=torch.tensor(
-            [t[p // block_size] * block_size + p % block_size for t, p in zip(tables, starts)],
-            dtype=torch.int64,
-        ),
-        query_lens_host=(1,) * n,
-        seq_lens_host=tuple(seq_lens),
-        tree_masks=(None,) * n,
-    )
-    return ModelInput(
-        input_ids=torch.tensor(
-            [s.request.token_ids_between(p, p + 1)[0] for s, p in zip(scheduled, starts)],
-            dtype=torch.int64,
-        ),
-        positions=torch.tensor(starts, dtype=torch.int64),
-        metadata=metadata,
-        logits_indices=torch.arange(n, dtype=torch.int64),
-        requests=tuple(
-            RequestRows(s, (), None, p, 1, (i,), ())
-            for i, (s, p) in enumerate(zip(scheduled, starts))
-        ),
-    )
-
-
-def _is_plain_decode(scheduled: ScheduledRequest) -> bool:
-    return (
-        scheduled.num_new_tokens == 1
-        and not scheduled.num_draft_tokens
-        and _plain_decode(scheduled)
-    )
-
-
 def build_model_input(
     scheduler_output: SchedulerOutput, drafts: Drafts, block_size: int, windowed: bool = False
 ) -> ModelInput:
     """The step's inputs as host tensors; `windowed`: the cache has a window pool."""
-    scheduled_all = scheduler_output.scheduled
-    if scheduled_all and not windowed and all(map(_is_plain_decode, scheduled_all)):
-        return _decode_batch(scheduled_all, block_size)
     input_ids: list[int] = []
     positions: list[int] = []
     slots: list[int] = []

@@ -1,6 +1,6 @@
-"""build_model_input's written-out row for a plain decode (one token, no drafts), and its
-column-wise packing of a step of plain decodes only, pack exactly what the general path packs,
-in batches that mix them with prefill chunks, drafted chains and prompt-logprob requests."""
+"""build_model_input's written-out row for a plain decode (one token, no drafts) packs exactly
+what the general path packs, in batches that mix it with prefill chunks, drafted chains and
+prompt-logprob requests."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def test_the_plain_decode_row_equals_the_general_path(monkeypatch):
     model = FakeModel(seed=1, accept=lambda request, k: min(k, 1))
     for request in requests:
         scheduler.add_request(request)
-    seen_plain = seen_mixed = seen_all_plain = 0
+    seen_plain = seen_mixed = 0
     for step in range(12):
         plan = {"r1": 2, "r3": 3} if step % 2 else {}
         sched = scheduler.schedule(plan)
@@ -54,6 +54,5 @@ def test_the_plain_decode_row_equals_the_general_path(monkeypatch):
         ]
         seen_plain += len(plain)
         seen_mixed += bool(plain) and len(plain) < len(sched.scheduled)
-        seen_all_plain += len(plain) == len(sched.scheduled)
         scheduler.update(sched, model.execute(sched))
-    assert seen_plain > 20 and seen_mixed > 3 and seen_all_plain > 2
+    assert seen_plain > 20 and seen_mixed > 3

@@ -342,6 +342,7 @@ class OnlineLinearCostModel:
             "features": list(FEATURE_NAMES),
             "theta": list(self._theta),
             "prior": self._prior.tolist(),
+            "step_fields": [field.name for field in dataclasses.fields(StepFeatures)],
             "samples": [[*dataclasses.astuple(f), s] for f, s in self._samples],
             "anchors": [[*dataclasses.astuple(f), s] for f, s in self._anchors],
             "num_observations": self.num_observations,
@@ -352,12 +353,25 @@ class OnlineLinearCostModel:
         if params.get("features") != list(FEATURE_NAMES):
             raise ValueError(f"cost model params are for features {params.get('features')}")
         self._prior = np.asarray(params["prior"], dtype=float)
-        self._set_samples((StepFeatures(*map(int, row[:-1])), row[-1]) for row in params["samples"])
+        features = _row_reader(params.get("step_fields"))
+        self._set_samples((features(row[:-1]), row[-1]) for row in params["samples"])
         rows = params.get("anchors", [])  # absent in caches written before anchors existed
-        self._set_anchors([(StepFeatures(*map(int, row[:-1])), row[-1]) for row in rows])
+        self._set_anchors([(features(row[:-1]), row[-1]) for row in rows])
         self.num_observations = int(params["num_observations"])
         self._set_theta(np.asarray(params["theta"], dtype=float))
         self._seeded = True
+
+
+def _row_reader(names: Sequence[str] | None) -> Callable[[Sequence[float]], StepFeatures]:
+    """StepFeatures from a saved row: by the field names saved with it, so a cache written by a
+    version with more or fewer fields still loads (unknown ones dropped, missing ones at their
+    defaults); by position in caches written before the names were."""
+    if names is None:
+        return lambda values: StepFeatures(*map(int, values))
+    known = {field.name for field in dataclasses.fields(StepFeatures)}
+    return lambda values: StepFeatures(
+        **{name: int(v) for name, v in zip(names, values, strict=True) if name in known}
+    )
 
 
 def _relative_weights(seconds: np.ndarray, min_seconds: float) -> np.ndarray:

@@ -315,6 +315,31 @@ def test_cache_tolerates_a_corrupt_file_and_rejects_foreign_params(tmp_path):
         OnlineLinearCostModel().load_params(json.loads(json.dumps(params)))
 
 
+def test_a_cache_of_another_step_features_layout_loads_by_field_name():
+    """Rows are saved with their field names: one written by a version with a field this one
+    lacks, and without one this one has (its default), restores the same samples; a cache
+    written before the names were loads by position."""
+    rng = random.Random(5)
+    model = OnlineLinearCostModel()
+    for _ in range(30):
+        f = dataclasses.replace(random_features(rng), num_graph_rows=rng.randint(0, 40))
+        model.observe(f, true_seconds(f))
+    params = json.loads(json.dumps(model.to_params()))
+    names = params["step_fields"]
+    assert names[-1] == "num_graph_rows"
+    other = dict(params, step_fields=["future_field", *names[:-1]])
+    other["samples"] = [[7, *row[:-2], row[-1]] for row in params["samples"]]
+    other["anchors"] = []
+    restored = OnlineLinearCostModel()
+    restored.load_params(other)
+    expected = [dataclasses.replace(f, num_graph_rows=0) for f, _ in model._samples]
+    assert [f for f, _ in restored._samples] == expected
+    positional = {k: v for k, v in params.items() if k != "step_fields"}
+    old = OnlineLinearCostModel()
+    old.load_params(positional)
+    assert [f for f, _ in old._samples] == [f for f, _ in model._samples]
+
+
 def gpu_like_seconds(f: StepFeatures) -> float:
     """A replayed step is nearly flat in its rows; an eager one (a prefill chunk) costs ~10 ms
     more and much more per row (the shape measured on an H200, docs/benchmarks.md §4e)."""

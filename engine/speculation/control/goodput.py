@@ -50,7 +50,7 @@ from engine.speculation.control.acceptance import (
     tree_gains,
 )
 from engine.speculation.control.cost_model import StepCostModel
-from engine.speculation.control.padded_plans import best_plan
+from engine.speculation.control.padded_plans import best_plan, plan_prices
 from engine.speculation.control.policy import SpecCandidate, SpecPolicy, SpecResult
 from engine.speculation.control.search import (
     Prices,
@@ -58,7 +58,6 @@ from engine.speculation.control.search import (
     SearchResult,
     SearchSlot,
     best_response,
-    prices_at,
 )
 from engine.speculation.control.step_features import StepFeatures
 from engine.speculation.control.tree_shape import TreeShapeEstimator
@@ -309,7 +308,7 @@ class GoodputPolicy(SpecPolicy):
                 self._sunk_seconds(candidates, base),
                 caps_first=self._caps_last,
             )
-            result = _worth_drafting(problem, best_plan(problem))
+            result = _worth_drafting(problem, best_plan(problem, DRAFT_MARGIN))
             ks, chosen = result.ks, problem.chosen(result.picks)
             self._caps_last = all(k == slot.cap for k, slot in zip(ks, chosen))
             self.last_predicted_step_time = result.predicted_seconds + problem.sunk_seconds
@@ -347,7 +346,7 @@ class GoodputPolicy(SpecPolicy):
         option per request, no draft-model passes, no token budget binding) and where each
         request's best response at them is its k in the plan (_responses_agree)."""
         simple = not self.choice and not problem.any_draft
-        prices = prices_at(problem, result) if simple and result.goodput > 0 else None
+        prices = plan_prices(problem, result) if simple and result.goodput > 0 else None
         self._prices = (
             prices if prices is not None and _responses_agree(problem, result, prices) else None
         )

@@ -19,20 +19,24 @@ import numpy as np
 
 from engine.speculation.control.search import (
     MAX_ROUNDS,
+    Prices,
     SearchProblem,
     SearchResult,
     best_lengths,
+    prices_at,
     within_budget,
 )
 
 
-def best_plan(problem: SearchProblem) -> SearchResult:
-    """The search for this problem: by longest chain where steps pad, else best_lengths."""
+def best_plan(problem: SearchProblem, margin: float = 0.0) -> SearchResult:
+    """The search for this problem: by longest chain where steps pad, else best_lengths.
+    `margin`: each request's drafts must beat the level by that share (as the policy's best
+    responses between searches price them, so that they give back this plan)."""
     if not problem.pads or len(problem.options) == 1:
         return best_lengths(problem)
     floors = [options[0].floor for options in problem.options]
     best = problem.evaluate(floors)
-    found = _by_longest(problem, best.goodput)
+    found = _by_longest(problem, best.goodput, 1.0 + margin)
     if found is not None:
         ks = within_budget(problem, *found)
         result = problem.evaluate(ks, found[1])
@@ -41,9 +45,24 @@ def best_plan(problem: SearchProblem) -> SearchResult:
     return best
 
 
-def _by_longest(problem: SearchProblem, level: float) -> tuple[list[int], list[int]] | None:
+def plan_prices(problem: SearchProblem, result: SearchResult) -> Prices:
+    """The prices the plan was found at, for best responses between searches: where steps
+    pad, its level and the linear costs at its longest chain K, responses held within K (the
+    marginal costs at the plan would price a draft past K at the jump in rows, and the
+    responses would not be the plan); elsewhere search.prices_at."""
+    if not problem.pads or len(problem.options) == 1:
+        return prices_at(problem, result)
+    longest = max(result.ks, default=0)
+    per_token, per_request, _ = _linear_costs(problem, np.array([max(1, longest)]))
+    return Prices(result.goodput, float(per_token[0]), float(per_request[0]), longest)
+
+
+def _by_longest(
+    problem: SearchProblem, level: float, markup: float
+) -> tuple[list[int], list[int]] | None:
     """(ks, picks) of the best plan over every longest chain K at once (arrays [K, slot,
-    option, k]), by Dinkelbach rounds from `level`; None when no K is possible."""
+    option, k]), by Dinkelbach rounds from `level` (drafts priced at level x markup) until
+    the plans stop changing; None when no plan beats `level`."""
     table = problem.table
     longest = np.arange(max(1, int(table.floors.min(axis=1).max())), table.caps.max() + 1)
     if len(longest) == 0:
@@ -55,24 +74,26 @@ def _by_longest(problem: SearchProblem, level: float) -> tuple[list[int], list[i
     gains = np.where(valid, table.cumulative, -np.inf)
     costs = per_token[:, None, None, None] * k
     costs = costs + (per_request[:, None, None, None] + table.seconds[..., None]) * (k > 0)
-    levels = np.full(len(longest), level)
-    best, best_goodput = None, level
+    levels, chosen = np.full(len(longest), level), None
     for _ in range(MAX_ROUNDS):
-        value = gains - levels[:, None, None, None] * costs  # [K, slot, option, k]
+        value = gains - (markup * levels)[:, None, None, None] * costs  # [K, slot, option, k]
         picks, ks = np.divmod(value.reshape(*value.shape[:2], -1).argmax(2), len(k))
+        if (
+            chosen is not None
+            and np.array_equal(ks, chosen[0])
+            and np.array_equal(picks, chosen[1])
+        ):
+            break  # each K's plan is its requests' best responses at its own goodput
+        chosen = ks, picks
         slots = np.arange(ks.shape[1])
         emitted = (1.0 + table.cumulative[slots, picks, ks]).sum(axis=1)
         cpu = np.where(ks > 0, table.seconds[slots, picks], 0.0).sum(axis=1)
         seconds = fixed + per_token * ks.sum(axis=1) + per_request * (ks > 0).sum(axis=1) + cpu
-        goodputs = emitted / (seconds + problem.extra_seconds)
-        top = int(goodputs.argmax())
-        if goodputs[top] > best_goodput:
-            best, best_goodput = (ks[top].tolist(), picks[top].tolist()), float(goodputs[top])
-        improved = goodputs > levels * (1.0 + 1e-12)
-        if not improved.any():
-            break
-        levels = np.where(improved, goodputs, levels)
-    return best
+        levels = emitted / (seconds + problem.extra_seconds)
+    top = int(levels.argmax())
+    if levels[top] <= level:
+        return None
+    return chosen[0][top].tolist(), chosen[1][top].tolist()
 
 
 def _linear_costs(

@@ -110,8 +110,7 @@ class Prices:
 def prices_at(problem: SearchProblem, result: SearchResult) -> Prices:
     cap = max((o.cap for options in problem.options for o in options), default=0)
     costs = _marginal_costs(problem, result.ks, result.picks, cap)
-    longest = max(result.ks, default=0) if problem.pads else None
-    return Prices(result.goodput, costs.per_token, costs.per_request_free, longest)
+    return Prices(result.goodput, costs.per_token, costs.per_request_free)
 
 
 def best_response(

@@ -7,9 +7,7 @@ import dataclasses
 import itertools
 import random
 
-import pytest
-
-from engine.speculation.control.padded_plans import best_plan
+from engine.speculation.control.padded_plans import best_plan, plan_prices
 from engine.speculation.control.search import (
     SearchProblem,
     SearchSlot,
@@ -106,13 +104,25 @@ def test_at_high_acceptance_every_request_shares_the_padded_rows():
     assert best_plan(problem).ks == (4,) * 8
 
 
-@pytest.mark.parametrize("rates", [[0.8] * 6, [0.9, 0.6, 0.3, 0.7]])
-def test_best_responses_stay_within_the_searched_chain_length(rates):
-    """Prices of a padded plan hold its longest chain: a response past it would pay a jump
-    in rows the prices do not carry."""
-    problem = problem_of(rates, PaddedCost(3.0e-3, 2e-5, 1e-6, 2e-6), cap=4)
-    result = best_plan(problem)
-    prices = prices_at(problem, result)
-    assert prices.longest == max(result.ks)
-    for slot in (options[0] for options in problem.options):
-        assert best_response(slot.gains, slot.cap, 0, prices) <= prices.longest
+def test_best_responses_at_the_plans_prices_are_the_plan():
+    """The prices a padded plan was found at (its level, the linear costs at its longest chain
+    K, responses held within K) give back every request's k: between searches the policy plans
+    by them. The marginal costs at the plan (search.prices_at) price a draft past K at the
+    jump in rows and give back fewer plans."""
+    rng = random.Random(3)
+    old = 0
+    for _ in range(300):
+        n = rng.randint(2, 12)
+        rates = [rng.choice([rng.uniform(0, 0.3), rng.uniform(0.5, 0.95)]) for _ in range(n)]
+        problem = problem_of(rates, random_cost(rng))
+        margin = rng.choice([0.0, 0.03])  # the policy's DRAFT_MARGIN, in both
+        result = best_plan(problem, margin)
+        prices = plan_prices(problem, result)
+        assert prices.longest == max(result.ks)
+        slots = [options[0] for options in problem.options]
+        ks = [best_response(s.gains, s.cap, s.floor, prices, margin) for s in slots]
+        assert ks == list(result.ks)
+        marginal = prices_at(problem, result)
+        ks = [best_response(s.gains, s.cap, s.floor, marginal, margin) for s in slots]
+        old += ks == list(result.ks)
+    assert old < 290  # the reason for plan_prices (252 of 300 when it was written)

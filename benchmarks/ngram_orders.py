@@ -33,16 +33,16 @@ def order_stats(token_ids: list[int], num_prompt: int, k: int, ngram_max: int) -
     index = NgramIndex(1, ngram_max)
     for t in range(num_prompt, len(token_ids) - 1):
         index.sync(token_ids[:t])
-        ends = index.candidate_ends(k, limit=1)
-        if not ends:
+        end, order = index.best_match(k)
+        if not order:
             continue
-        chain = token_ids[ends[0] : ends[0] + k]
+        chain = token_ids[end : end + k]
         accepted = 0
         for draft, actual in zip(chain, token_ids[t:]):
             if draft != actual:
                 break
             accepted += 1
-        row = stats[index.longest_match()]
+        row = stats[order]
         row[0] += 1
         row[1] += accepted
         row[2] += accepted > 0

@@ -32,7 +32,7 @@ def best_plan(problem: SearchProblem, margin: float = 0.0) -> SearchResult:
     """The search for this problem: by longest chain where steps pad, else best_lengths.
     `margin`: each request's drafts must beat the level by that share (as the policy's best
     responses between searches price them, so that they give back this plan)."""
-    if not problem.pads or len(problem.options) == 1:
+    if not _by_chain_length(problem):
         return best_lengths(problem)
     floors = [options[0].floor for options in problem.options]
     best = problem.evaluate(floors)
@@ -50,11 +50,16 @@ def plan_prices(problem: SearchProblem, result: SearchResult) -> Prices:
     pad, its level and the linear costs at its longest chain K, responses held within K (the
     marginal costs at the plan would price a draft past K at the jump in rows, and the
     responses would not be the plan); elsewhere search.prices_at."""
-    if not problem.pads or len(problem.options) == 1:
+    if not _by_chain_length(problem):
         return prices_at(problem, result)
     longest = max(result.ks, default=0)
     per_token, per_request, _ = _linear_costs(problem, np.array([max(1, longest)]))
     return Prices(result.goodput, float(per_token[0]), float(per_request[0]), longest)
+
+
+def _by_chain_length(problem: SearchProblem) -> bool:
+    """Steps pad (one request alone has nothing to pad against)."""
+    return problem.pads and len(problem.options) > 1
 
 
 def _by_longest(

@@ -55,19 +55,11 @@ class NgramIndex:
             else:
                 found.append(end)
 
-    def longest_match(self) -> int:
-        """The largest n whose suffix n-gram occurred before (0: none): the order of the match
-        candidate_ends puts first."""
-        num_tokens = len(self.token_ids)
-        for n in range(min(self.ngram_max, num_tokens), self.ngram_min - 1, -1):
-            if len(self._ends.get(tuple(self.token_ids[num_tokens - n :]), ())) >= 2:
-                return n  # its own occurrence ends at num_tokens; another is a match
-        return 0
-
     def best_match(self, num_draft_tokens: int) -> tuple[int, int]:
-        """(candidate_ends(num_draft_tokens, 1)[0], longest_match()) in one pass; (0, 0) with
-        no match. The longest suffix n-gram that occurred before also gives the first end:
-        every earlier occurrence is a candidate, full-length or cut short."""
+        """(candidate_ends(num_draft_tokens, 1)[0], the match's order n) in one pass; (0, 0)
+        with no match. The order is the largest n whose suffix n-gram occurred before (its own
+        occurrence ends at the last token; another is a match), and that n-gram also gives the
+        first end: every earlier occurrence is a candidate, full-length or cut short."""
         tokens = self.token_ids
         tail = tuple(tokens[-self.ngram_max :])
         for n in range(min(self.ngram_max, len(tokens)), self.ngram_min - 1, -1):

@@ -54,6 +54,7 @@ __all__ = [
     "SearchSlot",
     "best_lengths",
     "best_response",
+    "best_responses",
     "prices_at",
 ]
 
@@ -95,41 +96,55 @@ def best_lengths(problem: SearchProblem) -> SearchResult:
 @dataclass(frozen=True)
 class Prices:
     """A plan's goodput level and marginal seconds (one more draft, a request's first): at
-    the optimum each request's k maximises E(k) - level * seconds(k) at these prices
+    the optimum each request's (option, k) maximises E(k) - level * seconds(k) at these prices
     (Dinkelbach's condition), so while the batch and the costs stay about the same, the
     prices of the last search give each request its k without searching again."""
 
     level: float
     per_token: float
-    per_request: float
+    per_request: float  # a model-free option's first draft (the draft model's: below)
     # A padded graph step's drafts are priced within the plan's longest chain (the rows past
     # it jump: padded_plans.py): responses stay within it. None: no such limit.
     longest: int | None = None
+    # The draft-model passes the plan runs and a draft-model option's first draft within
+    # them: its chain stays within them (a deeper one pays more passes, which a search
+    # decides); 0 passes, no draft-model option.
+    passes: int = 0
+    per_draft_request: float = 0.0
 
 
 def prices_at(problem: SearchProblem, result: SearchResult) -> Prices:
-    cap = max((o.cap for options in problem.options for o in options), default=0)
-    costs = _marginal_costs(problem, result.ks, result.picks, cap)
-    return Prices(result.goodput, costs.per_token, costs.per_request_free)
+    passes = problem.passes(result.ks, result.picks)
+    costs = _marginal_costs(problem, result.ks, result.picks, passes)
+    return Prices(
+        result.goodput,
+        costs.per_token,
+        costs.per_request_free,
+        passes=passes,
+        per_draft_request=costs.per_request,
+    )
+
+
+def best_responses(
+    table: OptionTable, prices: Prices, margin: float = 0.0
+) -> tuple[list[int], list[int]]:
+    """Every slot's (k, option) maximising E(k) - level * seconds(k) at `prices` (ks, picks),
+    draft options within its passes and every option within its longest chain (a floor
+    holds past both); `margin`: drafts priced at level * (1 + margin), so they must beat the
+    level by that share."""
+    limit = table.caps if prices.longest is None else np.minimum(table.caps, prices.longest)
+    limit = np.maximum(table.floors, np.where(table.draft, np.minimum(limit, prices.passes), limit))
+    costs = _Costs(prices.per_token, prices.per_draft_request, prices.per_request)
+    return _best_options(table, limit, prices.level * (1.0 + margin), costs)
 
 
 def best_response(
     gains: Sequence[float], cap: int, floor: int, prices: Prices, margin: float = 0.0
 ) -> int:
-    """The k in [floor, cap] maximising E(k) - level * (per_token * k + per_request * [k > 0])
-    (the first on ties), for gains g(1..cap); `margin`: drafts priced at level * (1 + margin),
-    so they must beat the level by that share."""
-    level, token, request = prices.level * (1.0 + margin), prices.per_token, prices.per_request
-    if prices.longest is not None:
-        cap = max(floor, min(cap, prices.longest))
-    best_k, best = 0, 0.0
-    emitted = 0.0
-    for k in range(1, cap + 1):
-        emitted += gains[k - 1]
-        value = emitted - level * (token * k + request)
-        if k <= floor or value > best:
-            best_k, best = k, value
-    return best_k if best_k >= floor else floor
+    """best_responses of one model-free option: the k in [floor, cap] for gains g(1..cap)."""
+    slot = SearchSlot(gains, range(1, cap + 1), cap, floor)
+    ks, _ = best_responses(OptionTable.of([[slot]], [[False]]), prices, margin)
+    return ks[0]
 
 
 def _forced_passes(problem: SearchProblem) -> int:
@@ -274,7 +289,9 @@ def _dinkelbach(
     level, best_ks, best_picks, best_goodput = start.goodput, ks, picks, start.goodput
     for _ in range(MAX_ROUNDS):
         costs = _marginal_costs(problem, ks, picks, cap)
-        new_ks, new_picks = _best_options(problem.table, cap, level, costs)
+        table = problem.table
+        limit = np.where(table.draft, np.minimum(table.caps, cap), table.caps)
+        new_ks, new_picks = _best_options(table, limit, level, costs)
         result = problem.evaluate(new_ks, new_picks)
         if result.goodput > best_goodput:
             best_ks, best_picks, best_goodput = new_ks, new_picks, result.goodput
@@ -318,15 +335,14 @@ def _marginal_costs(
 
 
 def _best_options(
-    table: OptionTable, cap: int, level: float, costs: _Costs
+    table: OptionTable, limit: np.ndarray, level: float, costs: _Costs
 ) -> tuple[list[int], list[int]]:
     """Per slot, the (k, option) maximising E(k) - level * seconds(k) over its options, all
-    slots at once: k in [floor, cap] (draft options also <= the pass cap), seconds(k) =
-    per_token * k + (the option's fixed seconds when k > 0). The first best option, then the
-    first best k, on ties; a slot with no valid choice keeps its first option's floor."""
+    slots at once: k in [floor, limit] (limit [slot, option]), seconds(k) = per_token * k +
+    (the option's fixed seconds when k > 0). The first best option, then the first best k,
+    on ties; a slot with no valid choice keeps its first option's floor."""
     width = table.cumulative.shape[2]
     k = np.arange(width)
-    limit = np.where(table.draft, np.minimum(table.caps, cap), table.caps)
     valid = (k >= table.floors[..., None]) & (k <= limit[..., None])
     fixed = np.where(table.draft, costs.per_request, costs.per_request_free) + table.seconds
     cost = level * (costs.per_token * k + fixed[..., None] * (k > 0))

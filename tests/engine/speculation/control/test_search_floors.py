@@ -75,8 +75,12 @@ def record_probes(policy) -> list:
 
     def recording(batch, options, base):
         explore(batch, options, base)
-        probe = [(c.request_id, o[0].proposer) for c, o in zip(batch, options) if o[0].floor > 0]
-        forced.extend(probe)
+        m = len(options.proposers)
+        forced.extend(
+            (batch[at // m].request_id, options.proposers[at % m])
+            for at, (floor, cap) in enumerate(zip(options.floors, options.caps))
+            if 0 < floor <= cap
+        )
 
     policy._explore = recording
     return forced

@@ -139,3 +139,16 @@ def test_a_probe_the_held_passes_cannot_run_sends_the_plan_to_the_search():
     plan = policy.plan(candidates(*ids), decode_base(3))
     assert policy._plans_since_search == 0  # searched
     assert spec("p0").proposer == "draft" and plan["p0"] >= 1
+
+
+def test_prices_are_not_held_for_a_lone_draft_model_user():
+    """One request alone running the draft model would count its passes as paid between
+    searches: such a plan is searched again every step."""
+    policy = GoodputPolicy(
+        LinearCost(0.03, 1e-3, per_draft_step=0.003), max_draft_tokens=4, draft_model=True
+    )
+    teach(policy, "lone", {"": 0.9})
+    for _ in range(3):
+        plan = policy.plan(candidates("lone"), decode_base(1))
+        assert plan["lone"] >= 1
+        assert policy._prices is None and policy._plans_since_search == 0

@@ -363,15 +363,8 @@ class GoodputPolicy(SpecPolicy):
         after a batch-1 chain of 4) they price every draft at the jump, and the responses
         would drop drafts the search found paying (docs/benchmarks.md §5n): then the next
         plan searches again. They need not be the plan itself: each response's drafts must
-        beat the level by DRAFT_MARGIN, the search's only the plan's as a whole.
-
-        Not where one request alone runs the draft model: the prices count the passes as
-        paid, which holds while others share them, but a lone user would keep drafting on
-        passes only it pays for (on the Qwen pair at batch 1 `auto` ran the draft model on
-        chat prompts where it did not pay, docs/benchmarks.md §5q)."""
-        chosen = problem.chosen(result.picks)
-        users = sum(1 for k, slot in zip(result.ks, chosen) if k > 0 and problem.runs_draft(slot))
-        prices = plan_prices(problem, result) if result.goodput > 0 and users != 1 else None
+        beat the level by DRAFT_MARGIN, the search's only the plan's as a whole."""
+        prices = plan_prices(problem, result) if result.goodput > 0 else None
         if prices is not None:
             ks, picks = options.responses(prices, DRAFT_MARGIN)
             seconds = self._seconds(base, options, ks, picks) + problem.extra_seconds
@@ -404,7 +397,8 @@ class GoodputPolicy(SpecPolicy):
         self._plans_since_search += 1
         ks, picks = options.responses(self._prices, DRAFT_MARGIN)
         budget = self.token_budget
-        if options.passes(ks, picks) > self._prices.passes or (
+        shared = self._prices.passes
+        if (shared is not None and options.passes(ks, picks) > shared) or (
             budget is not None and base.num_batched_tokens + sum(ks) > budget
         ):
             self._prices = None

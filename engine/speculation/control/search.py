@@ -34,7 +34,7 @@ tried too, so the plan without the draft model competes.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -106,36 +106,52 @@ class Prices:
     # A padded graph step's drafts are priced within the plan's longest chain (the rows past
     # it jump: padded_plans.py): responses stay within it. None: no such limit.
     longest: int | None = None
-    # The draft-model passes the plan runs and a draft-model option's first draft within
-    # them: its chain stays within them (a deeper one pays more passes, which a search
-    # decides); 0 passes, no draft-model option.
-    passes: int = 0
+    # Draft-model options. Where two requests or more run the draft model in the plan, its
+    # passes are shared: paid whoever stops, so an option's chain stays within them (a deeper
+    # one pays more, which a search decides) and it pays per_token and per_draft_request.
+    # Else (passes None) an option pays its own passes: per_draft_token a draft, a pass
+    # included, and per_draft_request.
+    passes: int | None = None
+    per_draft_token: float = 0.0
     per_draft_request: float = 0.0
 
 
 def prices_at(problem: SearchProblem, result: SearchResult) -> Prices:
-    passes = problem.passes(result.ks, result.picks)
-    costs = _marginal_costs(problem, result.ks, result.picks, passes)
-    return Prices(
-        result.goodput,
-        costs.per_token,
-        costs.per_request_free,
-        passes=passes,
-        per_draft_request=costs.per_request,
-    )
+    chosen = problem.chosen(result.picks)
+    users = sum(1 for k, slot in zip(result.ks, chosen) if k > 0 and problem.runs_draft(slot))
+    level, ks, picks = result.goodput, result.ks, result.picks
+    if users >= 2:
+        passes = problem.passes(ks, picks)
+        costs = _marginal_costs(problem, ks, picks, passes)
+        free = costs.per_request_free
+        return Prices(
+            level, costs.per_token, free, None, passes, costs.per_token, costs.per_request
+        )
+    # The plan without the lone user's passes: what one draft-model chain adds alone.
+    plan = problem.features(ks, picks)
+    unpassed = replace(plan, num_draft_steps=problem.base.num_draft_steps)
+    costs = _marginal_costs_at(problem, unpassed, 0)
+    predict, per_pass = problem.cost_model.predict, 0.0
+    if problem.any_draft:
+        more = unpassed.with_drafts(0, 0, unpassed.num_draft_steps + 1)
+        per_pass = max(0.0, predict(more) - predict(unpassed))
+    token, request = costs.per_token, costs.per_request
+    return Prices(level, token, request, None, None, token + per_pass, request)
 
 
 def best_responses(
     table: OptionTable, prices: Prices, margin: float = 0.0
 ) -> tuple[list[int], list[int]]:
     """Every slot's (k, option) maximising E(k) - level * seconds(k) at `prices` (ks, picks),
-    draft options within its passes and every option within its longest chain (a floor
-    holds past both); `margin`: drafts priced at level * (1 + margin), so they must beat the
-    level by that share."""
+    shared draft-model passes bounding draft options and the longest chain every option (a
+    floor holds past both); `margin`: drafts priced at level * (1 + margin), so they must beat
+    the level by that share."""
     limit = table.caps if prices.longest is None else np.minimum(table.caps, prices.longest)
-    limit = np.maximum(table.floors, np.where(table.draft, np.minimum(limit, prices.passes), limit))
+    if prices.passes is not None:
+        limit = np.where(table.draft, np.minimum(limit, prices.passes), limit)
+    limit = np.maximum(table.floors, limit)
     costs = _Costs(prices.per_token, prices.per_draft_request, prices.per_request)
-    return _best_options(table, limit, prices.level * (1.0 + margin), costs)
+    return _best_options(table, limit, prices.level * (1.0 + margin), costs, prices.per_draft_token)
 
 
 def best_response(
@@ -316,10 +332,13 @@ def _marginal_costs(
 ) -> _Costs:
     """Seconds of one more draft on a speculating request, and the extra fixed seconds of a
     request's first draft (with the passes of a cap-deep chain paid once when any speculates)."""
-    predict, graphs = problem.cost_model.predict, problem.graphs
-    features = problem.features(ks, picks)
-    seconds = predict(features)
     passes = cap if problem.any_draft else 0
+    return _marginal_costs_at(problem, problem.features(ks, picks), passes)
+
+
+def _marginal_costs_at(problem: SearchProblem, features: StepFeatures, passes: int) -> _Costs:
+    predict, graphs = problem.cost_model.predict, problem.graphs
+    seconds = predict(features)
     first = features.with_drafts(1, 1, passes, graphs)
     # The token cost is measured past the first draft, so that while nobody speculates the
     # batch's fixed costs (passes, an eager step) land on the first request, not on every token;
@@ -335,17 +354,25 @@ def _marginal_costs(
 
 
 def _best_options(
-    table: OptionTable, limit: np.ndarray, level: float, costs: _Costs
+    table: OptionTable,
+    limit: np.ndarray,
+    level: float,
+    costs: _Costs,
+    per_draft_token: float | None = None,
 ) -> tuple[list[int], list[int]]:
     """Per slot, the (k, option) maximising E(k) - level * seconds(k) over its options, all
     slots at once: k in [floor, limit] (limit [slot, option]), seconds(k) = per_token * k +
-    (the option's fixed seconds when k > 0). The first best option, then the first best k,
-    on ties; a slot with no valid choice keeps its first option's floor."""
+    (the option's fixed seconds when k > 0), draft options' drafts at per_draft_token where
+    given. The first best option, then the first best k, on ties; a slot with no valid choice
+    keeps its first option's floor."""
     width = table.cumulative.shape[2]
     k = np.arange(width)
     valid = (k >= table.floors[..., None]) & (k <= limit[..., None])
     fixed = np.where(table.draft, costs.per_request, costs.per_request_free) + table.seconds
-    cost = level * (costs.per_token * k + fixed[..., None] * (k > 0))
+    token = costs.per_token
+    if per_draft_token is not None:
+        token = np.where(table.draft, per_draft_token, costs.per_token)[..., None]
+    cost = level * (token * k + fixed[..., None] * (k > 0))
     value = np.where(valid, table.cumulative - cost, -np.inf).reshape(len(valid), -1)
     best = value.argmax(axis=1)
     none = ~np.isfinite(value[np.arange(len(best)), best])

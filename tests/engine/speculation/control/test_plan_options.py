@@ -118,9 +118,9 @@ def goodput(policy: GoodputPolicy, cost: LinearCost, ids: list[str], plan: dict[
     return (len(ids) + emitted - len(plan)) / cost.predict(features)
 
 
-def test_a_probe_the_held_passes_cannot_run_sends_the_plan_to_the_search():
-    """Held prices whose plan runs no draft-model pass cannot price a forced draft-model
-    probe: that plan searches, and the probe runs."""
+def test_a_draft_model_probe_is_priced_between_searches_with_its_own_passes():
+    """Where no two requests share the draft model's passes, a draft-model option pays its
+    own passes at the held prices: a forced probe of it runs without a search."""
     cost = LinearCost(0.01, 1e-3, per_draft_step=0.05)
     policy = GoodputPolicy(
         cost,
@@ -133,22 +133,33 @@ def test_a_probe_the_held_passes_cannot_run_sends_the_plan_to_the_search():
     for request_id in ids:
         teach(policy, request_id, {"ngram": 0.9, "draft": 0.3})
     policy.plan(candidates(*ids), decode_base(3))
-    assert policy._prices is not None and policy._prices.passes == 0
+    assert policy._prices is not None and policy._prices.passes is None
     assert {spec(r).proposer for r in ids} == {"ngram"}
     policy.explore_interval = 1  # the draft model is due on every request: one probe a plan
     plan = policy.plan(candidates(*ids), decode_base(3))
-    assert policy._plans_since_search == 0  # searched
+    assert policy._plans_since_search == 1  # a response
     assert spec("p0").proposer == "draft" and plan["p0"] >= 1
 
 
-def test_prices_are_not_held_for_a_lone_draft_model_user():
-    """One request alone running the draft model would count its passes as paid between
-    searches: such a plan is searched again every step."""
+@pytest.mark.parametrize("proposers", [(), ("ngram", "draft")])
+def test_a_lone_draft_model_user_pays_its_own_passes_between_searches(proposers):
+    """One request alone running the draft model: between searches its chain is priced with
+    its passes (not as if they were paid), so the responses are the search's plan, and a
+    fall in its acceptance shortens or stops its chain as a search would."""
+    cost = LinearCost(0.03, 1e-3, per_draft_step=0.004)
     policy = GoodputPolicy(
-        LinearCost(0.03, 1e-3, per_draft_step=0.003), max_draft_tokens=4, draft_model=True
+        cost, max_draft_tokens=4, draft_model=True, proposers=proposers, explore_interval=1000
     )
-    teach(policy, "lone", {"": 0.9})
-    for _ in range(3):
-        plan = policy.plan(candidates("lone"), decode_base(1))
-        assert plan["lone"] >= 1
-        assert policy._prices is None and policy._plans_since_search == 0
+    name = "draft" if proposers else ""
+    teach(policy, "lone", {name: 0.9, "ngram": 0.05} if proposers else {name: 0.9})
+    searched = policy.plan(candidates("lone"), decode_base(1))
+    assert searched["lone"] >= 2 and policy._prices is not None
+    assert policy._prices.passes is None
+    assert policy.plan(candidates("lone"), decode_base(1)) == searched
+    assert policy._plans_since_search == 1
+    teach(policy, "lone", {name: 0.05})
+    fell = policy.plan(candidates("lone"), decode_base(1))
+    assert policy._plans_since_search == 2
+    problem_k = fell.get("lone", 0)
+    policy._prices = None  # what a search answers now
+    assert problem_k == policy.plan(candidates("lone"), decode_base(1)).get("lone", 0)

@@ -24,11 +24,12 @@ Acceptance is estimated per kind of proposal where the proposer names one before
 (SpecCandidate.kind: the n-gram match's order). Between full searches, for up to REPRICE_EVERY
 plans while the batch keeps its size and shape, each request's k is its best response at the
 last search's prices (search.Prices: the goodput level and the marginal seconds of a draft and
-of a speculating request, and, with a draft model, the passes the plan runs: a draft-model
-chain stays within them), which is the search's own stationary condition and costs no
-cost-model calls; with proposer choice each request's response is over its options. The
-prices are kept while those responses make about the search's goodput (HOLD_TOLERANCE) and
-used while the token budget does not bind and no probe needs passes the plan does not run.
+of a speculating request; with a draft model, only where two requests or more share its
+passes, and a draft-model chain stays within them), which is the search's own stationary
+condition and costs no cost-model calls; with proposer choice each request's response is
+over its options. The prices are kept while those responses make about the search's goodput
+(HOLD_TOLERANCE) and used while the token budget does not bind and the responses need no
+more passes than the plan runs.
 The plan's options are built once per plan as arrays (plan_options.py), so a response costs
 no Python object per option.
 
@@ -392,13 +393,12 @@ class GoodputPolicy(SpecPolicy):
     ) -> tuple[list[int], list[int]] | None:
         """Each request's best response at the held prices (a forced probe keeps its one
         draft), the plan's step predicted once (metrics); None where the prices cannot price
-        it (the token budget binds, or a probe needs a draft-model pass the plan does not
-        run): the search decides."""
+        it (the token budget binds, or a probe needs more draft-model passes than the plan
+        runs): the search decides."""
         self._plans_since_search += 1
         ks, picks = options.responses(self._prices, DRAFT_MARGIN)
         budget = self.token_budget
-        shared = self._prices.passes
-        if (shared is not None and options.passes(ks, picks) > shared) or (
+        if options.passes(ks, picks) > self._prices.passes or (
             budget is not None and base.num_batched_tokens + sum(ks) > budget
         ):
             self._prices = None

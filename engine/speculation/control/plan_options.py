@@ -97,15 +97,12 @@ class PlanOptions:
             at = i * m + j
             floor, cap = self.floors[at], self.caps[at]
             limit = cap if prices.longest is None else min(cap, prices.longest)
-            if draft and prices.passes is not None:
-                limit = min(limit, prices.passes)
-            limit = max(floor, limit)
+            limit = max(floor, min(limit, prices.passes) if draft else limit)
             fixed = (prices.per_draft_request if draft else prices.per_request) + self.seconds[at]
-            token = prices.per_draft_token if draft else prices.per_token
             gains, emitted = self.gains(i, j), 0.0
             for k in range(min(limit, cap) + 1):
                 emitted += gains[k - 1] if k else 0.0
-                value = emitted - level * (token * k + (fixed if k else 0.0))
+                value = emitted - level * (prices.per_token * k + (fixed if k else 0.0))
                 if k >= floor and value > best:
                     best, choice = value, (k, j)
         return choice

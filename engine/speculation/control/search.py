@@ -20,8 +20,8 @@ compare it with brute force, fixed costs included.
 Two one-pass shortcuts answer the common cases exactly: "no drafts" (_floors_are_best) and
 "every request at its cap" (_caps_if_best, tried first when the caller's last plan was that).
 A search's answer can also be kept as prices (Prices: its level and marginal costs); a
-request's best response at them (best_response) is its k in that plan, which the policy uses
-between searches.
+request's best response at them (best_responses: its option and k) is about its part of that
+plan, which the policy uses between searches.
 
 Proposer choice (several proposers loaded): a request's slot is one option per proposer, each
 with its own gains curve, and it picks the option and k maximising the same per-request value.
@@ -34,7 +34,7 @@ tried too, so the plan without the draft model competes.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -106,37 +106,32 @@ class Prices:
     # A padded graph step's drafts are priced within the plan's longest chain (the rows past
     # it jump: padded_plans.py): responses stay within it. None: no such limit.
     longest: int | None = None
-    # Draft-model options. Where two requests or more run the draft model in the plan, its
-    # passes are shared: paid whoever stops, so an option's chain stays within them (a deeper
-    # one pays more, which a search decides) and it pays per_token and per_draft_request.
-    # Else (passes None) an option pays its own passes: per_draft_token a draft, a pass
-    # included, and per_draft_request.
-    passes: int | None = None
-    per_draft_token: float = 0.0
+    # Draft-model options (prices_at): the passes the plan runs, shared by two requests or
+    # more, so paid whoever stops; an option's chain stays within them (a deeper one pays
+    # more, which a search decides) and its first draft costs per_draft_request.
+    passes: int = 0
     per_draft_request: float = 0.0
 
 
-def prices_at(problem: SearchProblem, result: SearchResult) -> Prices:
+def prices_at(problem: SearchProblem, result: SearchResult) -> Prices | None:
+    """The plan's prices, or None where they cannot price its draft-model options: one
+    request alone or none runs the draft model, so counting its passes as paid would keep a
+    lone user drafting on passes only it pays for, and none could start (on the Qwen pair at
+    batch 1 `auto` and the draft model under goodput then drafted where it did not pay, or
+    only probed: docs/benchmarks.md §5q)."""
     chosen = problem.chosen(result.picks)
     users = sum(1 for k, slot in zip(result.ks, chosen) if k > 0 and problem.runs_draft(slot))
-    level, ks, picks = result.goodput, result.ks, result.picks
-    if users >= 2:
-        passes = problem.passes(ks, picks)
-        costs = _marginal_costs(problem, ks, picks, passes)
-        free = costs.per_request_free
-        return Prices(
-            level, costs.per_token, free, None, passes, costs.per_token, costs.per_request
-        )
-    # The plan without the lone user's passes: what one draft-model chain adds alone.
-    plan = problem.features(ks, picks)
-    unpassed = replace(plan, num_draft_steps=problem.base.num_draft_steps)
-    costs = _marginal_costs_at(problem, unpassed, 0)
-    predict, per_pass = problem.cost_model.predict, 0.0
-    if problem.any_draft:
-        more = unpassed.with_drafts(0, 0, unpassed.num_draft_steps + 1)
-        per_pass = max(0.0, predict(more) - predict(unpassed))
-    token, request = costs.per_token, costs.per_request
-    return Prices(level, token, request, None, None, token + per_pass, request)
+    if problem.any_draft and users < 2:
+        return None
+    passes = problem.passes(result.ks, result.picks)
+    costs = _marginal_costs(problem, result.ks, result.picks, passes)
+    return Prices(
+        result.goodput,
+        costs.per_token,
+        costs.per_request_free,
+        passes=passes,
+        per_draft_request=costs.per_request,
+    )
 
 
 def best_responses(
@@ -147,11 +142,9 @@ def best_responses(
     floor holds past both); `margin`: drafts priced at level * (1 + margin), so they must beat
     the level by that share."""
     limit = table.caps if prices.longest is None else np.minimum(table.caps, prices.longest)
-    if prices.passes is not None:
-        limit = np.where(table.draft, np.minimum(limit, prices.passes), limit)
-    limit = np.maximum(table.floors, limit)
+    limit = np.maximum(table.floors, np.where(table.draft, np.minimum(limit, prices.passes), limit))
     costs = _Costs(prices.per_token, prices.per_draft_request, prices.per_request)
-    return _best_options(table, limit, prices.level * (1.0 + margin), costs, prices.per_draft_token)
+    return _best_options(table, limit, prices.level * (1.0 + margin), costs)
 
 
 def best_response(
@@ -332,13 +325,10 @@ def _marginal_costs(
 ) -> _Costs:
     """Seconds of one more draft on a speculating request, and the extra fixed seconds of a
     request's first draft (with the passes of a cap-deep chain paid once when any speculates)."""
-    passes = cap if problem.any_draft else 0
-    return _marginal_costs_at(problem, problem.features(ks, picks), passes)
-
-
-def _marginal_costs_at(problem: SearchProblem, features: StepFeatures, passes: int) -> _Costs:
     predict, graphs = problem.cost_model.predict, problem.graphs
+    features = problem.features(ks, picks)
     seconds = predict(features)
+    passes = cap if problem.any_draft else 0
     first = features.with_drafts(1, 1, passes, graphs)
     # The token cost is measured past the first draft, so that while nobody speculates the
     # batch's fixed costs (passes, an eager step) land on the first request, not on every token;
@@ -354,25 +344,17 @@ def _marginal_costs_at(problem: SearchProblem, features: StepFeatures, passes: i
 
 
 def _best_options(
-    table: OptionTable,
-    limit: np.ndarray,
-    level: float,
-    costs: _Costs,
-    per_draft_token: float | None = None,
+    table: OptionTable, limit: np.ndarray, level: float, costs: _Costs
 ) -> tuple[list[int], list[int]]:
     """Per slot, the (k, option) maximising E(k) - level * seconds(k) over its options, all
     slots at once: k in [floor, limit] (limit [slot, option]), seconds(k) = per_token * k +
-    (the option's fixed seconds when k > 0), draft options' drafts at per_draft_token where
-    given. The first best option, then the first best k, on ties; a slot with no valid choice
-    keeps its first option's floor."""
+    (the option's fixed seconds when k > 0). The first best option, then the first best k,
+    on ties; a slot with no valid choice keeps its first option's floor."""
     width = table.cumulative.shape[2]
     k = np.arange(width)
     valid = (k >= table.floors[..., None]) & (k <= limit[..., None])
     fixed = np.where(table.draft, costs.per_request, costs.per_request_free) + table.seconds
-    token = costs.per_token
-    if per_draft_token is not None:
-        token = np.where(table.draft, per_draft_token, costs.per_token)[..., None]
-    cost = level * (token * k + fixed[..., None] * (k > 0))
+    cost = level * (costs.per_token * k + fixed[..., None] * (k > 0))
     value = np.where(valid, table.cumulative - cost, -np.inf).reshape(len(valid), -1)
     best = value.argmax(axis=1)
     none = ~np.isfinite(value[np.arange(len(best)), best])

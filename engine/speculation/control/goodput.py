@@ -24,14 +24,9 @@ Acceptance is estimated per kind of proposal where the proposer names one before
 (SpecCandidate.kind: the n-gram match's order). Between full searches, for up to REPRICE_EVERY
 plans while the batch keeps its size and shape, each request's k is its best response at the
 last search's prices (search.Prices: the goodput level and the marginal seconds of a draft and
-of a speculating request; with a draft model, only where two requests or more share its
-passes, and a draft-model chain stays within them), which is the search's own stationary
-condition and costs no cost-model calls; with proposer choice each request's response is
-over its options. The prices are kept while those responses make about the search's goodput
-(HOLD_TOLERANCE) and used while the token budget does not bind and the responses need no
-more passes than the plan runs.
-The plan's options are built once per plan as arrays (plan_options.py), so a response costs
-no Python object per option.
+of a speculating request), which is the search's own stationary condition and costs no
+cost-model calls; only where nothing is shared between requests (one proposer, no draft-model
+passes) and the token budget does not bind.
 
 Proposer choice (issue #12): with several proposers the policy keeps one acceptance estimate
 per request and proposer, gives the search one option per proposer (search.py), and writes
@@ -56,12 +51,13 @@ from engine.speculation.control.acceptance import (
 )
 from engine.speculation.control.cost_model import StepCostModel
 from engine.speculation.control.padded_plans import best_plan, plan_prices
-from engine.speculation.control.plan_options import PlanOptions
 from engine.speculation.control.policy import SpecCandidate, SpecPolicy, SpecResult
 from engine.speculation.control.search import (
     Prices,
     SearchProblem,
     SearchResult,
+    SearchSlot,
+    best_response,
 )
 from engine.speculation.control.step_features import StepFeatures
 from engine.speculation.control.tree_shape import TreeShapeEstimator
@@ -81,9 +77,6 @@ EXPLORE_SHARE = 0.05
 # share: a draft of about break-even gain costs the requests beside it their verify rows
 # whatever it returns, and the estimates behind it are noisy (docs/benchmarks.md §5m).
 DRAFT_MARGIN = 0.03
-# The last search's prices are held while the best responses at them make a plan within this
-# share of the search's predicted goodput.
-HOLD_TOLERANCE = 0.01
 
 
 class GoodputPolicy(SpecPolicy):
@@ -133,8 +126,6 @@ class GoodputPolicy(SpecPolicy):
             for name in self.proposers
         }
         self.acceptance = self.estimators[self.proposers[0]]
-        self._members = [self.estimators[name] for name in self.proposers]  # in order
-        self._drafting = tuple(self._runs_draft(name) for name in self.proposers)
         self.propose_seconds = propose_seconds if propose_seconds is not None else {}
         self._num_plans = 0
         self.last_predicted_step_time: float | None = None  # for metrics
@@ -154,41 +145,22 @@ class GoodputPolicy(SpecPolicy):
     def choice(self) -> bool:
         return len(self.proposers) > 1
 
-    def _options(self, candidates: Sequence[SpecCandidate]) -> PlanOptions:
-        """Every candidate's option per proposer: what the proposer can draft now (its offer,
-        else the candidate's cap), each draft's gain at the estimate for the offer's kind
-        times the proposer's calibration (the estimates' realised share where the policy
-        acted on them; AcceptanceEstimator), and the CPU seconds of drafting: a model-free
-        proposer's measured seconds, a draft model's share of its catch-up. A draft model
-        runs one pass per chain position, and one per node it expands in a tree (a pass
-        expands one node of every request), so k drafts cost k passes."""
-        names, estimators, draft = self.proposers, self._members, self._drafting
-        values = tuple(estimator.calibration for estimator in estimators)
-        caps, rates, kinds = [], [], []
-        for candidate in candidates:
-            cap, spec, offers = self._cap(candidate), candidate.spec, candidate.offers
-            for name, estimator in zip(names, estimators):
-                offered = offers.get(name)
-                kind = candidate.kind if offered is None else offered[1]
-                caps.append(cap if offered is None else min(cap, offered[0]))
-                rates.append(estimator.rate(spec, kind))
-                kinds.append(kind)
-        cpu = [self.propose_seconds.get(name, 0.0) for name in names] * len(candidates)
-        options = PlanOptions(names, draft, values, rates, caps, [0] * len(caps), cpu)
-        if self.tree:
-            options.nodes = [
-                self._gains(a, cap, self.estimators[names[at % len(names)]].prior(kind))
-                for at, (a, cap, kind) in enumerate(zip(rates, caps, kinds))
-            ]
-        if any(draft):
-            for i, candidate in enumerate(candidates):
-                for j in (j for j, runs in enumerate(draft) if runs):
-                    share = self._catchup_share(candidate, options.gains(i, j))
-                    options.seconds[i * len(names) + j] += share
-        return options
-
-    def _runs_draft(self, proposer: str) -> bool:
-        return proposer == DRAFT_PROPOSER if self.choice else self.draft_model
+    def _slot(self, candidate: SpecCandidate, proposer: str, value: float) -> SearchSlot:
+        """The candidate's option for `proposer`, whose calibration is `value` this plan."""
+        cap, kind = self._cap(candidate), candidate.kind
+        offered = candidate.offers.get(proposer)
+        if offered is not None:  # proposer choice: what this member can draft now, its kind
+            cap, kind = min(cap, offered[0]), offered[1]
+        # A draft model runs one pass per chain position, and one per node it expands in a
+        # tree (a pass expands one node of every request), so k drafts cost k passes.
+        gains = self._valued_gains(candidate.spec, proposer, kind, cap, value)
+        if not self.choice:
+            seconds = self._catchup_share(candidate, gains) if self.draft_model else 0.0
+            return SearchSlot(gains, range(1, cap + 1), cap, propose_seconds=seconds)
+        draft = proposer == DRAFT_PROPOSER
+        seconds = self._catchup_share(candidate, gains) if draft else 0.0
+        seconds += self.propose_seconds.get(proposer, 0.0)
+        return SearchSlot(gains, range(1, cap + 1), cap, 0, proposer, draft, seconds)
 
     def _catchup_seconds(self, candidate: SpecCandidate) -> float:
         """The cost model's seconds for the draft model's catch-up on this request, paid when
@@ -213,9 +185,28 @@ class GoodputPolicy(SpecPolicy):
         fed = predict(StepFeatures(num_catchup_tokens=tokens)) - predict(StepFeatures())
         self._catchup_per_token = max(0.0, fed) / tokens
 
+    def _valued_gains(
+        self, spec: SpecState, proposer: str, kind: str, cap: int, value: float
+    ) -> list[float]:
+        """The gains of drafts 1..cap from `proposer` as the search weighs them: its estimate's
+        gains (_gains) times `value`, its calibration (the estimates' realised share where the
+        policy acted on them; AcceptanceEstimator)."""
+        estimator = self.estimators[proposer]
+        a = estimator.rate(spec, kind)
+        if not self.tree:  # the common case inline: a plan makes one per request and proposer
+            return [value * a**j for j in range(1, cap + 1)]
+        return [value * gain for gain in self._gains(a, cap, estimator.prior(kind))]
+
+    def _record(self, candidate: SpecCandidate, proposer: str, valued: Sequence[float]) -> None:
+        """The estimate's expected acceptance of the planned drafts, for its calibration."""
+        value = self.estimators[proposer].calibration
+        candidate.spec.expected = tuple(gain / value for gain in valued)
+
     def _gains(self, a: float, cap: int, prior: float) -> Sequence[float]:
-        """Trees: the learned shape's node path probabilities, scaled by how this request's
-        acceptance compares with everyone's (`prior`; rank model, acceptance.py)."""
+        """Chains: a^j. Trees: the learned shape's node path probabilities, scaled by how this
+        request's acceptance compares with everyone's (`prior`; rank model, acceptance.py)."""
+        if not self.tree:
+            return [a**j for j in range(1, cap + 1)]
         if self.tree_shape is None:
             return tree_gains(round(a * GRID))[0]
         scale = min(2.0, a / max(prior, 1e-3))
@@ -223,59 +214,63 @@ class GoodputPolicy(SpecPolicy):
         return [min(1.0, scale * p) for p in scores] + [0.0] * (cap - len(scores))
 
     def _explore(
-        self, candidates: Sequence[SpecCandidate], options: PlanOptions, base: StepFeatures
+        self,
+        candidates: Sequence[SpecCandidate],
+        options: list[list[SearchSlot]],
+        base: StepFeatures,
     ) -> None:
         """The probe of this plan (_probe), if any: that request gets only that option, with
         one draft at least."""
+        caps = [[o.cap for o in slot] for slot in options]
+        step = self.cost_model.predict(base) if self.cost_model.fitted else 0.0
 
         def cost(i: int, j: int) -> float:
-            """A probe's seconds beyond the step: the whole catch-up (a probe may show the
-            draft model does not pay, and then nothing is spread)."""
-            whole = self._catchup_seconds(candidates[i]) if options.draft[j] else 0.0
-            return whole + self.propose_seconds.get(self.proposers[j], 0.0)
+            return self._probe_seconds(candidates[i], options[i][j])
 
-        predicted: list[float] = []
-
-        def step() -> float:  # predicted once, and only where a costly probe is weighed
-            if not predicted:
-                predicted.append(self.cost_model.predict(base) if self.cost_model.fitted else 0.0)
-            return predicted[0]
-
-        probe = self._probe(candidates, options.caps, cost, step)
+        probe = self._probe(candidates, caps, cost, step)
         if probe is not None:
-            options.force(*probe)
+            i, j = probe
+            options[i] = [options[i][j]]
+            options[i][0].floor = 1
+
+    def _probe_seconds(self, candidate: SpecCandidate, option: SearchSlot) -> float:
+        """What a forced probe of this option costs beyond the step: the whole catch-up (a
+        probe may show the draft model does not pay, and then nothing is spread)."""
+        draft = option.draft if option.draft is not None else self.draft_model
+        whole = self._catchup_seconds(candidate) if draft else 0.0
+        return whole + self.propose_seconds.get(option.proposer, 0.0)
 
     def _probe(
         self,
         candidates: Sequence[SpecCandidate],
-        caps: Sequence[int],
-        cost: Callable[[int, int], float],
-        step: Callable[[], float],
+        caps: list[list[int]],
+        cost: Callable[[int, int], float] | None = None,
+        step_seconds: float = 0.0,
     ) -> tuple[int, int] | None:
         """The (request, proposer) idle longest, once idle for explore_interval plans (past
         four candidates, for four plans per candidate, so that under load the retries stay
         about one per four plans: each is a verify row every request in the step waits for),
         to be given one draft. One per plan, so that under load the retries do not all land
-        on the same step. caps[i * len(proposers) + j]: proposer j's cap on request i;
-        cost(i, j): the seconds of drafting with it beyond the step (a draft model's
-        catch-up), which must stay within EXPLORE_SHARE of the idle plans' steps (step()
-        seconds each); of all plans so far while the proposer has never been verified."""
+        on the same step. caps[i][j]: proposer j's cap on request i; cost(i, j): the seconds
+        of drafting with it beyond the step (a draft model's catch-up), which must stay within
+        EXPLORE_SHARE of the idle plans' steps (step_seconds each); of all plans so far while
+        the proposer has never been verified."""
         interval = self.explore_interval
         if len(candidates) > 4:
             interval = max(interval, 4 * len(candidates))
-        idle, m = [], len(self.proposers)
+        idle = []
         for i, candidate in enumerate(candidates):
             for j, name in enumerate(self.proposers):
                 # the plan that last ran it on this request (or first saw the request)
                 last = candidate.spec.last_run.setdefault(name, self._num_plans)
                 idle_plans = self._num_plans - last
-                if caps[i * m + j] <= 0 or idle_plans < interval:
+                if caps[i][j] <= 0 or idle_plans < interval:
                     continue
-                seconds = cost(i, j)  # only where it could run
+                seconds = cost(i, j) if cost is not None else 0.0  # only where it could run
                 # A proposer never verified anywhere is budgeted on every plan so far, not
                 # this request's: its prior is a guess every later choice of it rests on.
                 budget = idle_plans if self.estimators[name].num_updates else self._num_plans
-                if seconds == 0.0 or seconds <= EXPLORE_SHARE * budget * step():
+                if seconds == 0.0 or seconds <= EXPLORE_SHARE * budget * step_seconds:
                     idle.append((last, i, j))
         return min(idle)[1:] if idle else None
 
@@ -291,60 +286,50 @@ class GoodputPolicy(SpecPolicy):
         self._num_plans += 1
         if self.draft_model or DRAFT_PROPOSER in self.proposers:
             self._price_catchup()
-        options = self._options(candidates)
+        if self._prices_hold(base):
+            plan = self._respond(candidates, base)
+            if plan is not None:
+                return plan
+        values = [self.estimators[name].calibration for name in self.proposers]
+        options = [
+            [self._slot(c, name, value) for name, value in zip(self.proposers, values)]
+            for c in candidates
+        ]
         self._explore(candidates, options, base)
-        responded = self._respond(options, base) if self._prices_hold(base) else None
-        if responded is not None:
-            ks, picks = responded
-        elif self.cost_model.fitted:
-            ks, picks = self._search(candidates, options, base)
+        if self.cost_model.fitted:
+            problem = SearchProblem(
+                options,
+                base,
+                self.cost_model,
+                self.draft_model,
+                self.graphs,
+                self.token_budget,
+                self.plan_seconds,
+                self._sunk_seconds(candidates, base),
+                caps_first=self._caps_last,
+            )
+            result = _worth_drafting(problem, best_plan(problem, DRAFT_MARGIN))
+            ks, chosen = result.ks, problem.chosen(result.picks)
+            self._caps_last = all(k == slot.cap for k, slot in zip(ks, chosen))
+            self.last_predicted_step_time = result.predicted_seconds + problem.sunk_seconds
+            self._take_prices(problem, result, base)
         else:
-            ks, picks = self._warm_up(options)
-        for i, (candidate, j, k) in enumerate(zip(candidates, picks, ks)):
-            name = self.proposers[j]
+            warmup_k = self._num_plans % (self.max_draft_tokens + 1)
+            # Warm-up: proposers in turn, so the cost model sees each one's cost.
+            chosen = [o[self._num_plans % len(o)] for o in options]
+            ks = tuple(max(s.floor, min(warmup_k, s.cap)) for s in chosen)
+            self.last_predicted_step_time = None
+        plan = {c.request_id: k for c, k in zip(candidates, ks) if k > 0}
+        for candidate, slot, k in zip(candidates, chosen, ks):
+            name = slot.proposer or self.proposers[0]
             candidate.spec.proposer = name if k > 0 and self.choice else ""
             if self.choice:  # the chosen member's kind, for its result's estimate
                 candidate.spec.kind = candidate.offers.get(name, (0, ""))[1] if k > 0 else ""
             candidate.spec.expected = ()
-            if k > 0:  # the estimate's expected acceptance of its drafts, for its calibration
+            if k > 0:
                 candidate.spec.last_run[name] = self._num_plans
-                candidate.spec.expected = options.expected(i, j, k)
-        return {c.request_id: k for c, k in zip(candidates, ks) if k > 0}
-
-    def _warm_up(self, options: PlanOptions) -> tuple[list[int], list[int]]:
-        """Until the cost model is fitted: k cycles through 0..max_draft_tokens, proposers
-        in turn, so the cost model sees each one's cost."""
-        warmup_k = self._num_plans % (self.max_draft_tokens + 1)
-        ks, picks = [], []
-        for slots in options.slots():
-            slot = slots[self._num_plans % len(slots)]
-            ks.append(max(slot.floor, min(warmup_k, slot.cap)))
-            picks.append(self.proposers.index(slot.proposer))
-        self.last_predicted_step_time = None
-        return ks, picks
-
-    def _search(
-        self, candidates: Sequence[SpecCandidate], options: PlanOptions, base: StepFeatures
-    ) -> tuple[Sequence[int], list[int]]:
-        """The goodput search's plan (ks, the proposer chosen per candidate); its prices
-        kept."""
-        problem = SearchProblem(
-            options.slots(),
-            base,
-            self.cost_model,
-            self.draft_model,
-            self.graphs,
-            self.token_budget,
-            self.plan_seconds,
-            self._sunk_seconds(candidates, base),
-            caps_first=self._caps_last,
-        )
-        result = _worth_drafting(problem, best_plan(problem, DRAFT_MARGIN))
-        chosen = problem.chosen(result.picks)
-        self._caps_last = all(k == slot.cap for k, slot in zip(result.ks, chosen))
-        self.last_predicted_step_time = result.predicted_seconds + problem.sunk_seconds
-        self._take_prices(problem, options, result, base)
-        return result.ks, [self.proposers.index(slot.proposer) for slot in chosen]
+                self._record(candidate, name, slot.gains[:k])
+        return plan
 
     def _sunk_seconds(self, candidates: Sequence[SpecCandidate], base: StepFeatures) -> float:
         """The predicted seconds of the step's work beyond the candidates' decoding (prefill
@@ -355,23 +340,16 @@ class GoodputPolicy(SpecPolicy):
 
     # ---- between searches: best responses at the last search's prices -------------------
     def _take_prices(
-        self, problem: SearchProblem, options: PlanOptions, result: SearchResult, base: StepFeatures
+        self, problem: SearchProblem, result: SearchResult, base: StepFeatures
     ) -> None:
-        """Keep the search's prices where the best responses at them (as _respond prices
-        them) make a plan of about the search's predicted goodput (within HOLD_TOLERANCE).
-        Prices are the step's marginal seconds just past the plan; where the step time is
-        not linear there (a row knot, as on the Qwen 1.5B from 5 to 6 rows, one more draft
-        after a batch-1 chain of 4) they price every draft at the jump, and the responses
-        would drop drafts the search found paying (docs/benchmarks.md §5n): then the next
-        plan searches again. They need not be the plan itself: each response's drafts must
-        beat the level by DRAFT_MARGIN, the search's only the plan's as a whole."""
-        prices = plan_prices(problem, result) if result.goodput > 0 else None
-        if prices is not None:
-            ks, picks = options.responses(prices, DRAFT_MARGIN)
-            seconds = self._seconds(base, options, ks, picks) + problem.extra_seconds
-            if options.emitted(ks, picks) / seconds < (1.0 - HOLD_TOLERANCE) * result.goodput:
-                prices = None
-        self._prices = prices
+        """Keep the search's prices where a request's k depends on nothing shared (one
+        option per request, no draft-model passes, no token budget binding) and where each
+        request's best response at them is its k in the plan (_responses_agree)."""
+        simple = not self.choice and not problem.any_draft
+        prices = plan_prices(problem, result) if simple and result.goodput > 0 else None
+        self._prices = (
+            prices if prices is not None and _responses_agree(problem, result, prices) else None
+        )
         self._priced_base, self._plans_since_search = base, 0
 
     def _prices_hold(self, base: StepFeatures) -> bool:
@@ -388,33 +366,34 @@ class GoodputPolicy(SpecPolicy):
             <= max(1, then.num_batched_tokens // 4)
         )
 
-    def _respond(
-        self, options: PlanOptions, base: StepFeatures
-    ) -> tuple[list[int], list[int]] | None:
+    def _respond(self, candidates: Sequence[SpecCandidate], base: StepFeatures) -> SpecPlan | None:
         """Each request's best response at the held prices (a forced probe keeps its one
-        draft), the plan's step predicted once (metrics); None where the prices cannot price
-        it (the token budget binds, or a probe needs more draft-model passes than the plan
-        runs): the search decides."""
+        draft), the plan's step predicted once (metrics); None when the token budget binds
+        (the search decides which drafts go)."""
         self._plans_since_search += 1
-        ks, picks = options.responses(self._prices, DRAFT_MARGIN)
-        budget = self.token_budget
-        if options.passes(ks, picks) > self._prices.passes or (
-            budget is not None and base.num_batched_tokens + sum(ks) > budget
-        ):
+        name = self.proposers[0]
+        value = self.estimators[name].calibration
+        caps = [self._cap(c) for c in candidates]
+        probe = self._probe(candidates, [[cap] for cap in caps])
+        ks, valued = [], []
+        for i, (candidate, cap) in enumerate(zip(candidates, caps)):
+            gains = self._valued_gains(candidate.spec, name, candidate.kind, cap, value)
+            floor = 1 if probe is not None and probe[0] == i else 0
+            ks.append(best_response(gains, cap, floor, self._prices, DRAFT_MARGIN))
+            valued.append(gains)
+        drafts = sum(ks)
+        if self.token_budget is not None and base.num_batched_tokens + drafts > self.token_budget:
             self._prices = None
             return None
-        self.last_predicted_step_time = self._seconds(base, options, ks, picks) + self.plan_seconds
-        return ks, picks
-
-    def _seconds(
-        self, base: StepFeatures, options: PlanOptions, ks: list[int], picks: list[int]
-    ) -> float:
-        """The step's predicted seconds with these drafts, the options' CPU seconds included
-        (as SearchProblem.evaluate, before its corrections)."""
-        spec = sum(1 for k in ks if k > 0)
-        passes = options.passes(ks, picks)
-        features = base.with_drafts(sum(ks), spec, passes, self.graphs, max(ks, default=0))
-        return self.cost_model.predict(features) + options.cpu_seconds(ks, picks)
+        plan = {c.request_id: k for c, k in zip(candidates, ks) if k > 0}
+        for candidate, k, gains in zip(candidates, ks, valued):
+            candidate.spec.expected = ()
+            if k > 0:
+                candidate.spec.last_run[name] = self._num_plans
+                self._record(candidate, name, gains[:k])
+        features = base.with_drafts(drafts, len(plan), 0, self.graphs, max(ks, default=0))
+        self.last_predicted_step_time = self.cost_model.predict(features) + self.plan_seconds
+        return plan
 
     def _cap(self, candidate: SpecCandidate) -> int:
         return max(0, min(self.max_draft_tokens, candidate.max_draft_tokens))
@@ -433,6 +412,19 @@ class GoodputPolicy(SpecPolicy):
         """A request's acceptance estimate for a proposer (chains: per draft token; trees:
         rank-1) and proposals of a kind; "" or a name it does not choose among: its first."""
         return self.estimators.get(proposer, self.acceptance).rate(spec, kind)
+
+
+def _responses_agree(problem: SearchProblem, result: SearchResult, prices: Prices) -> bool:
+    """Whether every request's best response at `prices` (as _respond prices it) is its k in
+    the search's plan. Prices are the step's marginal seconds just past the plan; where the
+    step time is not linear there (a row knot, as on the Qwen 1.5B from 5 to 6 rows, one more
+    draft after a batch-1 chain of 4) they price every draft at the jump, and the responses
+    would drop drafts the search found paying (docs/benchmarks.md §5n). Then the next plan
+    searches again."""
+    return all(  # one option per request: prices are taken only without proposer choice
+        best_response(slot.gains, slot.cap, slot.floor, prices, DRAFT_MARGIN) == k
+        for [slot], k in zip(problem.options, result.ks)
+    )
 
 
 def _worth_drafting(problem: SearchProblem, found: SearchResult) -> SearchResult:

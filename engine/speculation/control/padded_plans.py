@@ -45,11 +45,11 @@ def best_plan(problem: SearchProblem, margin: float = 0.0) -> SearchResult:
     return best
 
 
-def plan_prices(problem: SearchProblem, result: SearchResult) -> Prices | None:
+def plan_prices(problem: SearchProblem, result: SearchResult) -> Prices:
     """The prices the plan was found at, for best responses between searches: where steps
     pad, its level and the linear costs at its longest chain K, responses held within K (the
     marginal costs at the plan would price a draft past K at the jump in rows, and the
-    responses would not be the plan); elsewhere search.prices_at (None: no prices)."""
+    responses would not be the plan); elsewhere search.prices_at."""
     if not _by_chain_length(problem):
         return prices_at(problem, result)
     longest = max(result.ks, default=0)

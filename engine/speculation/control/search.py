@@ -20,8 +20,8 @@ compare it with brute force, fixed costs included.
 Two one-pass shortcuts answer the common cases exactly: "no drafts" (_floors_are_best) and
 "every request at its cap" (_caps_if_best, tried first when the caller's last plan was that).
 A search's answer can also be kept as prices (Prices: its level and marginal costs); a
-request's best response at them (best_responses: its option and k) is about its part of that
-plan, which the policy uses between searches.
+request's best response at them (best_response) is its k in that plan, which the policy uses
+between searches.
 
 Proposer choice (several proposers loaded): a request's slot is one option per proposer, each
 with its own gains curve, and it picks the option and k maximising the same per-request value.
@@ -54,7 +54,6 @@ __all__ = [
     "SearchSlot",
     "best_lengths",
     "best_response",
-    "best_responses",
     "prices_at",
 ]
 
@@ -96,64 +95,41 @@ def best_lengths(problem: SearchProblem) -> SearchResult:
 @dataclass(frozen=True)
 class Prices:
     """A plan's goodput level and marginal seconds (one more draft, a request's first): at
-    the optimum each request's (option, k) maximises E(k) - level * seconds(k) at these prices
+    the optimum each request's k maximises E(k) - level * seconds(k) at these prices
     (Dinkelbach's condition), so while the batch and the costs stay about the same, the
     prices of the last search give each request its k without searching again."""
 
     level: float
     per_token: float
-    per_request: float  # a model-free option's first draft (the draft model's: below)
+    per_request: float
     # A padded graph step's drafts are priced within the plan's longest chain (the rows past
     # it jump: padded_plans.py): responses stay within it. None: no such limit.
     longest: int | None = None
-    # Draft-model options (prices_at): the passes the plan runs, shared by two requests or
-    # more, so paid whoever stops; an option's chain stays within them (a deeper one pays
-    # more, which a search decides) and its first draft costs per_draft_request.
-    passes: int = 0
-    per_draft_request: float = 0.0
 
 
-def prices_at(problem: SearchProblem, result: SearchResult) -> Prices | None:
-    """The plan's prices, or None where they cannot price its draft-model options: one
-    request alone or none runs the draft model, so counting its passes as paid would keep a
-    lone user drafting on passes only it pays for, and none could start (on the Qwen pair at
-    batch 1 `auto` and the draft model under goodput then drafted where it did not pay, or
-    only probed: docs/benchmarks.md §5q)."""
-    chosen = problem.chosen(result.picks)
-    users = sum(1 for k, slot in zip(result.ks, chosen) if k > 0 and problem.runs_draft(slot))
-    if problem.any_draft and users < 2:
-        return None
-    passes = problem.passes(result.ks, result.picks)
-    costs = _marginal_costs(problem, result.ks, result.picks, passes)
-    return Prices(
-        result.goodput,
-        costs.per_token,
-        costs.per_request_free,
-        passes=passes,
-        per_draft_request=costs.per_request,
-    )
-
-
-def best_responses(
-    table: OptionTable, prices: Prices, margin: float = 0.0
-) -> tuple[list[int], list[int]]:
-    """Every slot's (k, option) maximising E(k) - level * seconds(k) at `prices` (ks, picks),
-    shared draft-model passes bounding draft options and the longest chain every option (a
-    floor holds past both); `margin`: drafts priced at level * (1 + margin), so they must beat
-    the level by that share."""
-    limit = table.caps if prices.longest is None else np.minimum(table.caps, prices.longest)
-    limit = np.maximum(table.floors, np.where(table.draft, np.minimum(limit, prices.passes), limit))
-    costs = _Costs(prices.per_token, prices.per_draft_request, prices.per_request)
-    return _best_options(table, limit, prices.level * (1.0 + margin), costs)
+def prices_at(problem: SearchProblem, result: SearchResult) -> Prices:
+    cap = max((o.cap for options in problem.options for o in options), default=0)
+    costs = _marginal_costs(problem, result.ks, result.picks, cap)
+    return Prices(result.goodput, costs.per_token, costs.per_request_free)
 
 
 def best_response(
     gains: Sequence[float], cap: int, floor: int, prices: Prices, margin: float = 0.0
 ) -> int:
-    """best_responses of one model-free option: the k in [floor, cap] for gains g(1..cap)."""
-    slot = SearchSlot(gains, range(1, cap + 1), cap, floor)
-    ks, _ = best_responses(OptionTable.of([[slot]], [[False]]), prices, margin)
-    return ks[0]
+    """The k in [floor, cap] maximising E(k) - level * (per_token * k + per_request * [k > 0])
+    (the first on ties), for gains g(1..cap); `margin`: drafts priced at level * (1 + margin),
+    so they must beat the level by that share."""
+    level, token, request = prices.level * (1.0 + margin), prices.per_token, prices.per_request
+    if prices.longest is not None:
+        cap = max(floor, min(cap, prices.longest))
+    best_k, best = 0, 0.0
+    emitted = 0.0
+    for k in range(1, cap + 1):
+        emitted += gains[k - 1]
+        value = emitted - level * (token * k + request)
+        if k <= floor or value > best:
+            best_k, best = k, value
+    return best_k if best_k >= floor else floor
 
 
 def _forced_passes(problem: SearchProblem) -> int:
@@ -298,9 +274,7 @@ def _dinkelbach(
     level, best_ks, best_picks, best_goodput = start.goodput, ks, picks, start.goodput
     for _ in range(MAX_ROUNDS):
         costs = _marginal_costs(problem, ks, picks, cap)
-        table = problem.table
-        limit = np.where(table.draft, np.minimum(table.caps, cap), table.caps)
-        new_ks, new_picks = _best_options(table, limit, level, costs)
+        new_ks, new_picks = _best_options(problem.table, cap, level, costs)
         result = problem.evaluate(new_ks, new_picks)
         if result.goodput > best_goodput:
             best_ks, best_picks, best_goodput = new_ks, new_picks, result.goodput
@@ -344,14 +318,15 @@ def _marginal_costs(
 
 
 def _best_options(
-    table: OptionTable, limit: np.ndarray, level: float, costs: _Costs
+    table: OptionTable, cap: int, level: float, costs: _Costs
 ) -> tuple[list[int], list[int]]:
     """Per slot, the (k, option) maximising E(k) - level * seconds(k) over its options, all
-    slots at once: k in [floor, limit] (limit [slot, option]), seconds(k) = per_token * k +
-    (the option's fixed seconds when k > 0). The first best option, then the first best k,
-    on ties; a slot with no valid choice keeps its first option's floor."""
+    slots at once: k in [floor, cap] (draft options also <= the pass cap), seconds(k) =
+    per_token * k + (the option's fixed seconds when k > 0). The first best option, then the
+    first best k, on ties; a slot with no valid choice keeps its first option's floor."""
     width = table.cumulative.shape[2]
     k = np.arange(width)
+    limit = np.where(table.draft, np.minimum(table.caps, cap), table.caps)
     valid = (k >= table.floors[..., None]) & (k <= limit[..., None])
     fixed = np.where(table.draft, costs.per_request, costs.per_request_free) + table.seconds
     cost = level * (costs.per_token * k + fixed[..., None] * (k > 0))

@@ -118,19 +118,15 @@ class SearchProblem:
             return [options[0] for options in self.options]
         return [options[p] for options, p in zip(self.options, picks)]
 
-    def passes(self, ks: Sequence[int], picks: Sequence[int] | None = None) -> int:
-        """The draft-model passes the plan runs (its deepest draft-model chain)."""
+    def features(self, ks: Sequence[int], picks: Sequence[int] | None = None) -> StepFeatures:
         picks = picks if picks is not None else (0,) * len(ks)
         chosen = zip(self.options, self.draft_flags, picks, ks)
-        return max(
+        steps = max(
             (options[p].depths[k - 1] for options, flags, p, k in chosen if k > 0 and flags[p]),
             default=0,
         )
-
-    def features(self, ks: Sequence[int], picks: Sequence[int] | None = None) -> StepFeatures:
         spec = sum(1 for k in ks if k > 0)
-        passes = self.passes(ks, picks)
-        return self.base.with_drafts(sum(ks), spec, passes, self.graphs, max(ks, default=0))
+        return self.base.with_drafts(sum(ks), spec, steps, self.graphs, max(ks, default=0))
 
     def evaluate(self, ks: Sequence[int], picks: Sequence[int] | None = None) -> SearchResult:
         slots = self.chosen(picks)

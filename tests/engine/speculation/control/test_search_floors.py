@@ -75,12 +75,8 @@ def record_probes(policy) -> list:
 
     def recording(batch, options, base):
         explore(batch, options, base)
-        m = len(options.proposers)
-        forced.extend(
-            (batch[at // m].request_id, options.proposers[at % m])
-            for at, (floor, cap) in enumerate(zip(options.floors, options.caps))
-            if 0 < floor <= cap
-        )
+        probe = [(c.request_id, o[0].proposer) for c, o in zip(batch, options) if o[0].floor > 0]
+        forced.extend(probe)
 
     policy._explore = recording
     return forced

@@ -4,7 +4,8 @@ and their share of the step time the plan predicts.
 The cost model is an OnlineLinearCostModel fitted on synthetic step times over the start-up
 profile grid (draft passes included), each request has its own acceptance per proposer, and
 every plan is timed whole (slots, exploration, search), as the engine runs it each step, in
-CPU time of this process (the median over --repeats runs of --rounds plans each).
+CPU time of this process (the median over --repeats runs of --rounds plans each), the heap
+frozen first as the server's is, so that no full collector scan lands in a plan.
 
     .venv/bin/python benchmarks/plan_time.py --requests 8 32 64 --k 4
     .venv/bin/python benchmarks/plan_time.py --requests 1 2 4 8 16 --costs gpu

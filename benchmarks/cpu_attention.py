@@ -8,10 +8,18 @@ its blocks scattered; ms per step over the 30 layers, median of `--rounds`, "col
 layer is one call from Python here (~10 us of call overhead each, ~0.3 ms per step on both
 paths), where the native decoder stack calls the kernel from C++.
 
+`--mode prefill`: one request's prefill chunk (`--tokens` new tokens after `--ctx` positions) on
+a model's shapes (`--heads`, `--kv-heads`, `--head-dim`, `--layers`; default Qwen2.5-1.5B's),
+under each kernel build of `--builds` (source hashes in the kernel cache, kernels/cpu/build.py;
+default the current one) in turn: ms per chunk, median of `--rounds`, and whether every build's
+output is bitwise the first's.
+
 `--mode engine`: batch-1 greedy decode of chat-templated copy prompts (../shared/data), one
 engine per (policy, path) in one process, prompts taking turns across them; tok/s and tok/step.
 
     .venv/bin/python benchmarks/cpu_attention.py --mode kernel --ctx 500 --tokens 1 6
+    .venv/bin/python benchmarks/cpu_attention.py --mode prefill --ctx 0 512 --tokens 512 \
+        --builds <old hash> <new hash>
     .venv/bin/python benchmarks/cpu_attention.py --mode engine --prompts 6
 """
 
@@ -31,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from engine.front.llm import LLM  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
-from kernels.cpu.build import load_native  # noqa: E402
+from kernels.cpu.build import DEFAULT_CACHE, _import_built, build_dir, load_native  # noqa: E402
 
 PATHS = {"avx2": 1, "avx512": 2}  # set_attention_isa_cap values
 LAYERS, BLOCK, KV_HEADS, HEAD_DIM, HEADS = 30, 16, 3, 64, 9
@@ -83,6 +91,58 @@ def run_kernel(args: argparse.Namespace) -> None:
                   f"{a['hot'] / b['hot']:.2f}x |", flush=True)  # fmt: skip
 
 
+def load_build(source_hash: str):
+    directory = Path(DEFAULT_CACHE).expanduser() / source_hash
+    module = _import_built(directory, f"goodspeed_cpu_{source_hash}")
+    if module is None:
+        sys.exit(f"no kernel build {source_hash} in {DEFAULT_CACHE}")
+    return module
+
+
+def prefill_case(builds: dict, args: argparse.Namespace, ctx: int) -> dict[str, float]:
+    """Median ms of one chunk over the layers per build; exits if a build's output differs."""
+    tokens, heads, kv_heads, dim = args.tokens[0], args.heads, args.kv_heads, args.head_dim
+    blocks = (ctx + tokens + BLOCK - 1) // BLOCK
+    caches = [torch.randn(blocks, 2, BLOCK, kv_heads, dim) for _ in range(args.layers)]
+    order = torch.randperm(blocks).to(torch.int32)
+    slots = torch.tensor(
+        [int(order[p // BLOCK]) * BLOCK + p % BLOCK for p in range(ctx, ctx + tokens)]
+    )
+    rows = torch.tensor([[0, ctx, j, tokens] for j in range(tokens)], dtype=torch.int32)
+    q = torch.randn(tokens, heads, dim)
+    k, v = torch.randn(tokens, kv_heads, dim), torch.randn(tokens, kv_heads, dim)
+    outs = {name: torch.empty_like(q) for name in builds}
+    times = {name: [] for name in builds}
+    for _ in range(args.rounds):
+        for name, ops in builds.items():
+            start = time.perf_counter()
+            for cache in caches:
+                ops.paged_attention_out(
+                    q, k, v, cache, slots, order[None, :], rows, None, dim**-0.5, outs[name]
+                )
+            times[name].append(time.perf_counter() - start)
+    first = next(iter(outs.values()))
+    for name, out in outs.items():
+        if not torch.equal(out, first):
+            sys.exit(f"build {name}'s output differs from the first build's")
+    return {name: 1e3 * statistics.median(t) for name, t in times.items()}
+
+
+def run_prefill(args: argparse.Namespace) -> None:
+    torch.set_num_threads(args.threads)
+    hashes = args.builds or [build_dir().name]
+    builds = {h: (load_native() if h == build_dir().name else load_build(h)) for h in hashes}
+    for ops in builds.values():
+        ops.set_attention_isa_cap(args.isa)
+    print("| ctx | tokens | " + " | ".join(f"{h} ms" for h in hashes) + " | ratio to the first |")
+    print("|---|---|" + "---|" * (len(hashes) + 1))
+    for ctx in args.ctx:
+        r = prefill_case(builds, args, ctx)
+        ratios = ", ".join(f"{r[hashes[0]] / r[h]:.2f}x" for h in hashes[1:])
+        cells = " | ".join(f"{r[h]:.1f}" for h in hashes)
+        print(f"| {ctx} | {args.tokens[0]} | {cells} | {ratios} |", flush=True)
+
+
 def decode_one(engine, request_id: str, prompt: str) -> tuple[int, float, int]:
     """(tokens, seconds, steps) of one greedy 128-token completion, prefill excluded."""
     ids = engine.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
@@ -128,15 +188,21 @@ def run_engine(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--mode", choices=["kernel", "engine"], default="kernel")
+    parser.add_argument("--mode", choices=["kernel", "prefill", "engine"], default="kernel")
     parser.add_argument("--ctx", type=int, nargs="+", default=[150, 500, 1000])
     parser.add_argument("--tokens", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--rounds", type=int, default=21)
     parser.add_argument("--prompts", type=int, default=6)
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--heads", type=int, default=12, help="--mode prefill")
+    parser.add_argument("--kv-heads", type=int, default=2, help="--mode prefill")
+    parser.add_argument("--head-dim", type=int, default=128, help="--mode prefill")
+    parser.add_argument("--layers", type=int, default=28, help="--mode prefill")
+    parser.add_argument("--builds", nargs="*", default=[], help="--mode prefill: kernel hashes")
+    parser.add_argument("--isa", type=int, default=2, help="--mode prefill: attention ISA cap")
     args = parser.parse_args()
-    run_kernel(args) if args.mode == "kernel" else run_engine(args)
+    {"kernel": run_kernel, "prefill": run_prefill, "engine": run_engine}[args.mode](args)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
-// The AVX2 path of one query head's paged attention (decode_core.h), for D % 8 == 0.
+// The AVX2 path of paged attention (decode_core.h), for D % 8 == 0: one task per (query token,
+// KV head, up to 8 of its query heads) reads each key and value row once for those heads.
 //
-// Every quantity of a (query, key) pair is computed the same way whatever else is in the step:
+// Every quantity of a (query head, key) pair is computed the same way whatever else is in the step:
 //  * scores: four keys at a time (four independent FMA chains over D), each key's eight lanes
 //    summed in one fixed order (hadd pattern), so a key's score does not depend on its slot;
 //  * softmax: a max (order-free), then e^(s - max) in vectors of 8 keys, exactly 0 for keys the
@@ -15,6 +16,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <vector>
 
 #include "kv_elements.h"
 #include "vec_math.h"
@@ -49,32 +51,75 @@ GS_AVX2_FMA inline __m256 load8(const BFloat16* p) {
 // request's blocks are scattered, so the hardware prefetchers lose the stream at each block.
 constexpr int64_t kPrefetchKeys = 16;
 
-// scores[p] = q . k_p * scale for the keys the query sees, -inf for the others (p < n).
-template <typename E>
-GS_AVX2_FMA inline void attention_scores(const PagedT<E>& c, const QueryTask& task, int64_t g,
-                                         float scale, int64_t n, float* scores) {
+// Query heads per KV head one task takes (the AVX-512 path's accumulators must fit 32
+// registers); a larger group is split into several tasks.
+constexpr int64_t kMaxGroupHeads = 8;
+
+// The query heads of one task, all of one KV head: head i's query q[i] and output out[i], [D].
+struct HeadGroup {
+  const float* q[kMaxGroupHeads];
+  float* out[kMaxGroupHeads];
+};
+
+// The lane sums of q_h . k_j for NH heads and four keys: NH x 4 independent FMA chains over D,
+// each (head, key) chain in d order whatever NH is; each key's vector is loaded once for the NH
+// heads. Key j's sum is ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)) in every slot j.
+template <int NH, typename E>
+GS_AVX2_FMA inline void quad_scores(const E* const* k, const float* const* q, int64_t D,
+                                    __m128* sums) {
+  // Every loop over heads, keys and vectors is unrolled, so the sums live in registers.
+  __m256 acc[NH][4];
+#pragma GCC unroll 8
+  for (int h = 0; h < NH; ++h) {
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) acc[h][j] = _mm256_setzero_ps();
+  }
+#pragma GCC unroll 4
+  for (int64_t d = 0; d < D; d += 8) {
+    __m256 kv[4];
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) kv[j] = load8(k[j] + d);
+#pragma GCC unroll 8
+    for (int h = 0; h < NH; ++h) {
+      const __m256 qv = _mm256_loadu_ps(q[h] + d);
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) acc[h][j] = _mm256_fmadd_ps(qv, kv[j], acc[h][j]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int h = 0; h < NH; ++h) {
+    const __m256 s = _mm256_hadd_ps(_mm256_hadd_ps(acc[h][0], acc[h][1]),
+                                    _mm256_hadd_ps(acc[h][2], acc[h][3]));
+    sums[h] = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+  }
+}
+
+// scores[h * stride + p] = q_h . k_p * scale for the keys the token sees, -inf for the others
+// (p < n), heads two at a time; each key's rows are read from memory once for the G heads.
+template <int G, typename E>
+GS_AVX2_FMA inline void group_scores_avx2(const PagedT<E>& c, const QueryTask& task,
+                                          const HeadGroup& heads, int64_t g, float scale,
+                                          int64_t n, float* scores, int64_t stride) {
   for (int64_t p0 = 0; p0 < n; p0 += 4) {
     for (int64_t p = p0 + kPrefetchKeys; p < std::min(n, p0 + kPrefetchKeys + 4); ++p) {
       prefetch_row(c.key(task.table, task.first + p, g), c.D);
     }
-    for (int64_t p = p0; p < std::min(n, p0 + 4); ++p) {
-      prefetch_row(c.key(task.table, task.first + p, g) + c.v_shift(), c.D);
-    }
     const E* k[4];
-    for (int j = 0; j < 4; ++j) k[j] = c.key(task.table, task.first + std::min(p0 + j, n - 1), g);
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                     _mm256_setzero_ps()};
-    for (int64_t d = 0; d < c.D; d += 8) {
-      const __m256 qv = _mm256_loadu_ps(task.q + d);
-      for (int j = 0; j < 4; ++j) acc[j] = _mm256_fmadd_ps(qv, load8(k[j] + d), acc[j]);
+    bool seen[4];
+    for (int j = 0; j < 4; ++j) {
+      k[j] = c.key(task.table, task.first + std::min(p0 + j, n - 1), g);
+      seen[j] = task.sees(p0 + j);
     }
-    // Key j's sum is ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)) in every slot j.
-    const __m256 s = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
-    alignas(16) float sums[4];
-    _mm_store_ps(sums, _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1)));
-    for (int j = 0; j < 4 && p0 + j < n; ++j) {
-      scores[p0 + j] = task.sees(p0 + j) ? sums[j] * scale
-                                            : -std::numeric_limits<float>::infinity();
+    __m128 sums[G];
+    for (int h = 0; h + 1 < G; h += 2) quad_scores<2>(k, heads.q + h, c.D, sums + h);
+    if constexpr (G % 2 == 1) quad_scores<1>(k, heads.q + G - 1, c.D, sums + G - 1);
+    for (int h = 0; h < G; ++h) {
+      alignas(16) float lanes[4];
+      _mm_store_ps(lanes, sums[h]);
+      for (int j = 0; j < 4 && p0 + j < n; ++j) {
+        scores[h * stride + p0 + j] =
+            seen[j] ? lanes[j] * scale : -std::numeric_limits<float>::infinity();
+      }
     }
   }
 }
@@ -114,41 +159,111 @@ GS_AVX2_FMA inline float softmax_avx2(const QueryTask& task, float* s, int64_t n
   return 1.0f / hsum8(total);
 }
 
-// out[0 .. 8V) = inv * sum over p of w_p * v_p[d0 .. d0 + 8V), keys in position order.
-template <int V, typename E>
-GS_AVX2_FMA inline void weighted_values(const PagedT<E>& c, const QueryTask& task, int64_t g,
-                                        const float* w, int64_t n, int64_t d0, float inv) {
-  __m256 acc[V];
-  for (int i = 0; i < V; ++i) acc[i] = _mm256_setzero_ps();
-  for (int64_t p = 0; p < n; ++p) {
-    if (w[p] == 0.0f) continue;
-    const E* v = c.key(task.table, task.first + p, g) + c.v_shift() + d0;
-    const __m256 wp = _mm256_set1_ps(w[p]);
-    for (int i = 0; i < V; ++i) acc[i] = _mm256_fmadd_ps(wp, load8(v + 8 * i), acc[i]);
+// Value vectors per pass over the keys: G x VC accumulators, VC values and one broadcast
+// weight fit the 16 registers.
+template <int G>
+constexpr int kValueVectorsAvx2 = 15 / (G + 1);
+
+// out_h[d0 .. d0 + 8 NV) = inv_h * sum over seen p of w_h[p] * v_p[...], keys in position
+// order; rows[p] is key p's value row, nullptr where the token does not see it. A seen key
+// whose weight underflowed to 0 adds an exact +0 to a sum that is never -0. NV is a constant
+// so that the G x NV sums can stay in registers.
+template <int G, int NV, typename E>
+GS_AVX2_FMA inline void group_values_avx2(const E* const* rows, const HeadGroup& heads,
+                                          const float* w, int64_t stride, int64_t n, int64_t d0,
+                                          const float* inv) {
+  // Every loop over heads and vectors is unrolled, so the sums live in registers.
+  __m256 acc[G][NV];
+#pragma GCC unroll 8
+  for (int h = 0; h < G; ++h) {
+#pragma GCC unroll 8
+    for (int i = 0; i < NV; ++i) acc[h][i] = _mm256_setzero_ps();
   }
-  const __m256 scale = _mm256_set1_ps(inv);
-  for (int i = 0; i < V; ++i) _mm256_storeu_ps(task.out + d0 + 8 * i, _mm256_mul_ps(acc[i], scale));
+  constexpr int64_t ahead = 8;
+  for (int64_t p = 0; p < n; ++p) {
+    if (p + ahead < n && rows[p + ahead] != nullptr) {
+      _mm_prefetch((const char*)(rows[p + ahead] + d0), _MM_HINT_T0);
+    }
+    const E* v = rows[p];
+    if (v == nullptr) continue;  // weight 0 for every head of this token
+    __m256 vv[NV];
+#pragma GCC unroll 8
+    for (int i = 0; i < NV; ++i) vv[i] = load8(v + d0 + 8 * i);
+#pragma GCC unroll 8
+    for (int h = 0; h < G; ++h) {
+      const __m256 wp = _mm256_broadcast_ss(w + h * stride + p);
+#pragma GCC unroll 8
+      for (int i = 0; i < NV; ++i) acc[h][i] = _mm256_fmadd_ps(wp, vv[i], acc[h][i]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int h = 0; h < G; ++h) {
+    const __m256 scale = _mm256_set1_ps(inv[h]);
+#pragma GCC unroll 8
+    for (int i = 0; i < NV; ++i) {
+      _mm256_storeu_ps(heads.out[h] + d0 + 8 * i, _mm256_mul_ps(acc[h][i], scale));
+    }
+  }
 }
 
-// scores: room for 2 (n + 8) floats.
-template <typename E>
-GS_AVX2_FMA inline void attend_avx2(const PagedT<E>& c, const QueryTask& task, int64_t g, float scale,
-                                    float* scores) {
-  const int64_t n = task.num_keys();
-  for (int64_t p = 0; p < std::min(n, kPrefetchKeys); ++p) prefetch_row(c.key(task.table, task.first + p, g), c.D);
-  attention_scores(c, task, g, scale, n, scores);
-  const float inv = softmax_avx2(task, scores, n, scores + n + 8);
-  for (int64_t d0 = 0; d0 < c.D; d0 += 64) {  // eight vectors of accumulators at a time
-    switch (std::min<int64_t>(8, (c.D - d0) / 8)) {
-      case 8: weighted_values<8>(c, task, g, scores, n, d0, inv); break;
-      case 7: weighted_values<7>(c, task, g, scores, n, d0, inv); break;
-      case 6: weighted_values<6>(c, task, g, scores, n, d0, inv); break;
-      case 5: weighted_values<5>(c, task, g, scores, n, d0, inv); break;
-      case 4: weighted_values<4>(c, task, g, scores, n, d0, inv); break;
-      case 3: weighted_values<3>(c, task, g, scores, n, d0, inv); break;
-      case 2: weighted_values<2>(c, task, g, scores, n, d0, inv); break;
-      case 1: weighted_values<1>(c, task, g, scores, n, d0, inv); break;
+// The last nv < VC value vectors of a row.
+template <int G, int VC, typename E>
+GS_AVX2_FMA inline void group_values_tail_avx2(int nv, const E* const* rows,
+                                               const HeadGroup& heads, const float* w,
+                                               int64_t stride, int64_t n, int64_t d0,
+                                               const float* inv) {
+  if constexpr (VC > 1) {
+    if (nv == VC - 1) {
+      group_values_avx2<G, VC - 1>(rows, heads, w, stride, n, d0, inv);
+    } else {
+      group_values_tail_avx2<G, VC - 1>(nv, rows, heads, w, stride, n, d0, inv);
     }
+  }
+}
+
+// One token's attention for the G query heads of KV head g (of one task). scores: room for
+// G (2 n + 16) floats.
+template <int G, typename E>
+GS_AVX2_FMA inline void attend_group_avx2(const PagedT<E>& c, const QueryTask& task,
+                                          const HeadGroup& heads, int64_t g, float scale,
+                                          float* scores) {
+  const int64_t n = task.num_keys(), stride = n + 8;
+  for (int64_t p = 0; p < std::min(n, kPrefetchKeys); ++p) {
+    prefetch_row(c.key(task.table, task.first + p, g), c.D);
+  }
+  group_scores_avx2<G>(c, task, heads, g, scale, n, scores, stride);
+  float* seen = scores + G * stride;
+  float inv[G];
+  for (int h = 0; h < G; ++h) inv[h] = softmax_avx2(task, scores + h * stride, n, seen);
+  thread_local std::vector<const E*> rows;
+  rows.resize(n);
+  for (int64_t p = 0; p < n; ++p) {
+    rows[p] = task.sees(p) ? c.key(task.table, task.first + p, g) + c.v_shift() : nullptr;
+  }
+  constexpr int VC = kValueVectorsAvx2<G>;
+  int64_t d0 = 0;
+  for (; d0 + 8 * VC <= c.D; d0 += 8 * VC) {
+    group_values_avx2<G, VC>(rows.data(), heads, scores, stride, n, d0, inv);
+  }
+  if (d0 < c.D) {
+    const int nv = (int)((c.D - d0) / 8);
+    group_values_tail_avx2<G, VC>(nv, rows.data(), heads, scores, stride, n, d0, inv);
+  }
+}
+
+// Dispatch on the group size (1 .. kMaxGroupHeads).
+template <typename E>
+inline void attend_group_avx2_any(int64_t G, const PagedT<E>& c, const QueryTask& task,
+                                  const HeadGroup& heads, int64_t g, float scale, float* scores) {
+  switch (G) {
+    case 1: attend_group_avx2<1>(c, task, heads, g, scale, scores); break;
+    case 2: attend_group_avx2<2>(c, task, heads, g, scale, scores); break;
+    case 3: attend_group_avx2<3>(c, task, heads, g, scale, scores); break;
+    case 4: attend_group_avx2<4>(c, task, heads, g, scale, scores); break;
+    case 5: attend_group_avx2<5>(c, task, heads, g, scale, scores); break;
+    case 6: attend_group_avx2<6>(c, task, heads, g, scale, scores); break;
+    case 7: attend_group_avx2<7>(c, task, heads, g, scale, scores); break;
+    case 8: attend_group_avx2<8>(c, task, heads, g, scale, scores); break;
   }
 }
 

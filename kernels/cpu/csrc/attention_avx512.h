@@ -1,6 +1,7 @@
 // The AVX-512 path of paged attention (decode_core.h): one task per (query token, KV head)
-// attends with all G query heads of that KV head, so each key and value row is read once per
-// token instead of once per query head (GQA: G = 3 for SmolLM2, 7 for Qwen2.5-0.5B).
+// attends with up to 8 query heads of that KV head (HeadGroup, attention_avx2.h), so each key
+// and value row is read once per token instead of once per query head (GQA: G = 3 for SmolLM2,
+// 7 for Qwen2.5-0.5B).
 //
 // Every quantity of a (query head, key) pair is computed the same way whatever else is in the
 // step, as in attention_avx2.h:
@@ -22,9 +23,6 @@
 #define GS_AVX512 __attribute__((target("avx512f,avx512dq,avx512vl,avx2,fma,f16c")))
 
 namespace goodspeed {
-
-// Query heads per KV head this path takes (its accumulators must fit 32 registers).
-constexpr int64_t kMaxGroupHeads = 8;
 
 inline bool avx512_attention() {
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
@@ -51,12 +49,6 @@ GS_AVX512 inline __m512 load16(const BFloat16* p) {
   const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
 }
-
-// The query heads of one task: head i's query q[i] and output out[i], each [D].
-struct HeadGroup {
-  const float* q[kMaxGroupHeads];
-  float* out[kMaxGroupHeads];
-};
 
 // scores[h * stride + p] = q_h . k_p * scale for the keys the token sees, -inf for the others.
 template <int G, typename E>

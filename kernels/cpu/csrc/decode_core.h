@@ -179,7 +179,10 @@ struct QueryTask {
     if (p < hist) return true;
     return mask ? mask[p - hist] != 0 : p - hist <= local;
   }
-  int64_t num_keys() const { return hist + q_len - first; }  // keys i = 0 .. num_keys() - 1
+  // Keys i = 0 .. num_keys() - 1: a causal row stops at itself (a prefill chunk's later tokens
+  // are never read), a tree row runs to the step's last token. Keys past a causal row's own
+  // would only add exact zeros to its sums, so the cut changes no bit.
+  int64_t num_keys() const { return (mask ? hist + q_len : hist + local + 1) - first; }
   bool sees(int64_t i) const { return visible(first + i); }
   int64_t seen_history() const { return std::max<int64_t>(0, hist - first); }
 };
@@ -240,13 +243,18 @@ inline void attend_scalar(const PagedT<E>& c, const QueryTask& task, int64_t g, 
 
 namespace goodspeed {
 
-// The widest attention path a process may take: 2 = AVX-512 (per KV head), 1 = AVX2 (per
-// query head), 0 = scalar. Lowered by tests to cover every path on one machine; a process that
+// The widest attention path a process may take: 2 = AVX-512, 1 = AVX2 (both per KV head),
+// 0 = scalar (per query head). Lowered by tests to cover every path on one machine; a process that
 // serves uses one path throughout (decode and verification must agree bit for bit).
 inline std::atomic<int> attention_isa_cap{2};
 
 // (query, key) pairs times query heads below which attention runs on the calling thread.
 constexpr int64_t kParallelPairs = 4096;
+
+// The step's tokens in the order their tasks are handed out: first, last, second, second to
+// last, ... A prefill chunk's token i sees i keys more than its first, so each thread's
+// contiguous share of the tasks gets about the same number of keys.
+inline int64_t balanced_token(int64_t i, int64_t T) { return i % 2 == 0 ? i / 2 : T - 1 - i / 2; }
 
 // One step's attention batch: where its tokens' k/v go and which keys each query sees.
 struct AttentionBatch {
@@ -302,34 +310,47 @@ inline void paged_attention(const PagedT<E>& c, Heads q, Heads k, Heads v, int64
   for (int64_t t = 0; t < b.T; ++t) pairs += b.tokens[4 * t + 1] + b.tokens[4 * t + 3];
   const bool threaded = pairs * H >= kParallelPairs;
   const int cap = attention_isa_cap.load();
-  if (cap >= 2 && D % 16 == 0 && group <= kMaxGroupHeads && avx512_attention()) {
-    at::parallel_for(0, b.T * Hkv, threaded ? 1 : b.T * Hkv, [&](int64_t begin, int64_t end) {
+  const bool avx512 = cap >= 2 && D % 16 == 0 && group <= kMaxGroupHeads && avx512_attention();
+  const bool avx2 = !avx512 && cap >= 1 && D % 8 == 0 && avx2_fma();
+  if (!avx512 && !avx2) {
+    at::parallel_for(0, b.T * H, threaded ? 1 : b.T * H, [&](int64_t begin, int64_t end) {
       std::vector<float> scores;
       for (int64_t item = begin; item < end; ++item) {
-        const int64_t t = item / Hkv, g = item % Hkv;
-        const QueryTask task = query_task(q, b, t, g * group, H, D, out, window);
-        HeadGroup heads;
-        for (int64_t i = 0; i < group; ++i) {
-          heads.q[i] = q.at(t, g * group + i);
-          heads.out[i] = out + (t * H + g * group + i) * D;
-        }
-        scores.resize(group * (2 * task.num_keys() + 16) + 8);
-        attend_group_any(group, c, task, heads, g, scale, scores.data());
+        const int64_t t = balanced_token(item / H, b.T), h = item % H;
+        const QueryTask task = query_task(q, b, t, h, H, D, out, window);
+        scores.resize(task.num_keys());
+        attend_scalar(c, task, h / group, scale, scores.data());
       }
     });
     return;
   }
-  const bool avx2 = cap >= 1 && D % 8 == 0 && avx2_fma();
-  at::parallel_for(0, b.T * H, threaded ? 1 : b.T * H, [&](int64_t begin, int64_t end) {
+  // One task per (token, KV head, part of its query heads): the heads of a KV head in parts of
+  // at most kMaxGroupHeads, in more parts when there are fewer tasks than threads. A head's
+  // result does not depend on which heads share its task.
+  const int64_t threads = threaded ? at::get_num_threads() : 1;
+  const int64_t parts = std::min(
+      group, std::max((group + kMaxGroupHeads - 1) / kMaxGroupHeads,
+                      (threads + b.T * Hkv - 1) / (b.T * Hkv)));
+  const int64_t per_part = (group + parts - 1) / parts;
+  const int64_t items = b.T * Hkv * parts;
+  at::parallel_for(0, items, threaded ? 1 : items, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t t = item / H, h = item % H;
-      const QueryTask task = query_task(q, b, t, h, H, D, out, window);
-      scores.resize(2 * (task.num_keys() + 8));  // the AVX2 path's padding, ranked copy
-      if (avx2) {
-        attend_avx2(c, task, h / group, scale, scores.data());
+      // KV head first: a thread's run of tasks reads one head's keys and values over and over.
+      const int64_t g = item / (b.T * parts), t = balanced_token(item / parts % b.T, b.T);
+      const int64_t h0 = g * group + item % parts * per_part;
+      const int64_t G = std::min(per_part, (g + 1) * group - h0);
+      const QueryTask task = query_task(q, b, t, h0, H, D, out, window);
+      HeadGroup heads;
+      for (int64_t i = 0; i < G; ++i) {
+        heads.q[i] = q.at(t, h0 + i);
+        heads.out[i] = out + (t * H + h0 + i) * D;
+      }
+      scores.resize(G * (2 * task.num_keys() + 16) + 8);
+      if (avx512) {
+        attend_group_any(G, c, task, heads, g, scale, scores.data());
       } else {
-        attend_scalar(c, task, h / group, scale, scores.data());
+        attend_group_avx2_any(G, c, task, heads, g, scale, scores.data());
       }
     }
   });

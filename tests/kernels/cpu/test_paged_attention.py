@@ -1,7 +1,8 @@
 """The native CPU attention backend (kernels/cpu/paged_attention.py) against the reference backend on
 random ragged batches (prefill, chunks with history, decodes, trees; GQA; AVX2 and scalar head
 sizes; sliding windows), and its two invariances: a row's output does not depend on the rest of the batch, and
-a token verified inside a chain gets bitwise the output a plain decode step gives it."""
+a token verified inside a chain gets bitwise the output a plain decode step gives it; and the
+output does not depend on the thread count (which splits a KV head's query heads over tasks)."""
 
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ NUM_BLOCKS, NUM_LAYERS = 256, 2
 KINDS = {"prefill": ("prefill",), "chunk": ("chunk",), "decode": ("decode",), "tree": ("tree",)}
 KINDS["mixed"] = ("prefill", "chunk", "decode", "tree")
 # (query heads, KV heads, head_dim): SmolLM2's 9/3/64, MHA, a head size off the vector paths,
-# Qwen2.5-0.5B's 14/2/64 and a Llama-like 8/2/128 (the AVX-512 path's values in two chunks).
-SHAPES = [(9, 3, 64), (4, 4, 32), (6, 2, 12), (14, 2, 64), (8, 2, 128)]
+# Qwen2.5-0.5B's 14/2/64, a Llama-like 8/2/128 (the AVX-512 path's values in two chunks) and
+# ten query heads on one KV head (a group split over two tasks).
+SHAPES = [(9, 3, 64), (4, 4, 32), (6, 2, 12), (14, 2, 64), (8, 2, 128), (10, 1, 32)]
 
 
 @pytest.fixture(params=[2, 1], ids=["widest", "avx2"])
@@ -198,6 +200,33 @@ def test_a_request_is_bitwise_the_same_alone_and_in_a_batch(seed: int, kv_dtype:
     cases = random_cases(random.Random(100 + seed), 6, KINDS["mixed"])
     for batched, alone in run_alone_and_batched(cases, seed, KV_DTYPES[kv_dtype]):
         assert torch.equal(batched, alone)
+
+
+@pytest.mark.parametrize("heads, kv_heads", [(9, 3), (10, 1)])
+@pytest.mark.parametrize(
+    "cases",
+    [[RequestCase(700, 1)], [RequestCase(0, 80), RequestCase(150, 5), RequestCase(600, 1)]],
+    ids=["one-decode", "prefill-chain-decode"],
+)
+def test_the_output_does_not_depend_on_the_thread_count(heads, kv_heads, cases) -> None:
+    """One decode (fewer tasks than threads: its heads are split over more tasks) and a prefill
+    beside a chain and a decode (tasks handed out first, last, second, ...), at 1, 2 and 3
+    threads, all past the size where attention forks: bitwise the same output."""
+    rng, generator = random.Random(5), torch.Generator().manual_seed(5)
+    fast, _ = backends(kv_heads, 64, 16)
+    metadata, _ = make_metadata(rng, cases, 16, NUM_BLOCKS)
+    fast.kv_caches[0].copy_(torch.randn(fast.kv_caches[0].shape, generator=generator))
+    q, k, v = qkv(metadata.num_tokens, heads, kv_heads, 64, generator)
+    outputs, threads = [], torch.get_num_threads()
+    try:
+        for count in (1, 2, 3):
+            torch.set_num_threads(count)
+            fast.plan(metadata)
+            outputs.append(fast.forward(0, q, k, v, 0.125))
+    finally:
+        torch.set_num_threads(threads)
+    assert outputs[0].abs().sum() > 0
+    assert all(torch.equal(out, outputs[0]) for out in outputs[1:])
 
 
 @pytest.mark.parametrize("kv_dtype", sorted(KV_DTYPES))

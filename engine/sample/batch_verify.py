@@ -112,8 +112,10 @@ class BatchVerifier:
         if not sampling:
             return {}
         device = logits.device
-        index = torch.tensor([r for rows in sampling for r in rows.logit_rows], device=device)
-        step_logits = logits[index]
+        row_ids = [r for rows in sampling for r in rows.logit_rows]
+        step_logits = logits  # every row, in order (a step of decodes): no copy
+        if row_ids != list(range(logits.shape[0])):
+            step_logits = logits[torch.tensor(row_ids, device=device)]
         bitmask = _grammar_masks(sampling, device)
         rows_params = self._sampling_rows(sampling)
         keys = self._race_keys(sampling, device)

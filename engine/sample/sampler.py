@@ -28,7 +28,7 @@ import torch
 
 from engine.outputs import TokenLogprobs
 from engine.sampling_params import SamplingParams
-from kernels.sampling import filter_probs, sample_from_probs
+from kernels.sampling import argmax_rows, filter_probs, sample_from_probs
 
 
 @dataclass(frozen=True)
@@ -76,14 +76,14 @@ class Sampler:
                     _edit_logits(logits[i], row)
         greedy = [row.params.greedy for row in rows]
         if all(greedy):  # the common fast path: one batched argmax, no per-row work
-            return _one_hot(logits.argmax(dim=-1), logits.shape[-1])
+            return _one_hot(argmax_rows(logits), logits.shape[-1])
         if not any(greedy):
             return _random_rows_probs(logits, [row.params for row in rows])
         probs = torch.empty_like(logits)
         greedy_index = [i for i, g in enumerate(greedy) if g]
         random_index = [i for i, g in enumerate(greedy) if not g]
         index = torch.tensor(greedy_index, device=logits.device)
-        probs[index] = _one_hot(logits[index].argmax(dim=-1), logits.shape[-1])
+        probs[index] = _one_hot(argmax_rows(logits[index]), logits.shape[-1])
         index = torch.tensor(random_index, device=logits.device)
         probs[index] = _random_rows_probs(logits[index], [rows[i].params for i in random_index])
         return probs
@@ -110,9 +110,12 @@ class Sampler:
 
     @staticmethod
     def greedy_targets(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(argmax [N], valid [N] bool) of plain greedy rows in one reduction: the max is the
-        first maximal logit's (as argmax), and NaN or inf in a row makes that row's max so."""
-        best, targets = logits.float().max(dim=-1)
+        """(argmax [N], valid [N] bool) of plain greedy rows: the first maximal logit's index,
+        and the row invalid where its logit there is not finite (NaN is maximal, so a NaN or an
+        inf anywhere in a row lands there)."""
+        logits = logits.float()
+        targets = argmax_rows(logits)
+        best = logits.gather(-1, targets.to(logits.device)[:, None]).squeeze(-1)
         return targets, torch.isfinite(best)
 
     @staticmethod

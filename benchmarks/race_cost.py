@@ -1,9 +1,11 @@
 """Cost per row of sampling by the exponential race (kernels/sampling.py) against the inverse
-CDF it replaced (one uniform per row, a float64 cumsum and a search), on CPU.
+CDF it replaced (one uniform per row, a float64 cumsum and a search), on CPU; and the argmax
+every greedy row and race takes (kernels' argmax_rows against torch.argmax).
 
 For each vocabulary (SmolLM2 49152, Qwen 151936) and batch of rows: the race's noise alone
-(native kernel, and its PyTorch twin), the whole race (noise, -log, p / E, argmax) and the
-inverse CDF, medians over --repeats timed calls, in ms per row.
+(native kernel, and its PyTorch twin), the whole race (noise, -log, p / E, argmax), the
+inverse CDF and the argmax alone (argmax_rows, torch.argmax), medians over --repeats timed
+calls, in ms per row.
 
     .venv/bin/python benchmarks/race_cost.py --threads 1
 """
@@ -21,7 +23,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.sample.rng import race_keys  # noqa: E402
-from kernels.sampling import race_uniforms, race_uniforms_torch, sample_from_probs  # noqa: E402
+from kernels.sampling import (  # noqa: E402
+    argmax_rows,
+    race_uniforms,
+    race_uniforms_torch,
+    sample_from_probs,
+)
 
 
 def inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
@@ -67,6 +74,8 @@ def cases(vocab: int, rows: int) -> dict:
         "noise torch": lambda: race_uniforms_torch(keys, vocab),
         "race": lambda: sample_from_probs(probs, keys),
         "inverse cdf": lambda: inverse_cdf(probs, uniforms),
+        "argmax_rows": lambda: argmax_rows(probs),
+        "torch argmax": lambda: probs.argmax(dim=-1),
     }
 
 

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "kv_elements.h"
@@ -54,6 +55,22 @@ constexpr int64_t kPrefetchKeys = 16;
 // Query heads per KV head one task takes (the AVX-512 path's accumulators must fit 32
 // registers); a larger group is split into several tasks.
 constexpr int64_t kMaxGroupHeads = 8;
+
+// f(std::integral_constant<int, G>{}) for the group size G = 1 .. kMaxGroupHeads: the vector
+// paths' kernels take G as a template argument.
+template <typename F>
+inline void with_group_size(int64_t G, F&& f) {
+  switch (G) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    case 5: f(std::integral_constant<int, 5>{}); break;
+    case 6: f(std::integral_constant<int, 6>{}); break;
+    case 7: f(std::integral_constant<int, 7>{}); break;
+    case 8: f(std::integral_constant<int, 8>{}); break;
+  }
+}
 
 // The query heads of one task, all of one KV head: head i's query q[i] and output out[i], [D].
 struct HeadGroup {
@@ -248,22 +265,6 @@ GS_AVX2_FMA inline void attend_group_avx2(const PagedT<E>& c, const QueryTask& t
   if (d0 < c.D) {
     const int nv = (int)((c.D - d0) / 8);
     group_values_tail_avx2<G, VC>(nv, rows.data(), heads, scores, stride, n, d0, inv);
-  }
-}
-
-// Dispatch on the group size (1 .. kMaxGroupHeads).
-template <typename E>
-inline void attend_group_avx2_any(int64_t G, const PagedT<E>& c, const QueryTask& task,
-                                  const HeadGroup& heads, int64_t g, float scale, float* scores) {
-  switch (G) {
-    case 1: attend_group_avx2<1>(c, task, heads, g, scale, scores); break;
-    case 2: attend_group_avx2<2>(c, task, heads, g, scale, scores); break;
-    case 3: attend_group_avx2<3>(c, task, heads, g, scale, scores); break;
-    case 4: attend_group_avx2<4>(c, task, heads, g, scale, scores); break;
-    case 5: attend_group_avx2<5>(c, task, heads, g, scale, scores); break;
-    case 6: attend_group_avx2<6>(c, task, heads, g, scale, scores); break;
-    case 7: attend_group_avx2<7>(c, task, heads, g, scale, scores); break;
-    case 8: attend_group_avx2<8>(c, task, heads, g, scale, scores); break;
   }
 }
 

@@ -141,20 +141,4 @@ GS_AVX512 inline void attend_group(const PagedT<E>& c, const QueryTask& task, co
   }
 }
 
-// Dispatch on the group size (1 .. kMaxGroupHeads).
-template <typename E>
-inline void attend_group_any(int64_t G, const PagedT<E>& c, const QueryTask& task,
-                             const HeadGroup& heads, int64_t g, float scale, float* scores) {
-  switch (G) {
-    case 1: attend_group<1>(c, task, heads, g, scale, scores); break;
-    case 2: attend_group<2>(c, task, heads, g, scale, scores); break;
-    case 3: attend_group<3>(c, task, heads, g, scale, scores); break;
-    case 4: attend_group<4>(c, task, heads, g, scale, scores); break;
-    case 5: attend_group<5>(c, task, heads, g, scale, scores); break;
-    case 6: attend_group<6>(c, task, heads, g, scale, scores); break;
-    case 7: attend_group<7>(c, task, heads, g, scale, scores); break;
-    case 8: attend_group<8>(c, task, heads, g, scale, scores); break;
-  }
-}
-
 }  // namespace goodspeed

@@ -347,11 +347,14 @@ inline void paged_attention(const PagedT<E>& c, Heads q, Heads k, Heads v, int64
         heads.out[i] = out + (t * H + h0 + i) * D;
       }
       scores.resize(G * (2 * task.num_keys() + 16) + 8);
-      if (avx512) {
-        attend_group_any(G, c, task, heads, g, scale, scores.data());
-      } else {
-        attend_group_avx2_any(G, c, task, heads, g, scale, scores.data());
-      }
+      with_group_size(G, [&](auto size) {
+        constexpr int kG = decltype(size)::value;
+        if (avx512) {
+          attend_group<kG>(c, task, heads, g, scale, scores.data());
+        } else {
+          attend_group_avx2<kG>(c, task, heads, g, scale, scores.data());
+        }
+      });
     }
   });
 }

@@ -39,7 +39,8 @@ sys.path.insert(0, str(ROOT))
 
 from engine.front.llm import LLM  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
-from kernels.cpu.build import DEFAULT_CACHE, _import_built, build_dir, load_native  # noqa: E402
+from kernels.cpu.build import DEFAULT_CACHE, build_dir, load_native  # noqa: E402
+from kernels.cpu.build import load_build as cached_build  # noqa: E402
 
 PATHS = {"avx2": 1, "avx512": 2}  # set_attention_isa_cap values
 LAYERS, BLOCK, KV_HEADS, HEAD_DIM, HEADS = 30, 16, 3, 64, 9
@@ -92,8 +93,7 @@ def run_kernel(args: argparse.Namespace) -> None:
 
 
 def load_build(source_hash: str):
-    directory = Path(DEFAULT_CACHE).expanduser() / source_hash
-    module = _import_built(directory, f"goodspeed_cpu_{source_hash}")
+    module = cached_build(source_hash)
     if module is None:
         sys.exit(f"no kernel build {source_hash} in {DEFAULT_CACHE}")
     return module

@@ -27,13 +27,12 @@ from engine.config import EngineConfig  # noqa: E402
 from engine.front.llm import LLM  # noqa: E402
 from engine.models.linear import QuantLinear  # noqa: E402
 from kernels.cpu import ACTIVATIONS  # noqa: E402
-from kernels.cpu.build import DEFAULT_CACHE, _import_built  # noqa: E402
+from kernels.cpu.build import DEFAULT_CACHE  # noqa: E402
+from kernels.cpu.build import load_build as cached_build  # noqa: E402
 
 
 def load_build(source_hash: str):
-    module = _import_built(
-        Path(DEFAULT_CACHE).expanduser() / source_hash, f"goodspeed_cpu_{source_hash}"
-    )
+    module = cached_build(source_hash)
     if module is None:
         sys.exit(f"no kernel build {source_hash} in {DEFAULT_CACHE}")
     return module

@@ -89,6 +89,13 @@ def _import_built(directory: Path, name: str) -> ModuleType | None:
     return module
 
 
+def load_build(source_hash: str) -> ModuleType | None:
+    """An earlier build in the kernel cache, by its source hash (benchmarks A/B two versions in
+    one process); None if it was never built here."""
+    directory = Path(DEFAULT_CACHE).expanduser() / source_hash
+    return _import_built(directory, f"goodspeed_cpu_{source_hash}")
+
+
 def missing_tool() -> str | None:
     """Why a build cannot even start (no compiler, no ninja), or None."""
     from torch.utils.cpp_extension import is_ninja_available

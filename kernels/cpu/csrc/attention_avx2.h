@@ -2,13 +2,15 @@
 // KV head, up to 8 of its query heads) reads each key and value row once for those heads.
 //
 // Every quantity of a (query head, key) pair is computed the same way whatever else is in the step:
-//  * scores: four keys at a time (four independent FMA chains over D), each key's eight lanes
-//    summed in one fixed order (hadd pattern), so a key's score does not depend on its slot;
+//  * scores: two heads and four keys at a time (eight independent FMA chains over D, each in d
+//    order), each key's eight lanes summed in one fixed order (hadd pattern), so a key's score
+//    does not depend on its slot or on the heads beside it;
 //  * softmax: a max (order-free), then e^(s - max) in vectors of 8 keys, exactly 0 for keys the
 //    query does not see; the denominator sums the seen keys by rank among the seen keys (lane =
 //    rank % 8), one fixed horizontal sum at the end, so a token verified in a chain or a tree
 //    sums the very values, in the very order, that a decode step of that token sums;
-//  * values: sum over keys in position order, zero weights skipped, accumulated in registers.
+//  * values: sum over the seen keys in position order, accumulated in registers (a weight that
+//    underflowed to 0 adds an exact +0).
 #pragma once
 
 #include <immintrin.h>

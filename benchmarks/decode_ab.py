@@ -5,6 +5,8 @@ repetitions after a warm-up; one JSON line.
 
     for t in /tmp/before /work/main; do PYTHONPATH=$t .venv/bin/python \
         benchmarks/decode_ab.py --batch 16 --tokens 64 --reps 3; done
+    .venv/bin/python benchmarks/decode_ab.py --model ~/.cache/goodspeed/models/qwen-pair/\
+        qwen2.5-coder-1.5b-instruct-q4_k_m.gguf --tokens 48
 """
 
 from __future__ import annotations
@@ -29,11 +31,13 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--thread-policy", default="static", choices=["static", "adaptive"])
+    parser.add_argument("--model", default=None, help="a GGUF path or name (default: embedded)")
     args = parser.parse_args()
+    flat = {} if args.model is None else {"model": args.model}
     try:
-        config = EngineConfig.from_flat({"thread_policy": args.thread_policy})
+        config = EngineConfig.from_flat({**flat, "thread_policy": args.thread_policy})
     except ValueError:  # a tree from before the thread policy
-        config = EngineConfig.from_flat({})
+        config = EngineConfig.from_flat(flat)
     llm = LLM(config=config)
     prompts = [
         f"Write a short story about robot number {i} who learns to paint."

@@ -5,7 +5,8 @@
 // N = 8960 layer of random tiles (fine for timing: integer work does not depend on the values),
 // in ns per four-product dot the layer needs (int16 needs two per four products) and in GB/s
 // of weights read. --dram: 32 such layers in one buffer, past the L3, streamed from memory;
-// --threads 2: the tiles split in halves.
+// --threads 2: the tiles split in halves; --rows M: that M only. It first prints how fast a
+// plain AVX2 loop reads the same buffer (one thread, two): the rate the kernel could reach.
 //
 //   TORCH=.venv/lib/python3.11/site-packages/torch/include
 //   g++ -O3 -std=c++17 -ffp-contract=off -fopenmp -isystem $TORCH \
@@ -13,7 +14,7 @@
 //       kernels/cpu/csrc/qint_avx512.cpp kernels/cpu/csrc/qint_avx2.cpp -o /tmp/qint_layer \
 //       -lpthread
 //   /tmp/qint_layer 12            # Q4_K (ggml type ids: 8 Q8_0, 6 Q5_0, 14 Q6_K, ...)
-//   /tmp/qint_layer 12 --dram --threads 2 [--avx2]
+//   /tmp/qint_layer 12 --dram --threads 2 [--avx2] [--rows 1]
 #include <immintrin.h>
 
 #include <chrono>
@@ -54,6 +55,34 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) double vnni_ns() {
 
 using Tiles = void (*)(const QintJob&, int64_t, int64_t, int64_t, int64_t);
 
+__attribute__((target("avx2"))) void read_bytes(const uint8_t* data, size_t begin, size_t end) {
+  __m256i sum = _mm256_setzero_si256();
+  for (size_t i = begin; i < end; i += 32) {
+    sum = _mm256_add_epi64(sum, _mm256_sad_epu8(_mm256_loadu_si256((const __m256i*)(data + i)),
+                                                _mm256_setzero_si256()));
+  }
+  volatile long long keep = _mm256_extract_epi64(sum, 0);
+  (void)keep;
+}
+
+// GB/s of a plain read of the buffer, best of 20, on one thread or split in halves over two.
+double read_rate(const std::vector<uint8_t>& buffer, bool two) {
+  const size_t end = buffer.size() / 64 * 64, half = end / 2 / 64 * 64;
+  double best = 1e9;
+  for (int rep = 0; rep < 20; ++rep) {
+    const auto start = std::chrono::steady_clock::now();
+    if (!two) {
+      read_bytes(buffer.data(), 0, end);
+    } else {
+      std::thread other([&] { read_bytes(buffer.data(), 0, half); });
+      read_bytes(buffer.data(), half, end);
+      other.join();
+    }
+    best = std::min(best, seconds_since(start));
+  }
+  return buffer.size() / best / 1e9;
+}
+
 void run(Tiles kernel, const QintJob& job, int64_t tiles, int64_t M, bool two) {
   if (!two) return kernel(job, 0, tiles, 0, M);
   std::thread half([&] { kernel(job, 0, tiles / 2, 0, M); });
@@ -70,10 +99,12 @@ int main(int argc, char** argv) {
   }
   const int64_t format = argc > 1 ? std::atol(argv[1]) : kQ4_K;
   bool dram = false, two = false, avx2 = !cpu_has_avx512();
+  int64_t only_rows = 0;
   for (int i = 2; i < argc; ++i) {
     dram |= std::strcmp(argv[i], "--dram") == 0;
     avx2 |= std::strcmp(argv[i], "--avx2") == 0;
     two |= std::strcmp(argv[i], "--threads") == 0 && i + 1 < argc && std::atoi(argv[i + 1]) == 2;
+    if (std::strcmp(argv[i], "--rows") == 0 && i + 1 < argc) only_rows = std::atol(argv[i + 1]);
   }
   const Tiles kernel = avx2 ? qint_tiles_avx2 : qint_tiles_avx512;
   std::printf("kernel: %s\n", avx2 ? "AVX2" : "AVX-512 VNNI");
@@ -82,8 +113,11 @@ int main(int argc, char** argv) {
   std::vector<uint8_t> packed(tile_bytes(format, K) * tiles);
   std::srand(0);
   for (auto& byte : packed) byte = (uint8_t)((std::rand() & 0x3f) | 0x40);  // no NaN scales
+  std::printf("plain read: %.1f GB/s one thread, %.1f GB/s two\n", read_rate(packed, false),
+              read_rate(packed, true));
   for (ActMode mode : {ActMode::kInt8, ActMode::kInt16}) {
     for (int64_t M : {1, 2, 3, 4, 5, 8}) {
+      if (only_rows > 0 && M != only_rows) continue;
       std::vector<float> x(M * K);
       for (auto& value : x) value = (std::rand() % 2000 - 1000) / 1000.0f;
       const QuantizedActs acts(x.data(), K, M, K, mode);

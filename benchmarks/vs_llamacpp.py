@@ -31,12 +31,13 @@ to /health 200, the model files read into the page cache first) and resident mem
 after one warm-up request and at the end) are reported beside llama.cpp's; a goodput server's
 start-up includes its cost-model profile unless one is cached (~/.cache/goodspeed). Servers
 take turns prompt by prompt (b1) or round by round (cN), so load drift hits them alike. Writes
-JSON and a markdown section (benchmarks/report.py) with ratios to llama.cpp plain and to its
-best speculative config. Every server is stopped on exit, Ctrl-C and SIGTERM included.
+JSON and markdown tables (benchmarks/report.py) with ratios to llama.cpp plain and to its
+best speculative config; the tables go into docs/benchmarks.md only under a named `--section`
+(a run without one prints them and leaves the docs alone). Every server is stopped on exit, Ctrl-C and SIGTERM included.
 
 SmolLM2-135M (the embedded model, no draft model):
     .venv/bin/python benchmarks/vs_llamacpp.py --llama-server $(../shared/tools/llama-server.sh) \
-        --servers gs-off,gs-goodput,gs-auto,gs-int8,llama,llama-spec
+        --servers gs-off,gs-goodput,gs-auto,gs-int8,llama,llama-spec --section vs-llamacpp
 
 Qwen2.5-Coder 1.5B Q4_K_M with the 0.5B draft (the issue #23 comparison, 8 clients):
     PAIR=($(PYTHON=.venv/bin/python bash benchmarks/models/qwen_pair.sh))
@@ -88,7 +89,6 @@ WORKLOADS = {
 }
 B1_SCENARIOS = {"chat-b1": "chat", "copy-b1": "copy", "code-b1": "code_edit", "prefill-b1": "long"}
 CONCURRENT = "chat-cN"
-SECTION = "vs-llamacpp"
 NAMES = (
     "gs-f32",
     "gs-off",
@@ -126,7 +126,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--out", default=str(ROOT / "docs" / "bench_vs_llamacpp.json"))
     parser.add_argument("--markdown", default=str(ROOT / "docs" / "benchmarks.md"))
-    parser.add_argument("--section", default=SECTION, help="markdown section to rewrite")
+    parser.add_argument(
+        "--section",
+        default=None,
+        help="markdown section of --markdown to write (or rewrite); none: print the tables only",
+    )
     args = parser.parse_args(argv)
     try:
         args.scenarios = parse_scenarios(args.scenarios)
@@ -498,7 +502,8 @@ def main(argv: list[str] | None = None) -> int:
     results = bench(args)
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
     text = report.markdown(results)
-    write_section(Path(args.markdown), args.section, text)
+    if args.section is not None:
+        write_section(Path(args.markdown), args.section, text)
     print(text)
     return 0
 

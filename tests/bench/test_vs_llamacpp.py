@@ -191,6 +191,19 @@ def table_row(text: str, first_cell: str, after: str) -> list[str]:
     return [cell.strip() for cell in line.strip("|").split("|")]
 
 
+def test_tables_reach_the_docs_only_under_a_named_section(tmp_path, monkeypatch):
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text("# Benchmarks\n\nearlier figures\n")
+    monkeypatch.setattr(bench, "bench", lambda args: RESULTS)
+    common = ["--llama-server", "LS", "--out", str(tmp_path / "r.json"), "--markdown", str(doc)]
+    assert bench.main(common) == 0
+    assert doc.read_text() == "# Benchmarks\n\nearlier figures\n"
+    assert bench.main([*common, "--section", "this-run"]) == 0
+    text = doc.read_text()
+    assert "earlier figures" in text
+    assert text.count("<!-- this-run:begin -->") == 1 and "llama-spec" in text
+
+
 def test_markdown_scenario_tables_give_ratios_to_llama_and_its_best_speculation():
     text = report.markdown(RESULTS)
     assert "best llama.cpp speculation here: llama-spec" in text

@@ -79,6 +79,7 @@ from benchmarks import vs_llamacpp_report as report  # noqa: E402
 from benchmarks.decode_bound import decode_bound, gguf_bytes_per_token, read_bandwidth  # noqa: E402
 from benchmarks.report import load_average, machine_description, write_section  # noqa: E402
 from benchmarks.spec_sweep import free_port  # noqa: E402
+from kernels.cpu.build import load_native  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
@@ -465,6 +466,7 @@ def bench(args: argparse.Namespace) -> dict:
     commands = {k: v for k, v in server_commands(args, 0).items() if k in args.servers}
     bound = measure_bound(args)
     read_into_page_cache([model_path(args)] + ([args.draft_model] if args.draft_model else []))
+    load_native()  # built here if the sources changed: a server that built them would time it
     results, info = {}, {}
     with ExitStack() as stack:
         servers = start_all(stack, commands, args)

@@ -191,6 +191,20 @@ def table_row(text: str, first_cell: str, after: str) -> list[str]:
     return [cell.strip() for cell in line.strip("|").split("|")]
 
 
+def test_kernels_are_built_before_any_server_starts_its_clock(monkeypatch):
+    """A server that compiled the native kernels would report the build as its start-up."""
+    calls = []
+    monkeypatch.setattr(bench, "measure_bound", lambda args: None)
+    monkeypatch.setattr(bench, "read_into_page_cache", lambda paths: calls.append("page cache"))
+    monkeypatch.setattr(bench, "load_native", lambda: calls.append("kernels"))
+    monkeypatch.setattr(
+        bench, "start_all", lambda stack, commands, args: calls.append("servers") or {}
+    )
+    args = bench.parse_args(["--llama-server", "LS", "--scenarios", "chat-b1"])
+    bench.bench(args)
+    assert calls == ["page cache", "kernels", "servers"]
+
+
 def test_tables_reach_the_docs_only_under_a_named_section(tmp_path, monkeypatch):
     doc = tmp_path / "benchmarks.md"
     doc.write_text("# Benchmarks\n\nearlier figures\n")

@@ -33,7 +33,8 @@ start-up includes its cost-model profile unless one is cached (~/.cache/goodspee
 take turns prompt by prompt (b1) or round by round (cN), so load drift hits them alike. Writes
 JSON and markdown tables (benchmarks/report.py) with ratios to llama.cpp plain and to its
 best speculative config; the tables go into docs/benchmarks.md only under a named `--section`
-(a run without one prints them and leaves the docs alone). Every server is stopped on exit, Ctrl-C and SIGTERM included.
+(a run without one prints them and leaves the docs alone). Every server is stopped on exit,
+Ctrl-C and SIGTERM included.
 
 SmolLM2-135M (the embedded model, no draft model):
     .venv/bin/python benchmarks/vs_llamacpp.py --llama-server $(../shared/tools/llama-server.sh) \

@@ -34,8 +34,8 @@ namespace QINT_NS {
 
 #define QI_UNROLL _Pragma("GCC unroll 16")
 
-// Calls with at least this many rows prefetch the next tile (below it the loop is bound by
-// memory and the hardware prefetcher keeps up alone).
+// Calls with at least this many rows prefetch the next tile into L2 (a one-row call is bound by
+// memory instead and takes stream_ahead below, where its V has one).
 constexpr int64_t kPrefetchRows = 2;
 
 // Partial sums (a V whose products land in narrower sums, AVX2: maddubs's int16 pairs) that stay

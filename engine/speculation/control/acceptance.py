@@ -127,6 +127,7 @@ class AcceptanceEstimator:
         self.prior_bounds = prior_bounds
         self._global = self._seed(prior)  # over every kind
         self._kinds: dict[str, list[float]] = {}  # per kind: its own global counts
+        self._keys: dict[str, str] = {}  # per kind: its counts' key on a request (_key)
         self.num_updates = 0  # verifications of its drafts seen, on any request
         self._calibration = [CALIBRATION_PRIOR, CALIBRATION_PRIOR]  # accepted, expected
 
@@ -146,7 +147,10 @@ class AcceptanceEstimator:
         return min(high, max(low, self._rate(self._kinds.get(kind, self._global))))
 
     def _key(self, kind: str) -> str:
-        return f"{self.name}#{kind}" if kind else self.name
+        key = self._keys.get(kind)
+        if key is None:  # once per kind: rate() runs per request and proposer every plan
+            key = self._keys[kind] = f"{self.name}#{kind}" if kind else self.name
+        return key
 
     def rate(self, spec: SpecState, kind: str = "") -> float:
         """The request's estimate for proposals of this kind (the kind's prior until its drafts

@@ -145,9 +145,16 @@ class GoodputPolicy(SpecPolicy):
     def choice(self) -> bool:
         return len(self.proposers) > 1
 
-    def _slot(self, candidate: SpecCandidate, proposer: str, value: float) -> SearchSlot:
-        """The candidate's option for `proposer`, whose calibration is `value` this plan."""
-        cap, kind = self._cap(candidate), candidate.kind
+    def _options(self, candidate: SpecCandidate, values: Sequence[float]) -> list[SearchSlot]:
+        """The candidate's option per proposer, whose calibration is `values` this plan."""
+        most = self._cap(candidate)
+        return [
+            self._slot(candidate, most, name, value) for name, value in zip(self.proposers, values)
+        ]
+
+    def _slot(self, candidate: SpecCandidate, cap: int, proposer: str, value: float) -> SearchSlot:
+        """The candidate's option for `proposer` with at most `cap` drafts."""
+        kind = candidate.kind
         offered = candidate.offers.get(proposer)
         if offered is not None:  # proposer choice: what this member can draft now, its kind
             cap, kind = min(cap, offered[0]), offered[1]
@@ -291,10 +298,7 @@ class GoodputPolicy(SpecPolicy):
             if plan is not None:
                 return plan
         values = [self.estimators[name].calibration for name in self.proposers]
-        options = [
-            [self._slot(c, name, value) for name, value in zip(self.proposers, values)]
-            for c in candidates
-        ]
+        options = [self._options(c, values) for c in candidates]
         self._explore(candidates, options, base)
         if self.cost_model.fitted:
             problem = SearchProblem(

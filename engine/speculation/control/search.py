@@ -84,9 +84,9 @@ def best_lengths(problem: SearchProblem) -> SearchResult:
         caps = range(max_cap, max_cap + 1)
     start = best
     for cap in caps:
-        ks, picks = _dinkelbach(problem, cap, start)
-        ks = within_budget(problem, ks, picks)
-        result = problem.evaluate(ks, picks)
+        found = _dinkelbach(problem, cap, start)
+        ks = within_budget(problem, list(found.ks), found.picks)
+        result = found if list(found.ks) == ks else problem.evaluate(ks, found.picks)
         if result.goodput > best.goodput * (1.0 + 1e-12) and _keeps_floors(problem, result):
             best = result
     return best
@@ -261,27 +261,30 @@ def _max_draft_cap(problem: SearchProblem) -> int:
     return max(caps, default=0)
 
 
-def _dinkelbach(
-    problem: SearchProblem, cap: int, start: SearchResult
-) -> tuple[list[int], list[int]]:
-    """Plans whose draft-model options have every k_i <= cap, by Dinkelbach rounds from the
-    goodput of `start`; (ks, picks)."""
-    picks = list(start.picks)
-    slots = problem.chosen(picks)
-    ks = [
-        max(s.floor, min(k, cap)) if problem.runs_draft(s) else k for s, k in zip(slots, start.ks)
-    ]
-    level, best_ks, best_picks, best_goodput = start.goodput, ks, picks, start.goodput
+def _dinkelbach(problem: SearchProblem, cap: int, start: SearchResult) -> SearchResult:
+    """The best plan whose draft-model options have every k_i <= cap, by Dinkelbach rounds
+    from the goodput of `start` (its plan, those options cut to the cap, when no round beats
+    that goodput)."""
+    picks, ks = list(start.picks), _cut(problem, start, cap)
+    level, best = start.goodput, None
     for _ in range(MAX_ROUNDS):
         costs = _marginal_costs(problem, ks, picks, cap)
         new_ks, new_picks = _best_options(problem.table, cap, level, costs)
         result = problem.evaluate(new_ks, new_picks)
-        if result.goodput > best_goodput:
-            best_ks, best_picks, best_goodput = new_ks, new_picks, result.goodput
+        if result.goodput > (start.goodput if best is None else best.goodput):
+            best = result
         if (new_ks, new_picks) == (ks, picks) or result.goodput <= level * (1.0 + 1e-12):
             break
         ks, picks, level = new_ks, new_picks, result.goodput
-    return best_ks, best_picks
+    return best if best is not None else problem.evaluate(_cut(problem, start, cap), start.picks)
+
+
+def _cut(problem: SearchProblem, plan: SearchResult, cap: int) -> list[int]:
+    """The plan's ks with its draft-model options' cut to the pass cap (not below floors)."""
+    slots = problem.chosen(plan.picks)
+    return [
+        max(s.floor, min(k, cap)) if problem.runs_draft(s) else k for s, k in zip(slots, plan.ks)
+    ]
 
 
 @dataclass(frozen=True)
@@ -326,11 +329,9 @@ def _best_options(
     first best k, on ties; a slot with no valid choice keeps its first option's floor."""
     width = table.cumulative.shape[2]
     k = np.arange(width)
-    limit = np.where(table.draft, np.minimum(table.caps, cap), table.caps)
-    valid = (k >= table.floors[..., None]) & (k <= limit[..., None])
     fixed = np.where(table.draft, costs.per_request, costs.per_request_free) + table.seconds
     cost = level * (costs.per_token * k + fixed[..., None] * (k > 0))
-    value = np.where(valid, table.cumulative - cost, -np.inf).reshape(len(valid), -1)
+    value = (table.within(cap) - cost).reshape(len(fixed), -1)
     best = value.argmax(axis=1)
     none = ~np.isfinite(value[np.arange(len(best)), best])
     picks, ks = np.divmod(best, width)

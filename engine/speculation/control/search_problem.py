@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import accumulate
+from operator import ge, le
 
 import numpy as np
 
@@ -79,9 +80,11 @@ class SearchProblem:
         if len(set(kinds)) == len(kinds):  # each option alone of its kind: none to compare
             return options
         kept = []
-        for i, option in enumerate(options):
-            rivals = ((j, p) for j, p in enumerate(options) if j != i and kinds[j] == kinds[i])
-            if not any(_dominates(p, option, kinds[i], j < i) for j, p in rivals):
+        for i, (option, kind) in enumerate(zip(options, kinds)):
+            for j, (rival, rival_kind) in enumerate(zip(options, kinds)):
+                if j != i and rival_kind == kind and _dominates(rival, option, kind, j < i):
+                    break
+            else:
                 kept.append(option)
         return tuple(kept)
 
@@ -119,22 +122,33 @@ class SearchProblem:
         return [options[p] for options, p in zip(self.options, picks)]
 
     def features(self, ks: Sequence[int], picks: Sequence[int] | None = None) -> StepFeatures:
-        picks = picks if picks is not None else (0,) * len(ks)
-        chosen = zip(self.options, self.draft_flags, picks, ks)
-        steps = max(
-            (options[p].depths[k - 1] for options, flags, p, k in chosen if k > 0 and flags[p]),
-            default=0,
-        )
-        spec = sum(1 for k in ks if k > 0)
-        return self.base.with_drafts(sum(ks), spec, steps, self.graphs, max(ks, default=0))
+        return self._totals(ks, picks)[0]
 
     def evaluate(self, ks: Sequence[int], picks: Sequence[int] | None = None) -> SearchResult:
-        slots = self.chosen(picks)
-        emitted = sum(1.0 + s.cumulative[k] for s, k in zip(slots, ks))
-        seconds = self.cost_model.predict(self.features(ks, picks)) + self.extra_seconds
-        seconds += sum(s.propose_seconds for s, k in zip(slots, ks) if k > 0)
-        picks = tuple(picks) if picks is not None else (0,) * len(slots)
+        features, emitted, cpu = self._totals(ks, picks)
+        seconds = self.cost_model.predict(features) + self.extra_seconds
+        seconds += cpu
+        picks = tuple(picks) if picks is not None else (0,) * len(ks)
         return SearchResult(tuple(ks), seconds, emitted / seconds, picks)
+
+    def _totals(
+        self, ks: Sequence[int], picks: Sequence[int] | None
+    ) -> tuple[StepFeatures, float, float]:
+        """A plan's step features, expected emitted tokens and proposing CPU seconds, summed
+        in slot order in one pass (the search evaluates a plan per Dinkelbach round)."""
+        picks = picks if picks is not None else (0,) * len(ks)
+        emitted = cpu = 0.0
+        drafts = spec = passes = longest = 0
+        for options, flags, p, k in zip(self.options, self.draft_flags, picks, ks):
+            slot = options[p]
+            emitted += 1.0 + slot.cumulative[k]
+            if k > 0:
+                cpu += slot.propose_seconds
+                drafts, spec, longest = drafts + k, spec + 1, max(longest, k)
+                if flags[p]:
+                    passes = max(passes, slot.depths[k - 1])
+        features = self.base.with_drafts(drafts, spec, passes, self.graphs, longest)
+        return features, emitted, cpu
 
     @property
     def extra_seconds(self) -> float:
@@ -167,13 +181,13 @@ def _dominates(p: SearchSlot, o: SearchSlot, draft: bool, earlier: bool) -> bool
     exact tie the earlier option stays."""
     if p.floor != o.floor or p.cap < o.cap or p.propose_seconds > o.propose_seconds:
         return False
-    ks = range(1, o.cap + 1)
-    if any(p.cumulative[k] < o.cumulative[k] for k in ks):
+    gains, rival = p.cumulative[1 : o.cap + 1], o.cumulative[1 : o.cap + 1]
+    if not all(map(ge, gains, rival)):
         return False
-    if draft and any(p.depths[k - 1] > o.depths[k - 1] for k in ks):
+    if draft and not all(map(le, p.depths[: o.cap], o.depths[: o.cap])):
         return False
     tie = p.cap == o.cap and p.propose_seconds == o.propose_seconds
-    return earlier or not (tie and all(p.cumulative[k] == o.cumulative[k] for k in ks))
+    return earlier or not (tie and gains == rival)
 
 
 @dataclass(frozen=True)
@@ -189,6 +203,7 @@ class OptionTable:
     caps: np.ndarray  # [num_slots, max_options] int
     seconds: np.ndarray  # [num_slots, max_options] float64: propose_seconds
     draft: np.ndarray  # [num_slots, max_options] bool
+    _within: dict[int, np.ndarray] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def of(
@@ -197,20 +212,43 @@ class OptionTable:
         n, m = len(options), max(len(o) for o in options)
         width = 1 + max(s.cap for o in options for s in o)
         missing = SearchSlot((), (), 0, floor=1)  # pads a slot's options to m: never valid
-        padded = [(*o, *(missing,) * (m - len(o))) for o in options]
-        slots = [slot for o in padded for slot in o]
+        slots = [slot for o in options for slot in (*o, *(missing,) * (m - len(o)))]
         draft = [runs for f in flags for runs in (*f, *(False,) * (m - len(f)))]
         cumulative = np.array(
-            [_padded(() if s is missing else s.cumulative, width, -np.inf) for s in slots]
+            [
+                s.cumulative if s.cap == width - 1 else _padded(s.cumulative, width, -np.inf)
+                for s in slots
+            ]
         ).reshape(n, m, width)
-        depths = np.array(
-            [_padded((0, *s.depths[: s.cap]), width, 0) for s in slots], dtype=np.int64
-        ).reshape(n, m, width)
+        cumulative[..., 0][np.array([s is missing for s in slots]).reshape(n, m)] = -np.inf
         floors = np.array([s.floor for s in slots], dtype=np.int64).reshape(n, m)
         caps = np.array([s.cap for s in slots], dtype=np.int64).reshape(n, m)
         seconds = np.array([s.propose_seconds for s in slots], dtype=float).reshape(n, m)
         draft = np.array(draft, dtype=bool).reshape(n, m)
+        k = np.arange(width)
+        if all(s is missing or _one_pass_each(s) for s in slots):
+            depths = np.where(k <= caps[..., None], k, 0)  # one pass per draft (chains)
+        else:
+            depths = np.array(
+                [_padded((0, *s.depths[: s.cap]), width, 0) for s in slots], dtype=np.int64
+            ).reshape(n, m, width)
         return cls(cumulative, depths, floors, caps, seconds, draft)
+
+    def within(self, cap: int) -> np.ndarray:
+        """cumulative where k is in [floor, cap] (draft options also k <= the pass `cap`),
+        -inf elsewhere: each Dinkelbach round's choices under that pass cap."""
+        masked = self._within.get(cap)
+        if masked is None:
+            k = np.arange(self.cumulative.shape[2])
+            limit = np.where(self.draft, np.minimum(self.caps, cap), self.caps)
+            valid = (k >= self.floors[..., None]) & (k <= limit[..., None])
+            masked = self._within[cap] = np.where(valid, self.cumulative, -np.inf)
+        return masked
+
+
+def _one_pass_each(slot: SearchSlot) -> bool:
+    """Draft k of the slot needs k passes (a chain's depths: range(1, cap + 1))."""
+    return isinstance(slot.depths, range) and slot.depths[: slot.cap] == range(1, slot.cap + 1)
 
 
 def _padded(values: Sequence, width: int, fill) -> list:

@@ -17,11 +17,12 @@ def uniform_picks(problem: SearchProblem) -> list[list[int]]:
     """The options the uniform plans use: each request's model-free option with the best
     first gain, and (when there is one) its draft-model option, whose passes uniform plans
     share across the batch; a request without such an option keeps its first."""
-    free, draft = [], []
-    for options, flags in zip(problem.options, problem.draft_flags):
-        ranked = sorted((-o.cumulative[min(1, o.cap)], i) for i, o in enumerate(options))
-        free.append(next((i for _, i in ranked if not flags[i]), 0))
-        draft.append(next((i for _, i in ranked if flags[i]), 0))
+    table = problem.table
+    first = np.take_along_axis(table.cumulative, np.minimum(1, table.caps)[..., None], axis=2)
+    first = first[..., 0]  # [slot, option]: the first draft's gain (-inf: no such option)
+    # argmax takes the first of equal gains: the lowest option index, as a stable ranking does
+    free = np.where(table.draft, -np.inf, first).argmax(axis=1).tolist()
+    draft = np.where(table.draft, first, -np.inf).argmax(axis=1).tolist()
     if not problem.any_draft:
         return [free]
     return [free, draft] if problem.any_free else [draft]
@@ -45,15 +46,16 @@ def best_uniform(problem: SearchProblem, best: SearchResult, picks: list[int]) -
     joins = (ks > 0) & (floors == 0)
     ranked_rows = np.broadcast_to(np.arange(n), ks.shape)
     gained = cumulative[ranked_rows, ks] - cumulative[np.arange(n), floors]
-    columns = (
-        _running(np.cumsum, gained, initial[0]),
-        _running(np.cumsum, ks - floors, initial[1]),
-        _running(np.cumsum, joins, initial[2]),
-        _running(np.cumsum, np.where(joins, cpu, 0.0), initial[3]),
-        _running(np.maximum.accumulate, np.where(draft, depths[ranked_rows, ks], 0), initial[4]),
-    )
+    # Running totals over the first m ranked requests, [c, m] each: the sums in one float
+    # cumsum (sequential, as Python adds; the counts are small integers, exact), the passes
+    # a running maximum.
+    sums = np.empty((4, *ks.shape))
+    sums[0], sums[1], sums[2], sums[3] = gained, ks - floors, joins, np.where(joins, cpu, 0.0)
+    totals = _running(np.cumsum, sums, np.array(initial[:4], dtype=float)[:, None, None])
+    steps = np.where(draft, depths[ranked_rows, ks], 0)
     counts = sorted(_checked_counts(n))
-    e, n_drafts, n_spec, seconds_cpu, n_steps = np.stack(columns)[:, :, counts]  # [c, m] each
+    e, n_drafts, n_spec, seconds_cpu = totals[:, :, counts]
+    n_steps = _running(np.maximum.accumulate, steps, initial[4])[:, counts]
     seconds = problem.seconds_with(n_drafts, n_spec, n_steps) + (
         seconds_cpu + problem.extra_seconds
     )
@@ -89,10 +91,12 @@ def _uniform_start(cumulative, depths, floors, cpu, draft) -> tuple[float, int, 
 
 
 def _running(accumulate_fn, values: np.ndarray, initial) -> np.ndarray:
-    """accumulate_fn along each row of [c, n] `values`, started from `initial`: [c, n + 1],
-    column m the total over the first m (sequential, as Python's accumulate adds)."""
-    start = np.full((values.shape[0], 1), initial, dtype=np.result_type(values, type(initial)))
-    return accumulate_fn(np.concatenate((start, values), axis=1), axis=1)
+    """accumulate_fn along the last axis of `values` ([..., n]), started from `initial`
+    (broadcast to [..., 1]): [..., n + 1], entry m the total over the first m (sequential,
+    as Python's accumulate adds)."""
+    dtype = np.result_type(values, initial)
+    start = np.broadcast_to(np.asarray(initial, dtype=dtype), (*values.shape[:-1], 1))
+    return accumulate_fn(np.concatenate((start, values), axis=-1), axis=-1)
 
 
 def _checked_counts(n: int) -> set[int]:

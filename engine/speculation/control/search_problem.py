@@ -63,6 +63,8 @@ class SearchProblem:
     # Try "every request at its cap" first (search._caps_if_best): the policy sets it when its
     # last plan was that, so a search that would not find it there pays nothing for trying.
     caps_first: bool = False
+    # The last plan _totals summed and its totals: [key, totals], or empty.
+    _last_totals: list = field(default_factory=list, compare=False, repr=False)
 
     @cached_property
     def options(self) -> tuple[tuple[SearchSlot, ...], ...]:
@@ -137,6 +139,10 @@ class SearchProblem:
         """A plan's step features, expected emitted tokens and proposing CPU seconds, summed
         in slot order in one pass (the search evaluates a plan per Dinkelbach round)."""
         picks = picks if picks is not None else (0,) * len(ks)
+        key = (tuple(ks), tuple(picks))
+        last = self._last_totals
+        if last and last[0] == key:  # a round's marginal costs, then its plan evaluated
+            return last[1]
         emitted = cpu = 0.0
         drafts = spec = passes = longest = 0
         for options, flags, p, k in zip(self.options, self.draft_flags, picks, ks):
@@ -148,6 +154,7 @@ class SearchProblem:
                 if flags[p]:
                     passes = max(passes, slot.depths[k - 1])
         features = self.base.with_drafts(drafts, spec, passes, self.graphs, longest)
+        last[:] = [key, (features, emitted, cpu)]
         return features, emitted, cpu
 
     @property

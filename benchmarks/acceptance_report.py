@@ -7,8 +7,9 @@ the target's processed distribution p at the drafted position (the verifier's ow
    acceptance of the optimal coupling (Leviathan et al.'s rejection rule), and the
    exponential race's guarantee (1 - TV) / (1 + TV) (Daliri, Musco & Suresh 2025);
  - for a model-free proposer, p(x) of its draft x: the acceptance of a point-mass draft.
-Their means over the trials are set against the realised acceptance. Defaults: the Qwen pair
-(benchmarks/models/qwen_pair.sh), open-ended chat prompts at T = 1.0.
+Their means over the trials are set against the realised acceptance, with a 90% interval of
+that ratio from resampling whole prompts (a prompt's trials are not independent of each other).
+Defaults: the Qwen pair (benchmarks/models/qwen_pair.sh), open-ended chat prompts at T = 1.0.
 
     .venv/bin/python benchmarks/acceptance_report.py --num-prompts 3 --max-tokens 48
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import sys
 from pathlib import Path
@@ -39,6 +41,7 @@ class Trials:
 
     def __init__(self, llm: LLM, draft_model: bool) -> None:
         self.records: list[dict] = []
+        self.prompt = 0  # the prompt being generated, written on each record
         self._q: torch.Tensor | None = None
         self._p: torch.Tensor | None = None
         verifier = llm.engine.runner.verifier
@@ -67,7 +70,7 @@ class Trials:
         sampler.process = recording_process
 
     def _record(self, draft: int, verified) -> None:
-        p, record = self._p, {"accepted": verified.num_accepted_tokens > 0}
+        p, record = self._p, {"accepted": verified.num_accepted_tokens > 0, "prompt": self.prompt}
         record["p_of_draft"] = float(p[draft])
         if self._q is not None:
             tv = 0.5 * float((p - self._q).abs().sum())
@@ -95,7 +98,10 @@ def run(args: argparse.Namespace, proposer: str) -> dict:
         SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=i)
         for i in range(args.num_prompts)
     ]
-    for prompt, param in zip(prompts_of(llm, args.workload, args.num_prompts), params):
+    for i, (prompt, param) in enumerate(
+        zip(prompts_of(llm, args.workload, args.num_prompts), params)
+    ):
+        trials.prompt = i
         llm.generate(prompt, param, use_tqdm=False)
     records = trials.records
     row = {"proposer": proposer, "trials": len(records)}
@@ -105,7 +111,30 @@ def run(args: argparse.Namespace, proposer: str) -> dict:
     if proposer == "draft":
         row["race_bound"] = statistics.fmean(r["race_bound"] for r in records)
     row["ratio"] = row["realised"] / row["expected"] if row["expected"] > 0 else None
+    row["interval"] = ratio_interval(records, key)
     return row
+
+
+def ratio_interval(
+    records: list[dict], key: str, resamples: int = 2000, seed: int = 0
+) -> tuple[float, float] | None:
+    """5th and 95th percentiles of realised / expected over prompt-level bootstrap resamples:
+    whole prompts drawn with replacement, every trial of a drawn prompt kept. None with fewer
+    than two prompts."""
+    by_prompt: dict[int, list[tuple[float, float]]] = {}
+    for r in records:
+        by_prompt.setdefault(r["prompt"], []).append((float(r["accepted"]), r[key]))
+    sums = [(sum(a for a, _ in t), sum(e for _, e in t)) for t in by_prompt.values()]
+    if len(sums) < 2:
+        return None
+    rng, ratios = random.Random(seed), []
+    for _ in range(resamples):
+        drawn = rng.choices(sums, k=len(sums))
+        expected = sum(e for _, e in drawn)
+        if expected > 0:
+            ratios.append(sum(a for a, _ in drawn) / expected)
+    ratios.sort()
+    return ratios[int(0.05 * (len(ratios) - 1))], ratios[int(0.95 * (len(ratios) - 1))]
 
 
 def main() -> None:
@@ -127,6 +156,8 @@ def main() -> None:
     for proposer in args.proposers:
         row = run(args, proposer)
         bound = f"  race bound {row['race_bound']:.3f}" if "race_bound" in row else ""
+        if row["interval"] is not None:
+            bound += f"  ratio 90% interval {row['interval'][0]:.2f}-{row['interval'][1]:.2f} (prompts resampled)"
         expected = "E[1 - TV]" if proposer == "draft" else "E[p(draft)]"
         print(
             f"{proposer:8s} trials {row['trials']:4d}  realised {row['realised']:.3f}  "

@@ -193,6 +193,9 @@ class RequestOutput:
     logprobs: list[TokenLogprobs] | None = None  # new positions only
     prompt_logprobs: list[TokenLogprobs | None] | None = None  # complete, first entry None
     error: str | None = None
+    # The request field its error blames (Request.error_param: the request asked for what the
+    # model cannot do); None: the engine failed it.
+    error_param: str | None = None
     index: int = 0  # choice index for n > 1
     group_id: str | None = None  # the user's request id for n > 1 (children share it)
     metrics: dict[str, float] = field(default_factory=dict)  # arrival, first token, finish times

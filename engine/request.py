@@ -126,6 +126,9 @@ class Request:
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     error: str | None = None
+    # The request field the error is the request's own fault in ("guided": a grammar this
+    # model's vocabulary cannot continue); None: the engine's.
+    error_param: str | None = None
     grammar: GrammarMatcher | None = None  # structured output: advanced by verified tokens
 
     # What the engine's components keep about the request lives here, so that it ends with the
@@ -193,8 +196,7 @@ class Request:
                 return RequestStatus.FINISHED_LENGTH
             output_token_ids.append(token_id)
             if self.grammar is not None and not self.grammar.accept(token_id):
-                # The sampler's mask makes this unreachable; never emit past a broken grammar.
-                self.error = f"token {token_id} does not match the request's grammar"
+                self._grammar_refused(token_id)  # never emit past a broken grammar
                 return RequestStatus.FINISHED_ERROR
             if len(output_token_ids) >= params.min_tokens and (
                 (token_id in self.eos_token_ids and not params.ignore_eos)
@@ -204,6 +206,21 @@ class Request:
         if len(output_token_ids) >= max_output_tokens:
             return RequestStatus.FINISHED_LENGTH
         return None
+
+    def _grammar_refused(self, token_id: int) -> None:
+        """The grammar refused a sampled token. The sampler's mask allows only tokens it takes,
+        unless no token can continue it (it needs text the vocabulary cannot spell, where
+        llguidance offers one token it then refuses): then the request asked for what this
+        model cannot write; else it is a fault."""
+        if not self.grammar.stuck_after(self.output_token_ids[:-1]):
+            self.error = f"token {token_id} does not match the request's grammar"
+            return
+        self.error_param = "guided"
+        self.error = (
+            f"guided: no token of this model's vocabulary can continue the grammar after "
+            f"{len(self.output_token_ids) - 1} output tokens (it needs text the tokenizer "
+            "cannot spell)"
+        )
 
 
 def check_prompt(

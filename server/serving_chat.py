@@ -85,7 +85,7 @@ async def _collect(ctx: ServingContext, job: _ChatJob) -> ChatCompletionResponse
     num_output = [0] * n
     spec: list[SpecCounts | None] = [None] * n
     async for output in job.stream:
-        raise_if_failed(output)
+        raise_if_failed(output, job.body.guided_field)
         spec[output.index] = output.spec
         texts[output.index] += output.new_text
         logprobs[output.index].extend(output.logprobs or ())
@@ -143,7 +143,7 @@ async def _stream(ctx: ServingContext, job: _ChatJob) -> AsyncIterator[bytes]:
     plain = not job.tools.parse and not job.body.logprobs  # text deltas only: pre-encoded
     template = ChunkTemplate(_chunk(job, []))
     async for output in job.stream:
-        raise_if_failed(output)
+        raise_if_failed(output, job.body.guided_field)
         num_output[output.index] = output.num_output_tokens
         spec[output.index] = output.spec
         if plain:

@@ -111,7 +111,7 @@ class _Choice:
 async def _collect(ctx: ServingContext, job: _Job) -> CompletionResponse:
     choices = [_Choice() for _ in range(len(job.prompts) * job.n)]
     async for position, output in merge_streams(job.streams):
-        raise_if_failed(output)
+        raise_if_failed(output, job.body.guided_field)
         choices[position * job.n + output.index].add(output)
     response_choices = []
     for index, choice in enumerate(choices):
@@ -145,7 +145,7 @@ async def _stream(ctx: ServingContext, job: _Job) -> AsyncIterator[bytes]:
     spec: dict[int, SpecCounts | None] = {}
     template = ChunkTemplate(_chunk(job, []))
     async for position, output in merge_streams(job.streams):
-        raise_if_failed(output)
+        raise_if_failed(output, job.body.guided_field)
         index = position * job.n + output.index
         spec[index] = output.spec
         prompt = job.prompts[position]

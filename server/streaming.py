@@ -19,7 +19,7 @@ from starlette.types import Receive, Scope, Send
 
 from engine.front.async_engine import EngineDeadError, RequestStream
 from engine.outputs import RequestOutput
-from server.errors import ERROR_TYPES, APIError, log_failure
+from server.errors import ERROR_TYPES, APIError, bad_request, log_failure
 
 logger = logging.getLogger(__name__)
 
@@ -98,9 +98,15 @@ async def with_error_events(events: AsyncIterator[bytes], scope: Scope) -> Async
     yield SSE_DONE
 
 
-def raise_if_failed(output: RequestOutput) -> None:
-    if output.finish_reason == "error":
-        raise APIError(500, f"generation failed: {output.error or 'unknown engine error'}")
+def raise_if_failed(output: RequestOutput, guided_field: str = "guided") -> None:
+    """A failed output as its API error: 400 naming the request's field where the engine
+    blames the request (a grammar the model's vocabulary cannot continue: `guided_field`,
+    the field the client sent it in), else 500."""
+    if output.finish_reason != "error":
+        return
+    if output.error_param == "guided" and output.error:
+        raise bad_request(guided_field + output.error.removeprefix("guided"), guided_field)
+    raise APIError(500, f"generation failed: {output.error or 'unknown engine error'}")
 
 
 async def merge_streams(

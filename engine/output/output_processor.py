@@ -87,6 +87,7 @@ class OutputProcessor:
             logprobs=self._take_logprobs(request, state, len(new_ids)),
             prompt_logprobs=self._take_prompt_logprobs(request, state),
             error=request.error,
+            error_param=request.error_param,
             index=request.index,
             group_id=request.group_id,
             metrics=_timings(request, finished),

@@ -92,7 +92,13 @@ class GrammarCompiler:
             raise as_value_error(exc, guided) from None
         if matcher.is_error():
             raise ValueError(f"guided: invalid {guided.kind}: {matcher.get_error()}")
-        return GrammarMatcher(matcher, self.vocab_size)
+        wrapped = GrammarMatcher(matcher, self.vocab_size)
+        if not wrapped.can_start():
+            raise ValueError(
+                f"guided: the {guided.kind} cannot begin with any token of this model's "
+                "vocabulary (it needs text the tokenizer cannot spell)"
+            )
+        return wrapped
 
     def _llguidance_tokenizer(self):
         if self._ll_tokenizer is None:

@@ -25,6 +25,7 @@ import numpy as np
 class GrammarMatcher:
     def __init__(self, matcher: Any, vocab_size: int) -> None:
         self._matcher = matcher  # llguidance.LLMatcher
+        self._start = _copy(matcher)  # its start state (stuck_after); None if it failed
         self.vocab_size = vocab_size
         self.num_words = (vocab_size + 31) // 32
 
@@ -68,6 +69,54 @@ class GrammarMatcher:
             if consumed:
                 self._matcher.rollback(consumed)
         return bitmask
+
+    def can_start(self) -> bool:
+        """Whether some token of the vocabulary can come next (or end a finished grammar). A
+        grammar that needs text the vocabulary cannot spell (a character no token has) gets
+        stuck: llguidance then offers only a token it refuses to consume."""
+        return _can_continue(self._matcher, self.num_words)
+
+    def stuck_after(self, token_ids: Sequence[int]) -> bool:
+        """Whether no token can follow `token_ids` (the tokens it accepted so far), asked after
+        it refused one: on a copy of its start state, because a refused token leaves
+        llguidance in an error state that stays (whose mask offers EOS). False where the
+        tokens do not replay (not a dead end: a fault)."""
+        try:
+            matcher = self._start.deep_copy() if self._start is not None else None
+            if matcher is None:
+                return False
+            if token_ids and not matcher.consume_tokens(list(token_ids)):
+                return False
+        except BaseException as exc:
+            _reraise_exits(exc)
+            return False
+        return not _can_continue(matcher, self.num_words)
+
+
+def _copy(matcher: Any) -> Any:
+    try:
+        return matcher.deep_copy()
+    except BaseException as exc:
+        _reraise_exits(exc)
+        return None
+
+
+def _can_continue(matcher: Any, num_words: int) -> bool:
+    """Whether the first token the mask of `matcher`'s state allows is one it accepts."""
+    import llguidance.numpy as llnp
+
+    row = np.zeros((1, num_words), dtype=np.int32)
+    try:
+        llnp.fill_next_token_bitmask(matcher, row, 0)
+        words = np.flatnonzero(row[0])
+        if len(words) == 0:
+            return False
+        word = int(row[0, words[0]]) & 0xFFFFFFFF
+        first = 32 * int(words[0]) + (word & -word).bit_length() - 1  # its lowest set bit
+        return int(matcher.validate_tokens([first])) == 1
+    except BaseException as exc:
+        _reraise_exits(exc)
+        return False
 
 
 def _reraise_exits(exc: BaseException) -> None:

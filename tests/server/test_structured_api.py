@@ -130,3 +130,37 @@ def test_bad_constraints_are_400_naming_the_field(client, model, extra, param):
     with pytest.raises(BadRequestError) as info:
         client.chat.completions.create(model=model, messages=USER, max_tokens=5, extra_body=extra)
     assert info.value.body["param"] == param
+
+
+@pytest.mark.parametrize("route", ["chat", "completions"])
+def test_a_grammar_the_vocabulary_cannot_begin_is_400_at_admission(client, model, route):
+    # \x91 is no token of the character tokenizer (found by benchmarks/fuzz_api.py: a 500)
+    extra = {"guided_regex": '\x91"\x0b'}
+    with pytest.raises(BadRequestError) as info:
+        if route == "chat":
+            client.chat.completions.create(
+                model=model, messages=USER, max_tokens=5, extra_body=extra
+            )
+        else:
+            client.completions.create(model=model, prompt="x", max_tokens=5, extra_body=extra)
+    assert info.value.body["param"] == "guided_regex"
+    assert "cannot begin with any token" in info.value.body["message"]
+
+
+def test_a_grammar_the_vocabulary_cannot_continue_is_400_naming_it(client, model):
+    # every choice begins "ab" and then needs \x91: the request fails at its third token
+    extra = {"guided_choice": ["ab\x91", "ab\x91x"]}
+    with pytest.raises(BadRequestError) as info:
+        client.completions.create(model=model, prompt="x", max_tokens=8, extra_body=extra)
+    assert info.value.body["param"] == "guided_choice"
+    assert "can continue the grammar after 2 output tokens" in info.value.body["message"]
+    # streamed: the 200 is sent, so the error comes as an event with the same body
+    events = client.completions.create(
+        model=model, prompt="x", max_tokens=8, stream=True, extra_body=extra
+    )
+    with pytest.raises(Exception) as streamed:
+        list(events)
+    assert "can continue the grammar" in str(streamed.value)
+    # the server goes on serving
+    ok = client.completions.create(model=model, prompt="x", max_tokens=3)
+    assert ok.choices[0].finish_reason == "length"

@@ -128,3 +128,35 @@ def test_a_grammar_request_whose_library_fails_fails_alone(tmp_path, monkeypatch
     assert fine.finish_reason == "length" and len(fine.output_token_ids) == 8
     stats = llm.engine.stats()
     assert stats.num_free_blocks == stats.num_total_blocks
+
+
+@pytest.mark.parametrize("spec", ['\x91"\x0b', "\x91", "\x91+"])
+def test_a_grammar_no_token_can_begin_is_refused_when_compiled(compiler, spec):
+    # \x91 and \x92 are no token of the character tokenizer: llguidance would offer one token
+    # it then refuses, and the request failed at its first output token (a 500, found by
+    # benchmarks/fuzz_api.py)
+    with pytest.raises(ValueError, match="^guided: the regex cannot begin with any token"):
+        compiler.matcher(GuidedDecoding("regex", spec))
+
+
+@pytest.mark.parametrize(
+    "kind, spec",
+    [("regex", "ab\x91"), ("regex", ""), ("choice", json.dumps(["\x91", "ok"])), ("regex", "a?")],
+)
+def test_a_grammar_some_token_can_begin_compiles(compiler, kind, spec):
+    matcher = compiler.matcher(GuidedDecoding(kind, spec))
+    assert matcher.can_start()
+    assert allowed(matcher.masks([])[0])  # the sampler gets a token it may pick
+
+
+def test_stuck_after_tells_a_dead_end_from_a_refused_token(compiler):
+    a, b, c, z = (ids(compiler, ch)[0] for ch in "abcz")
+    dead = compiler.matcher(GuidedDecoding("choice", json.dumps(["ab\x91", "ab\x91x"])))
+    assert dead.accept(a) and dead.accept(b)
+    assert allowed(dead.masks([])[0]) and not dead.can_start()  # one token, refused
+    assert not dead.accept(next(iter(allowed(dead.masks([])[0]))))
+    assert dead.stuck_after([a, b]) and not dead.stuck_after([a])
+    alive = compiler.matcher(GuidedDecoding("choice", json.dumps(["abc"])))
+    assert alive.accept(a) and alive.accept(b) and not alive.accept(z)
+    assert not alive.stuck_after([a, b])  # "c" could follow: the refusal was a fault
+    assert not alive.stuck_after([z])  # tokens that do not replay: not a dead end either

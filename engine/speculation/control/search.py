@@ -267,21 +267,18 @@ def _dinkelbach(problem: SearchProblem, cap: int, start: SearchResult) -> Search
     that goodput)."""
     picks, ks = list(start.picks), _cut(problem, start, cap)
     at_start = (ks, picks)
-    level, best, start_cut = start.goodput, None, None
+    level, best = start.goodput, None
     for _ in range(MAX_ROUNDS):
         costs = _marginal_costs(problem, ks, picks, cap)
         new_ks, new_picks = _best_options(problem.table, cap, level, costs)
         result = problem.evaluate(new_ks, new_picks)
-        if (new_ks, new_picks) == at_start:
-            start_cut = result
         if result.goodput > (start.goodput if best is None else best.goodput):
             best = result
         if (new_ks, new_picks) == (ks, picks) or result.goodput <= level * (1.0 + 1e-12):
             break
         ks, picks, level = new_ks, new_picks, result.goodput
-    if best is not None:
-        return best
-    return start_cut if start_cut is not None else problem.evaluate(*at_start)
+    # Nothing better: the start cut to the cap (its totals usually still held, _totals).
+    return best if best is not None else problem.evaluate(*at_start)
 
 
 def _cut(problem: SearchProblem, plan: SearchResult, cap: int) -> list[int]:

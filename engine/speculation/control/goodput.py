@@ -145,29 +145,39 @@ class GoodputPolicy(SpecPolicy):
     def choice(self) -> bool:
         return len(self.proposers) > 1
 
-    def _options(self, candidate: SpecCandidate, values: Sequence[float]) -> list[SearchSlot]:
-        """The candidate's option per proposer, whose calibration is `values` this plan."""
-        most = self._cap(candidate)
-        return [
-            self._slot(candidate, most, name, value) for name, value in zip(self.proposers, values)
+    def _options(
+        self, candidates: Sequence[SpecCandidate], values: Sequence[float]
+    ) -> list[list[SearchSlot]]:
+        """Each candidate's option per proposer, whose calibration is `values` this plan."""
+        columns = [
+            self._proposer_options(candidates, name, value)
+            for name, value in zip(self.proposers, values)
         ]
+        return [list(row) for row in zip(*columns)]
 
-    def _slot(self, candidate: SpecCandidate, cap: int, proposer: str, value: float) -> SearchSlot:
-        """The candidate's option for `proposer` with at most `cap` drafts."""
-        kind = candidate.kind
-        offered = candidate.offers.get(proposer)
-        if offered is not None:  # proposer choice: what this member can draft now, its kind
-            cap, kind = min(cap, offered[0]), offered[1]
-        # A draft model runs one pass per chain position, and one per node it expands in a
-        # tree (a pass expands one node of every request), so k drafts cost k passes.
-        gains = self._valued_gains(candidate.spec, proposer, kind, cap, value)
-        if not self.choice:
-            seconds = self._catchup_share(candidate, gains) if self.draft_model else 0.0
-            return SearchSlot(gains, range(1, cap + 1), cap, propose_seconds=seconds)
-        draft = proposer == DRAFT_PROPOSER
-        seconds = self._catchup_share(candidate, gains) if draft else 0.0
-        seconds += self.propose_seconds.get(proposer, 0.0)
-        return SearchSlot(gains, range(1, cap + 1), cap, 0, proposer, draft, seconds)
+    def _proposer_options(
+        self, candidates: Sequence[SpecCandidate], proposer: str, value: float
+    ) -> list[SearchSlot]:
+        """Every candidate's option for `proposer` (a plan makes one per request and
+        proposer: what is the same for all of them is looked up once)."""
+        # With one proposer, its passes are the policy's draft_model and its CPU is not priced.
+        choice = self.choice
+        draft = proposer == DRAFT_PROPOSER if choice else self.draft_model
+        extra = self.propose_seconds.get(proposer, 0.0) if choice else 0.0
+        name = proposer if choice else ""
+        slots, estimator = [], self.estimators[proposer]
+        for candidate in candidates:
+            cap, kind = self._cap(candidate), candidate.kind
+            offered = candidate.offers.get(proposer)
+            if offered is not None:  # proposer choice: what it can draft now, its kind
+                cap, kind = min(cap, offered[0]), offered[1]
+            # A draft model runs one pass per chain position, and one per node it expands in
+            # a tree (a pass expands one node of every request), so k drafts cost k passes.
+            gains = self._valued_gains(candidate.spec, estimator, kind, cap, value)
+            seconds = self._catchup_share(candidate, gains) + extra if draft else extra
+            option = SearchSlot(gains, range(1, cap + 1), cap, 0, name, draft, seconds)
+            slots.append(option)
+        return slots
 
     def _catchup_seconds(self, candidate: SpecCandidate) -> float:
         """The cost model's seconds for the draft model's catch-up on this request, paid when
@@ -193,12 +203,11 @@ class GoodputPolicy(SpecPolicy):
         self._catchup_per_token = max(0.0, fed) / tokens
 
     def _valued_gains(
-        self, spec: SpecState, proposer: str, kind: str, cap: int, value: float
+        self, spec: SpecState, estimator: AcceptanceEstimator, kind: str, cap: int, value: float
     ) -> list[float]:
-        """The gains of drafts 1..cap from `proposer` as the search weighs them: its estimate's
-        gains (_gains) times `value`, its calibration (the estimates' realised share where the
-        policy acted on them; AcceptanceEstimator)."""
-        estimator = self.estimators[proposer]
+        """The gains of drafts 1..cap from the proposer of `estimator` as the search weighs
+        them: its estimate's gains (_gains) times `value`, its calibration (the estimates'
+        realised share where the policy acted on them; AcceptanceEstimator)."""
         a = estimator.rate(spec, kind)
         if not self.tree:  # the common case inline: a plan makes one per request and proposer
             return [value * a**j for j in range(1, cap + 1)]
@@ -298,7 +307,7 @@ class GoodputPolicy(SpecPolicy):
             if plan is not None:
                 return plan
         values = [self.estimators[name].calibration for name in self.proposers]
-        options = [self._options(c, values) for c in candidates]
+        options = self._options(candidates, values)
         self._explore(candidates, options, base)
         if self.cost_model.fitted:
             problem = SearchProblem(
@@ -376,12 +385,13 @@ class GoodputPolicy(SpecPolicy):
         (the search decides which drafts go)."""
         self._plans_since_search += 1
         name = self.proposers[0]
-        value = self.estimators[name].calibration
+        estimator = self.estimators[name]
+        value = estimator.calibration
         caps = [self._cap(c) for c in candidates]
         probe = self._probe(candidates, [[cap] for cap in caps])
         ks, valued = [], []
         for i, (candidate, cap) in enumerate(zip(candidates, caps)):
-            gains = self._valued_gains(candidate.spec, name, candidate.kind, cap, value)
+            gains = self._valued_gains(candidate.spec, estimator, candidate.kind, cap, value)
             floor = 1 if probe is not None and probe[0] == i else 0
             ks.append(best_response(gains, cap, floor, self._prices, DRAFT_MARGIN))
             valued.append(gains)

@@ -283,9 +283,10 @@ def _dinkelbach(problem: SearchProblem, cap: int, start: SearchResult) -> Search
 
 def _cut(problem: SearchProblem, plan: SearchResult, cap: int) -> list[int]:
     """The plan's ks with its draft-model options' cut to the pass cap (not below floors)."""
-    slots = problem.chosen(plan.picks)
+    options, flags = problem.options, problem.draft_flags
     return [
-        max(s.floor, min(k, cap)) if problem.runs_draft(s) else k for s, k in zip(slots, plan.ks)
+        max(options[i][p].floor, min(k, cap)) if flags[i][p] else k
+        for i, (p, k) in enumerate(zip(plan.picks, plan.ks))
     ]
 
 
@@ -330,9 +331,9 @@ def _best_options(
     per_token * k + (the option's fixed seconds when k > 0). The first best option, then the
     first best k, on ties; a slot with no valid choice keeps its first option's floor."""
     width = table.cumulative.shape[2]
-    k = np.arange(width)
+    k, drafting = table.ks
     fixed = np.where(table.draft, costs.per_request, costs.per_request_free) + table.seconds
-    cost = level * (costs.per_token * k + fixed[..., None] * (k > 0))
+    cost = level * (costs.per_token * k + fixed[..., None] * drafting)
     value = (table.within(cap) - cost).reshape(len(fixed), -1)
     best = value.argmax(axis=1)
     none = ~np.isfinite(value[np.arange(len(best)), best])

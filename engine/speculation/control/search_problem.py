@@ -20,7 +20,7 @@ from engine.speculation.control.step_features import StepFeatures
 from kernels.graph_shapes import NO_GRAPHS, GraphShapes
 
 
-@dataclass
+@dataclass(slots=True)
 class SearchSlot:
     """One candidate (or one proposer option of a candidate): marginal gains of drafts
     1..cap, the draft-model passes each needs."""
@@ -35,7 +35,8 @@ class SearchSlot:
     cumulative: list[float] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.cumulative = list(accumulate(self.gains[: self.cap], initial=0.0))
+        gains = self.gains if len(self.gains) == self.cap else self.gains[: self.cap]
+        self.cumulative = list(accumulate(gains, initial=0.0))
 
 
 @dataclass(frozen=True)
@@ -69,34 +70,28 @@ class SearchProblem:
     @cached_property
     def options(self) -> tuple[tuple[SearchSlot, ...], ...]:
         """Each slot's options, less those another option of the same kind dominates."""
-        return tuple(
-            (s,) if isinstance(s, SearchSlot) else self._undominated(tuple(s)) for s in self.slots
-        )
-
-    def _undominated(self, options: tuple[SearchSlot, ...]) -> tuple[SearchSlot, ...]:
-        """Drop an option when another of the same kind (draft model or not) gains at least as
-        much at every k, reaches as far and costs no more CPU: any plan using the dropped one
-        does at least as well with the other (same features, no fewer tokens). Typically the
-        model-free proposers reduce to the best of them."""
-        kinds = [self.runs_draft(o) for o in options]
-        if len(set(kinds)) == len(kinds):  # each option alone of its kind: none to compare
-            return options
-        kept = []
-        for i, (option, kind) in enumerate(zip(options, kinds)):
-            for j, (rival, rival_kind) in enumerate(zip(options, kinds)):
-                if j != i and rival_kind == kind and _dominates(rival, option, kind, j < i):
-                    break
-            else:
-                kept.append(option)
-        return tuple(kept)
-
-    def runs_draft(self, slot: SearchSlot) -> bool:
-        return self.draft_model if slot.draft is None else slot.draft
+        return self._kept[0]
 
     @cached_property
     def draft_flags(self) -> tuple[tuple[bool, ...], ...]:
         """runs_draft of every option, aligned with options."""
-        return tuple(tuple(map(self.runs_draft, options)) for options in self.options)
+        return self._kept[1]
+
+    @cached_property
+    def _kept(self) -> tuple[tuple[tuple[SearchSlot, ...], ...], tuple[tuple[bool, ...], ...]]:
+        """options and draft_flags, in one pass over the slots."""
+        options, flags, default = [], [], self.draft_model
+        for slot in self.slots:
+            kept = (slot,) if isinstance(slot, SearchSlot) else tuple(slot)
+            kinds = tuple([default if o.draft is None else o.draft for o in kept])
+            if len(kept) > 1 and len(set(kinds)) < len(kinds):
+                kept, kinds = _undominated(kept, kinds)
+            options.append(kept)
+            flags.append(kinds)
+        return tuple(options), tuple(flags)
+
+    def runs_draft(self, slot: SearchSlot) -> bool:
+        return self.draft_model if slot.draft is None else slot.draft
 
     @cached_property
     def any_draft(self) -> bool:
@@ -183,6 +178,23 @@ class SearchProblem:
         return budget is None or self.base.num_batched_tokens + sum(ks) <= budget
 
 
+def _undominated(
+    options: tuple[SearchSlot, ...], kinds: tuple[bool, ...]
+) -> tuple[tuple[SearchSlot, ...], tuple[bool, ...]]:
+    """Drop an option when another of the same kind (draft model or not) gains at least as
+    much at every k, reaches as far and costs no more CPU: any plan using the dropped one does
+    at least as well with the other (same features, no fewer tokens). Typically the
+    model-free proposers reduce to the best of them. The kept options and their kinds."""
+    kept = []
+    for i, (option, kind) in enumerate(zip(options, kinds)):
+        for j, (rival, rival_kind) in enumerate(zip(options, kinds)):
+            if j != i and rival_kind == kind and _dominates(rival, option, kind, j < i):
+                break
+        else:
+            kept.append(i)
+    return tuple([options[i] for i in kept]), tuple([kinds[i] for i in kept])
+
+
 def _dominates(p: SearchSlot, o: SearchSlot, draft: bool, earlier: bool) -> bool:
     """p is as good as o for every k (fewer or equal passes too, for draft options); on an
     exact tie the earlier option stays."""
@@ -217,10 +229,11 @@ class OptionTable:
         cls, options: Sequence[Sequence[SearchSlot]], flags: Sequence[Sequence[bool]]
     ) -> OptionTable:
         n, m = len(options), max(len(o) for o in options)
-        width = 1 + max(s.cap for o in options for s in o)
         missing = SearchSlot((), (), 0, floor=1)  # pads a slot's options to m: never valid
         slots = [slot for o in options for slot in (*o, *(missing,) * (m - len(o)))]
         draft = [runs for f in flags for runs in (*f, *(False,) * (m - len(f)))]
+        caps = [s.cap for s in slots]
+        width = 1 + max(caps)
         cumulative = np.array(
             [
                 s.cumulative if s.cap == width - 1 else _padded(s.cumulative, width, -np.inf)
@@ -229,7 +242,7 @@ class OptionTable:
         ).reshape(n, m, width)
         cumulative[..., 0][np.array([s is missing for s in slots]).reshape(n, m)] = -np.inf
         floors = np.array([s.floor for s in slots], dtype=np.int64).reshape(n, m)
-        caps = np.array([s.cap for s in slots], dtype=np.int64).reshape(n, m)
+        caps = np.array(caps, dtype=np.int64).reshape(n, m)
         seconds = np.array([s.propose_seconds for s in slots], dtype=float).reshape(n, m)
         draft = np.array(draft, dtype=bool).reshape(n, m)
         k = np.arange(width)
@@ -240,6 +253,12 @@ class OptionTable:
                 [_padded((0, *s.depths[: s.cap]), width, 0) for s in slots], dtype=np.int64
             ).reshape(n, m, width)
         return cls(cumulative, depths, floors, caps, seconds, draft)
+
+    @cached_property
+    def ks(self) -> tuple[np.ndarray, np.ndarray]:
+        """The table's k axis, 0..max_cap, and whether each k drafts (k > 0)."""
+        k = np.arange(self.cumulative.shape[2])
+        return k, k > 0
 
     def within(self, cap: int) -> np.ndarray:
         """cumulative where k is in [floor, cap] (draft options also k <= the pass `cap`),
@@ -255,7 +274,10 @@ class OptionTable:
 
 def _one_pass_each(slot: SearchSlot) -> bool:
     """Draft k of the slot needs k passes (a chain's depths: range(1, cap + 1))."""
-    return isinstance(slot.depths, range) and slot.depths[: slot.cap] == range(1, slot.cap + 1)
+    depths = slot.depths  # range(1, cap + 1), or one going further, as the policy makes them
+    return (
+        type(depths) is range and depths.start == 1 and depths.step == 1 and depths.stop > slot.cap
+    )
 
 
 def _padded(values: Sequence, width: int, fill) -> list:

@@ -8,6 +8,8 @@ pass, verification) that a one-draft-at-a-time search never crosses."""
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from engine.speculation.control.search_problem import SearchProblem, SearchResult
@@ -44,16 +46,16 @@ def best_uniform(problem: SearchProblem, best: SearchResult, picks: list[int]) -
     c = np.arange(1, int(caps.max(initial=0)) + 1)[:, None]
     ks = np.maximum(floors, np.minimum(c, caps))  # [c, ranked request]
     joins = (ks > 0) & (floors == 0)
-    ranked_rows = np.broadcast_to(np.arange(n), ks.shape)
-    gained = cumulative[ranked_rows, ks] - cumulative[np.arange(n), floors]
+    ranked = np.arange(n)  # broadcast against ks's [c, n] in the gathers
+    gained = cumulative[ranked, ks] - cumulative[ranked, floors]
     # Running totals over the first m ranked requests, [c, m] each: the sums in one float
     # cumsum (sequential, as Python adds; the counts are small integers, exact), the passes
     # a running maximum.
     sums = np.empty((4, *ks.shape))
     sums[0], sums[1], sums[2], sums[3] = gained, ks - floors, joins, np.where(joins, cpu, 0.0)
     totals = _running(np.cumsum, sums, np.array(initial[:4], dtype=float)[:, None, None])
-    steps = np.where(draft, depths[ranked_rows, ks], 0)
-    counts = sorted(_checked_counts(n))
+    steps = np.where(draft, depths[ranked, ks], 0)
+    counts = _checked_counts(n)
     e, n_drafts, n_spec, seconds_cpu = totals[:, :, counts]
     n_steps = _running(np.maximum.accumulate, steps, initial[4])[:, counts]
     seconds = problem.seconds_with(n_drafts, n_spec, n_steps) + (
@@ -94,17 +96,21 @@ def _running(accumulate_fn, values: np.ndarray, initial) -> np.ndarray:
     """accumulate_fn along the last axis of `values` ([..., n]), started from `initial`
     (broadcast to [..., 1]): [..., n + 1], entry m the total over the first m (sequential,
     as Python's accumulate adds)."""
-    dtype = np.result_type(values, initial)
-    start = np.broadcast_to(np.asarray(initial, dtype=dtype), (*values.shape[:-1], 1))
-    return accumulate_fn(np.concatenate((start, values), axis=-1), axis=-1)
+    out = np.empty((*values.shape[:-1], values.shape[-1] + 1), np.result_type(values, initial))
+    out[..., :1], out[..., 1:] = initial, values
+    return accumulate_fn(out, axis=-1, out=out)
 
 
-def _checked_counts(n: int) -> set[int]:
-    """Every m up to 8, then about 1.5x apart (and n): the best m of a large batch is found
-    to within a few requests, which the Dinkelbach rounds that follow then settle one by one;
-    each m checked is one cost-model prediction, most of a large batch's planning time."""
+@functools.cache
+def _checked_counts(n: int) -> np.ndarray:
+    """Every m up to 8, then about 1.5x apart (and n), ascending: the best m of a large batch
+    is found to within a few requests, which the Dinkelbach rounds that follow then settle one
+    by one; each m checked is one cost-model prediction, most of a large batch's planning
+    time. (Read-only: one array per n, shared by every plan.)"""
     counts, m = set(range(1, min(n, 8) + 1)), 8
     while m < n:
         m = min(n, int(m * 1.5))
         counts.add(m)
-    return counts
+    array = np.array(sorted(counts))
+    array.flags.writeable = False
+    return array

@@ -74,8 +74,7 @@ def best_lengths(problem: SearchProblem) -> SearchResult:
     best = problem.evaluate(floors)
     if _floors_are_best(problem, best):
         return best
-    for picks in uniform_picks(problem):
-        best = best_uniform(problem, best, picks)
+    best = best_uniform(problem, best, uniform_picks(problem))
     max_cap = max((o.cap for options in problem.options for o in options), default=0)
     if problem.any_draft:
         lowest = max(0 if problem.any_free else 1, _forced_passes(problem))

@@ -1,7 +1,8 @@
 """The search's uniform plans: the m requests with the best first draft each at min(c, cap),
 the rest at their floors, for every m and c, with one proposer per request (its best
 model-free option, or its draft-model option). Their totals over m and c are running sums
-over the ranked requests (arrays [c, m]), the step predicted once per checked m, so a large
+over the ranked requests (arrays [pick set, c, m], the sets of picks at once), the step
+predicted once per checked m, so a large
 batch gets a good starting plan for the Dinkelbach rounds (search.py) in a few vectorised
 cost-model calls; a uniform plan already pays the batch-wide fixed costs (a draft-model
 pass, verification) that a one-draft-at-a-time search never crosses."""
@@ -12,7 +13,7 @@ import functools
 
 import numpy as np
 
-from engine.speculation.control.search_problem import SearchProblem, SearchResult
+from engine.speculation.control.search_problem import OptionTable, SearchProblem, SearchResult
 
 
 def uniform_picks(problem: SearchProblem) -> list[list[int]]:
@@ -30,65 +31,83 @@ def uniform_picks(problem: SearchProblem) -> list[list[int]]:
     return [free, draft] if problem.any_free else [draft]
 
 
-def best_uniform(problem: SearchProblem, best: SearchResult, picks: list[int]) -> SearchResult:
-    """The best m-requests-at-c plan (requests ranked by their first gain): the totals of
-    every m and c as running sums over the ranked requests (arrays [c, m]), the step
-    predicted at the checked m."""
-    n, table = len(picks), problem.table
-    rows = np.arange(n)
-    cumulative, depths = table.cumulative[rows, picks], table.depths[rows, picks]
-    floors, caps = table.floors[rows, picks], table.caps[rows, picks]
-    cpu, draft = table.seconds[rows, picks], table.draft[rows, picks]
-    initial = _uniform_start(cumulative, depths, floors, cpu, draft)
-    order = np.argsort(-cumulative[rows, np.minimum(1, caps)], kind="stable")
-    cumulative, depths, floors = cumulative[order], depths[order], floors[order]
-    caps, cpu, draft = caps[order], cpu[order], draft[order]
-    c = np.arange(1, int(caps.max(initial=0)) + 1)[:, None]
-    ks = np.maximum(floors, np.minimum(c, caps))  # [c, ranked request]
-    joins = (ks > 0) & (floors == 0)
-    ranked = np.arange(n)  # broadcast against ks's [c, n] in the gathers
-    gained = cumulative[ranked, ks] - cumulative[ranked, floors]
-    # Running totals over the first m ranked requests, [c, m] each: the sums in one float
+def best_uniform(
+    problem: SearchProblem, best: SearchResult, picks: list[list[int]]
+) -> SearchResult:
+    """The best m-requests-at-c plan over each set of picks in turn (requests ranked by their
+    first gain), or `best`: the totals of every m and c as running sums over the ranked
+    requests (arrays [pick set, c, m], every set at once), the step predicted at the checked
+    m. A later set's plan replaces an earlier one only when strictly better."""
+    n = len(picks[0])
+    sets, rows = np.arange(len(picks))[:, None], np.arange(n)
+    cumulative, depths, floors, caps, cpu, draft = _picked(problem.table, np.array(picks))
+    at_floor = cumulative[sets, rows, floors], depths[sets, rows, floors]
+    initial = _uniform_start(*at_floor, floors, cpu, draft)
+    order = np.argsort(-cumulative[sets, rows, np.minimum(1, caps)], axis=1, kind="stable")
+    # By rank from here: each set's requests in the order they join.
+    cumulative, depths, floors, caps, cpu, draft = (
+        a[sets, order] for a in (cumulative, depths, floors, caps, cpu, draft)
+    )
+    c = np.arange(1, int(caps.max(initial=0)) + 1)[:, None]  # a set of lower caps repeats
+    ks = np.maximum(floors[:, None], np.minimum(c, caps[:, None]))  # [set, c, rank]
+    joins = (ks > 0) & (floors[:, None] == 0)
+    at_k = (sets[..., None], rows, ks)  # each set's ranked requests at their k for each c
+    # Running totals over the first m ranked requests, [set, c, m] each: the sums in one float
     # cumsum (sequential, as Python adds; the counts are small integers, exact), the passes
     # a running maximum.
     sums = np.empty((4, *ks.shape))
-    sums[0], sums[1], sums[2], sums[3] = gained, ks - floors, joins, np.where(joins, cpu, 0.0)
-    totals = _running(np.cumsum, sums, np.array(initial[:4], dtype=float)[:, None, None])
-    steps = np.where(draft, depths[ranked, ks], 0)
+    sums[0] = cumulative[at_k] - cumulative[sets, rows, floors][:, None]
+    sums[1], sums[2], sums[3] = ks - floors[:, None], joins, np.where(joins, cpu[:, None], 0.0)
+    totals = _running(np.cumsum, sums, np.array(initial[:4])[:, :, None, None])
+    steps = np.where(draft[:, None], depths[at_k], 0)
     counts = _checked_counts(n)
-    e, n_drafts, n_spec, seconds_cpu = totals[:, :, counts]
-    n_steps = _running(np.maximum.accumulate, steps, initial[4])[:, counts]
+    e, n_drafts, n_spec, seconds_cpu = totals[..., counts]
+    n_steps = _running(np.maximum.accumulate, steps, initial[4][:, None, None])[..., counts]
     seconds = problem.seconds_with(n_drafts, n_spec, n_steps) + (
         seconds_cpu + problem.extra_seconds
     )
-    goodputs = e / seconds
     room = problem.token_budget
     fits = n_drafts <= (room - problem.base.num_batched_tokens if room is not None else np.inf)
-    for i in range(len(c)):
-        if not fits[i, 0]:  # drafts grow with m and c: the counts that fit come first
-            break
-        goodput = goodputs[i, fits[i]]
-        j = int(goodput.argmax())
-        if goodput[j] > best.goodput * (1.0 + 1e-12):
-            m, plan = counts[j], [0] * n
-            for rank, request in enumerate(order.tolist()):
-                plan[request] = int(ks[i, rank] if rank < m else floors[rank])
-            best = SearchResult(tuple(plan), float(seconds[i, j]), float(goodput[j]), tuple(picks))
+    for p, set_picks in enumerate(picks):
+        for i in range(len(c)):
+            if not fits[p, i, 0]:  # drafts grow with m and c: the counts that fit come first
+                break
+            goodput = e[p, i, fits[p, i]] / seconds[p, i, fits[p, i]]
+            j = int(goodput.argmax())
+            if goodput[j] > best.goodput * (1.0 + 1e-12):
+                plan = np.empty(n, dtype=np.int64)  # by request: the first m ranked at c
+                plan[order[p]] = np.where(rows < counts[j], ks[p, i], floors[p])
+                result = float(seconds[p, i, j]), float(goodput[j])
+                best = SearchResult(tuple(plan.tolist()), *result, tuple(set_picks))
     return best
 
 
-def _uniform_start(cumulative, depths, floors, cpu, draft) -> tuple[float, int, int, float, int]:
-    """The uniform plans' totals before any request joins (each at its floor): tokens
-    emitted, drafts, speculating requests, proposing seconds, draft-model passes."""
-    rows, spec = np.arange(len(floors)), floors > 0
-    emitted = sum((1.0 + cumulative[rows, floors]).tolist())  # in order, as the plans add
-    passes = depths[rows, floors][draft & spec]
+def _picked(table: OptionTable, picks: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The table's arrays at each set's picked options (picks [set, request]): cumulative and
+    depths [set, request, k], floors, caps, CPU seconds and draft flags [set, request]."""
+    rows = np.arange(picks.shape[1])
     return (
-        emitted,
-        int(floors.sum()),
-        int(spec.sum()),
-        sum(cpu[spec].tolist()),
-        int(passes.max(initial=0)),
+        table.cumulative[rows, picks],
+        table.depths[rows, picks],
+        table.floors[rows, picks],
+        table.caps[rows, picks],
+        table.seconds[rows, picks],
+        table.draft[rows, picks],
+    )
+
+
+def _uniform_start(at_floor, depths, floors, cpu, draft) -> tuple[np.ndarray, ...]:
+    """Per pick set, the uniform plans' totals before any request joins (each at its floor):
+    tokens emitted, drafts, speculating requests, proposing seconds, draft-model passes.
+    `at_floor`, `depths`: each request's cumulative gain and passes at its floor. The sums
+    sequential (cumsum), in request order, as the plans add."""
+    spec = floors > 0
+    return (
+        np.cumsum(1.0 + at_floor, axis=1)[:, -1],
+        floors.sum(axis=1),
+        spec.sum(axis=1),
+        np.cumsum(np.where(spec, cpu, 0.0), axis=1)[:, -1],
+        np.where(draft & spec, depths, 0).max(axis=1, initial=0),
     )
 
 

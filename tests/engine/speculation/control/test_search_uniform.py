@@ -69,12 +69,18 @@ def test_the_uniform_plans_are_the_best_of_every_plan_a_loop_builds(cost):
     for _ in range(150):
         problem = random_problem(rng, model)
         floors = problem.evaluate([options[0].floor for options in problem.options])
-        for picks in uniform_plans.uniform_picks(problem):
-            found = uniform_plans.best_uniform(problem, floors, picks)
+        every_set, by_loop = uniform_plans.uniform_picks(problem), floors
+        for picks in every_set:
+            found = uniform_plans.best_uniform(problem, floors, [picks])
             expected = uniform_by_loop(problem, floors, picks)
             assert found.goodput == pytest.approx(expected.goodput, rel=1e-9)
             assert problem.evaluate(found.ks, found.picks).goodput == pytest.approx(found.goodput)
             if found is not floors:  # a plan it found (the floors may overrun the budget)
                 assert problem.fits(found.ks)
                 checked += 1
+            by_loop = uniform_by_loop(problem, by_loop, picks)
+        # every set at once: the best over them, an earlier set's plan kept on ties
+        found = uniform_plans.best_uniform(problem, floors, every_set)
+        assert found.goodput == pytest.approx(by_loop.goodput, rel=1e-9)
+        assert found.picks == by_loop.picks
     assert checked > 50  # most problems have a uniform plan better than no drafts

@@ -2,10 +2,10 @@
 the rest at their floors, for every m and c, with one proposer per request (its best
 model-free option, or its draft-model option). Their totals over m and c are running sums
 over the ranked requests (arrays [pick set, c, m], the sets of picks at once), the step
-predicted once per checked m, so a large
-batch gets a good starting plan for the Dinkelbach rounds (search.py) in a few vectorised
-cost-model calls; a uniform plan already pays the batch-wide fixed costs (a draft-model
-pass, verification) that a one-draft-at-a-time search never crosses."""
+predicted once per checked m, so a large batch gets a good starting plan for the Dinkelbach
+rounds (search.py) in a few vectorised cost-model calls; a uniform plan already pays the
+batch-wide fixed costs (a draft-model pass, verification) that a one-draft-at-a-time search
+never crosses."""
 
 from __future__ import annotations
 

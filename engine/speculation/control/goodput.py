@@ -149,25 +149,27 @@ class GoodputPolicy(SpecPolicy):
         self, candidates: Sequence[SpecCandidate], values: Sequence[float]
     ) -> list[list[SearchSlot]]:
         """Each candidate's option per proposer, whose calibration is `values` this plan."""
+        caps = [self._cap(c) for c in candidates]
         columns = [
-            self._proposer_options(candidates, name, value)
+            self._proposer_options(candidates, caps, name, value)
             for name, value in zip(self.proposers, values)
         ]
         return [list(row) for row in zip(*columns)]
 
     def _proposer_options(
-        self, candidates: Sequence[SpecCandidate], proposer: str, value: float
+        self, candidates: Sequence[SpecCandidate], caps: list[int], proposer: str, value: float
     ) -> list[SearchSlot]:
-        """Every candidate's option for `proposer` (a plan makes one per request and
-        proposer: what is the same for all of them is looked up once)."""
+        """Every candidate's option for `proposer`, with at most its cap in `caps` drafts (a
+        plan makes one per request and proposer: what is the same for all of them is looked
+        up once)."""
         # With one proposer, its passes are the policy's draft_model and its CPU is not priced.
         choice = self.choice
         draft = proposer == DRAFT_PROPOSER if choice else self.draft_model
         extra = self.propose_seconds.get(proposer, 0.0) if choice else 0.0
         name = proposer if choice else ""
         slots, estimator = [], self.estimators[proposer]
-        for candidate in candidates:
-            cap, kind = self._cap(candidate), candidate.kind
+        for candidate, cap in zip(candidates, caps):
+            kind = candidate.kind
             offered = candidate.offers.get(proposer)
             if offered is not None:  # proposer choice: what it can draft now, its kind
                 cap, kind = min(cap, offered[0]), offered[1]

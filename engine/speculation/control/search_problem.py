@@ -81,11 +81,15 @@ class SearchProblem:
     def _kept(self) -> tuple[tuple[tuple[SearchSlot, ...], ...], tuple[tuple[bool, ...], ...]]:
         """options and draft_flags, in one pass over the slots."""
         options, flags, default = [], [], self.draft_model
+        rivals: dict[tuple[bool, ...], list[tuple[int, int]]] = {}  # per kinds: _rival_pairs
         for slot in self.slots:
             kept = (slot,) if isinstance(slot, SearchSlot) else tuple(slot)
             kinds = tuple([default if o.draft is None else o.draft for o in kept])
-            if len(kept) > 1 and len(set(kinds)) < len(kinds):
-                kept, kinds = _undominated(kept, kinds)
+            pairs = rivals.get(kinds)
+            if pairs is None:
+                pairs = rivals[kinds] = _rival_pairs(kinds)
+            if pairs:
+                kept, kinds = _undominated(kept, kinds, pairs)
             options.append(kept)
             flags.append(kinds)
         return tuple(options), tuple(flags)
@@ -178,20 +182,27 @@ class SearchProblem:
         return budget is None or self.base.num_batched_tokens + sum(ks) <= budget
 
 
+def _rival_pairs(kinds: tuple[bool, ...]) -> list[tuple[int, int]]:
+    """(option, rival) index pairs of the same kind (draft model or not): the comparisons
+    _undominated makes, the same for every slot whose options have these kinds."""
+    indices = range(len(kinds))
+    return [(i, j) for i in indices for j in indices if j != i and kinds[j] == kinds[i]]
+
+
 def _undominated(
-    options: tuple[SearchSlot, ...], kinds: tuple[bool, ...]
+    options: tuple[SearchSlot, ...], kinds: tuple[bool, ...], pairs: list[tuple[int, int]]
 ) -> tuple[tuple[SearchSlot, ...], tuple[bool, ...]]:
-    """Drop an option when another of the same kind (draft model or not) gains at least as
-    much at every k, reaches as far and costs no more CPU: any plan using the dropped one does
-    at least as well with the other (same features, no fewer tokens). Typically the
-    model-free proposers reduce to the best of them. The kept options and their kinds."""
-    kept = []
-    for i, (option, kind) in enumerate(zip(options, kinds)):
-        for j, (rival, rival_kind) in enumerate(zip(options, kinds)):
-            if j != i and rival_kind == kind and _dominates(rival, option, kind, j < i):
-                break
-        else:
-            kept.append(i)
+    """Drop an option when another of the same kind (one of `pairs`) gains at least as much at
+    every k, reaches as far and costs no more CPU: any plan using the dropped one does at
+    least as well with the other (same features, no fewer tokens). Typically the model-free
+    proposers reduce to the best of them. The kept options and their kinds."""
+    dropped = set()
+    for i, j in pairs:
+        if i not in dropped and _dominates(options[j], options[i], kinds[i], j < i):
+            dropped.add(i)
+    if not dropped:
+        return options, kinds
+    kept = [i for i in range(len(options)) if i not in dropped]
     return tuple([options[i] for i in kept]), tuple([kinds[i] for i in kept])
 
 

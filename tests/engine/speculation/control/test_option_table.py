@@ -96,3 +96,64 @@ def test_an_option_another_gains_more_than_everywhere_is_dropped_and_a_tie_keeps
         [[weak, strong, twin, crossing, dearer, drafted]], StepFeatures(), model
     )
     assert [o.proposer for o in problem.options[0]] == ["a", "d", "draft"]
+
+
+def kept_by_loop(options: list[SearchSlot], draft_model: bool) -> list[SearchSlot]:
+    """Each option unless another of its kind is as good at every k (plain loops)."""
+
+    def kind(o: SearchSlot) -> bool:
+        return draft_model if o.draft is None else o.draft
+
+    def as_good(p: SearchSlot, o: SearchSlot, earlier: bool) -> bool:
+        if (p.floor, kind(p)) != (o.floor, kind(o)) or p.cap < o.cap:
+            return False
+        if p.propose_seconds > o.propose_seconds:
+            return False
+        ks = range(1, o.cap + 1)
+        if any(p.cumulative[k] < o.cumulative[k] for k in ks):
+            return False
+        if kind(o) and any(p.depths[k - 1] > o.depths[k - 1] for k in ks):
+            return False
+        tie = (p.cap, p.propose_seconds) == (o.cap, o.propose_seconds) and all(
+            p.cumulative[k] == o.cumulative[k] for k in ks
+        )
+        return earlier or not tie
+
+    return [
+        o
+        for i, o in enumerate(options)
+        if not any(j != i and as_good(p, o, j < i) for j, p in enumerate(options))
+    ]
+
+
+def test_the_kept_options_and_their_flags_match_a_loop_over_every_pair():
+    rng = random.Random(3)
+    dropped = 0
+    for _ in range(300):
+        draft_model = rng.random() < 0.5
+        slots = []
+        for _ in range(rng.randint(1, 6)):
+            options = []
+            for _ in range(rng.randint(1, 4)):
+                cap = rng.randint(0, 4)
+                gains = [rng.choice([0.2, 0.5, 0.9]) for _ in range(cap)]
+                depths = range(1, cap + 1) if rng.random() < 0.7 else (1, 1, 2, 3)[:cap]
+                options.append(
+                    SearchSlot(
+                        gains,
+                        depths,
+                        cap,
+                        floor=int(rng.random() < 0.1),
+                        draft=rng.choice([None, False, True]),
+                        propose_seconds=rng.choice([0.0, 1e-4]),
+                    )
+                )
+            slots.append(options if len(options) > 1 or rng.random() < 0.5 else options[0])
+        problem = SearchProblem(slots, StepFeatures(), fitted_cost_model(), draft_model)
+        for slot, kept, flags in zip(slots, problem.options, problem.draft_flags):
+            options = slot if isinstance(slot, list) else [slot]
+            expected = kept_by_loop(options, draft_model)
+            assert list(kept) == expected
+            assert list(flags) == [problem.runs_draft(o) for o in expected]
+            dropped += len(options) - len(kept)
+    assert dropped > 100  # the gains drawn from three values tie and dominate often

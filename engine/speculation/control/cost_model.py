@@ -176,24 +176,25 @@ class OnlineLinearCostModel:
         drafts = np.asarray(num_draft_tokens, dtype=float)
         spec = np.asarray(num_spec_requests)
         rows = f.num_batched_tokens + drafts
-        # Without graphs, an eager flag only comes from the base; then every plan's rows are
-        # priced on the row terms, and the eager terms add zeros (left out: the same floats).
-        replays = graphs.enabled or graphs.eager_on_drafts or f.num_eager_steps
-        if replays:
+        # Without graphs and with a base that is not eager, no plan runs eagerly: every plan's
+        # rows are priced on the row terms, and the eager terms add zeros (left out: the same
+        # floats).
+        eager_terms = graphs.enabled or f.num_eager_steps
+        if eager_terms:
             eager, graph_rows = _replayed(f, drafts, spec, graphs)
             rows_priced = np.where(graph_rows > 0, graph_rows, rows)
         else:
             rows_priced = rows
         ramps = np.interp(rows_priced, ROW_KNOTS, self._ramp_sums)
         row_seconds = c[0] + c[1] * rows_priced + ramps
-        if replays:
+        if eager_terms:
             row_seconds = np.where(eager, c[0], row_seconds)
         tail = c[2 + _NUM_RAMPS :]
         steps = np.maximum(f.num_draft_steps, num_draft_steps)
         seconds = row_seconds + tail[0] * f.num_requests + tail[1] * (f.num_kv_tokens + drafts)
         seconds += tail[2] * (f.num_draft_tokens + drafts) + tail[3] * steps
         seconds += tail[4] * (f.num_spec_requests + spec)
-        if replays:
+        if eager_terms:
             seconds += tail[5] * eager + tail[6] * np.where(eager, rows, 0.0)
         seconds += tail[7] * f.num_catchup_tokens
         return np.maximum(self.min_seconds, seconds)

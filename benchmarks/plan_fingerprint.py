@@ -26,6 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.plan_time import gpu_seconds  # noqa: E402
 from engine.request import SpecState  # noqa: E402
 from engine.speculation.control.cost_model import OnlineLinearCostModel  # noqa: E402
 from engine.speculation.control.goodput import GoodputPolicy  # noqa: E402
@@ -48,12 +49,6 @@ def cpu_seconds(f: StepFeatures) -> float:
         + 3e-5 * f.num_catchup_tokens
         + jump
     )
-
-
-def gpu_seconds(f: StepFeatures) -> float:
-    """A GPU-like step, priced on the rows a replayed graph computes."""
-    rows = f.num_graph_rows or f.num_batched_tokens
-    return 1.7e-3 + 5e-6 * rows + 3e-4 * f.num_draft_steps + 5e-5 * f.num_spec_requests
 
 
 def scenario_hash(seed: int, num_plans: int) -> str:

@@ -12,7 +12,8 @@ prefill excluded) and each config's tokens are compared with off's. Configs are 
 `draft:chain:4@goodput` (the goodput policy choosing k <= 4), `auto:chain:4` (n-gram, recycle
 and the draft model, the goodput policy choosing a proposer and k per request and step); a
 `+vN` suffix gives the draft a head over the first N token ids (`--draft-vocab N`), e.g.
-`draft:chain:4+v32768`.
+`draft:chain:4+v32768`; a `+probes` suffix turns off the shadow checks (the goodput policy's
+estimates of proposers not drafting then move only by forced probes), e.g. `auto:chain:4+probes`.
 
 --interleave loads every engine up front and lets the configs take turns prompt by prompt (load
 drift hits them alike; needs the memory of all engines at once); without it one engine lives
@@ -89,13 +90,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def config_flat(name: str, args: argparse.Namespace) -> dict:
-    """Flat EngineConfig fields for `off` or `PROPOSER[:chain|tree[:BUDGET]][@goodput][+vN]`."""
+    """Flat EngineConfig fields for `off` or
+    `PROPOSER[:chain|tree[:BUDGET]][@goodput][+vN][+probes]` (+probes: no shadow checks)."""
     # 128 blocks of 16 tokens hold one prompt (< 1000 tokens) + max_tokens + drafts.
     flat = dict(model=args.target, weights="gguf", dtype="float32", threads=args.threads)
     flat.update(num_kv_blocks=128)
     if name == "off":
         return flat
-    name, _, vocab = name.partition("+v")
+    name, *extras = name.split("+")
+    vocab = next((e[1:] for e in extras if e.startswith("v")), "")
+    flat.update(spec_shadow_checks="probes" not in extras)
     spec, _, policy = name.partition("@")
     proposer, shape, budget = [*spec.split(":"), None, None][:3]
     if proposer not in PROPOSERS or shape not in (None, "chain", "tree"):

@@ -29,7 +29,9 @@ DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "workload_chat.
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--policies", nargs="+", default=["off", "goodput"])
+    parser.add_argument(
+        "--policies", nargs="+", default=["off", "goodput"], help="also goodput+probes"
+    )
     parser.add_argument("--proposer", default="ngram")
     parser.add_argument("--dataset", default=str(DATA))
     parser.add_argument("--num-prompts", type=int, default=48)
@@ -42,7 +44,11 @@ def parse_args() -> argparse.Namespace:
 
 
 def build(policy: str, args: argparse.Namespace) -> LLM:
-    flat = dict(speculative_proposer=args.proposer, spec_policy=policy, threads=args.threads)
+    """`policy`: a --spec-policy value; `goodput+probes`: goodput without shadow checks."""
+    policy, _, variant = policy.partition("+")
+    proposer = "none" if policy == "off" else args.proposer  # off with a list would not build
+    flat = dict(speculative_proposer=proposer, spec_policy=policy, threads=args.threads)
+    flat.update(spec_shadow_checks=variant != "probes")
     flat.update(num_speculative_tokens=5, enable_prefix_caching=False)
     if args.model:
         flat.update(model=args.model)

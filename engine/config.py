@@ -144,6 +144,10 @@ class SpecConfig:
     # synthetic steps that seed the step-time cost model (0 = no profile and no cache: learn
     # online), and the JSON file caching fits by (model, device, dtype, threads).
     spec_profile_seconds: float = 3.0
+    # goodput with chains: the model-free proposers not drafting for a request propose anyway,
+    # and their chains are checked against the emitted tokens for their acceptance estimates
+    # (engine/speculation/shadow.py); False: only forced probes keep those estimates current.
+    spec_shadow_checks: bool = True
     spec_cost_cache: str | None = DEFAULT_COST_CACHE  # None, "" or "none": no cache
 
     def __post_init__(self) -> None:

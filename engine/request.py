@@ -101,6 +101,9 @@ class SpecState:
     expected: tuple[float, ...] = ()
     # Per proposer: its own state of the request (n-gram index, recycle root, draft-model KV).
     memos: dict[str, Any] = field(default_factory=dict)
+    # Per model-free proposer: its last chain checked against the emitted tokens instead of
+    # verified (engine/speculation/shadow.py's Shadow).
+    shadows: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(eq=False)

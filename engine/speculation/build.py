@@ -21,6 +21,7 @@ from engine.speculation.control.tree_shape import TreeShapeEstimator
 from engine.speculation.driver import SpecDriver, max_draft_tokens, speculates
 from engine.speculation.proposers.proposer import DRAFT_PROPOSER, Proposer
 from engine.speculation.proposers.proposer_set import ProposerSet
+from engine.speculation.shadow import ShadowChecks
 from kernels.graph_shapes import NO_GRAPHS, GraphShapes
 
 # Proposer name -> "module:Class"; the class provides from_config(spec, **runtime).
@@ -92,8 +93,30 @@ def make_spec_driver(
         propose_seconds=proposer.seconds_per_request if choice else None,
     )
     return SpecDriver(
-        config, proposer, policy, cost_model, tree_shape, token_budget, max_num_seqs, graphs
+        config,
+        proposer,
+        policy,
+        cost_model,
+        tree_shape,
+        token_budget,
+        max_num_seqs,
+        graphs,
+        _shadow_checks(config, proposer, policy),
     )
+
+
+def _shadow_checks(
+    config: SpecConfig, proposer: Proposer | None, policy: SpecPolicy
+) -> ShadowChecks | None:
+    """The model-free proposers checked where they do not draft: goodput's chains only (its
+    acceptance estimates are what the checks feed; a tree's outcome is not a chain's)."""
+    if not config.spec_shadow_checks or config.spec_tree_nodes > 0:
+        return None
+    if proposer is None or not isinstance(policy, GoodputPolicy):
+        return None
+    members = proposer.proposers if isinstance(proposer, ProposerSet) else {proposer.name: proposer}
+    free = {name: p for name, p in members.items() if name != DRAFT_PROPOSER}
+    return ShadowChecks(free) if free else None
 
 
 def make_policy(

@@ -31,6 +31,7 @@ from engine.speculation.proposers.proposer import (
     Proposer,
     ProposeRequest,
 )
+from engine.speculation.shadow import ShadowChecks
 from kernels.graph_shapes import NO_GRAPHS, GraphShapes
 
 
@@ -55,9 +56,12 @@ class SpecDriver:
         token_budget: int,
         max_num_seqs: int = 1 << 30,
         graphs: GraphShapes = NO_GRAPHS,
+        shadows: ShadowChecks | None = None,
     ) -> None:
         """Built by engine/speculation/build.py; graphs: the step shapes the runner replays
-        as CUDA graphs, as this driver's plans may use them (trees: decode steps only)."""
+        as CUDA graphs, as this driver's plans may use them (trees: decode steps only);
+        shadows: the model-free proposers whose chains are checked, not verified, where they
+        do not draft (engine/speculation/shadow.py)."""
         self.config = config
         self.token_budget, self.max_num_seqs = token_budget, max_num_seqs
         self.tree = config.spec_tree_nodes > 0
@@ -70,6 +74,7 @@ class SpecDriver:
         self.proposer = proposer
         self.tree_shape = tree_shape
         self.policy = policy
+        self.shadows = shadows
         self.seed_report: SeedReport | None = None
         self.last_chosen_k: tuple[int, ...] = ()  # the last plan's lengths (metrics)
         self.last_plan_time = 0.0  # seconds of the last policy.plan (part of the step's time)
@@ -189,9 +194,11 @@ class SpecDriver:
         topk = self.proposer.target_topk
         start = time.perf_counter()
         warmed = self._warm(sched)
+        if self.shadows is not None:
+            self.shadows.start(self._decoding(sched))
         asks = [self._ask(s) for s in sched.scheduled if s.num_draft_tokens > 0 and s.needs_sample]
         if not asks and not warmed:
-            return Drafts(target_topk=topk)
+            return Drafts(target_topk=topk, proposer_time=time.perf_counter() - start)
         drafts = self.proposer.propose(asks) if asks else Drafts()
         chains = _cut_at_grammar(drafts.chains, sched)
         elapsed = time.perf_counter() - start
@@ -222,6 +229,21 @@ class SpecDriver:
             and self._cap(s.request) > 0
         ]
         return warm(asks) if asks else 0
+
+    def _decoding(self, sched: SchedulerOutput) -> list[tuple[Request, int, str]]:
+        """(request, cap, the proposer drafting for it or "") of each request that samples
+        its next token this step from its last one, where a chain could be drafted and would
+        not be cut at a grammar: the requests a shadow check may start on."""
+        decoding = []
+        for s in sched.scheduled:
+            request = s.request
+            if not s.needs_sample or s.num_new_tokens - s.num_draft_tokens != 1:
+                continue
+            cap = min(self._cap(request), request.num_remaining_output_tokens - 1)
+            if cap > 0 and request.grammar is None:
+                drafting = self._proposer_of(request) if s.num_draft_tokens else ""
+                decoding.append((request, cap, drafting))
+        return decoding
 
     def _ask(self, scheduled: ScheduledRequest, end: int | None = None) -> ProposeRequest:
         """The request as the proposer sees it (`end`: its tokens up to there only)."""
@@ -292,6 +314,8 @@ class SpecDriver:
             result = self._result(scheduled, step.num_draft_tokens, step.num_accepted_tokens)
             if result is not None:
                 results.append(result)
+            if self.shadows is not None:
+                results.extend(self.shadows.check(scheduled.request, step.token_ids))
         if observations:
             self.proposer.observe(observations)
         return results

@@ -420,8 +420,12 @@ class GoodputPolicy(SpecPolicy):
         self.cost_model.observe(features, step_seconds)
         for result in results:
             estimator = self.estimators.get(result.proposer, self.acceptance)
-            expected = result.spec.expected[: result.num_draft_tokens]
-            estimator.calibrate(sum(expected), result.num_accepted_tokens)
+            if result.shadow:  # checked, not run: as good as a probe, and it cost none
+                name = result.proposer if result.proposer in self.estimators else self.proposers[0]
+                result.spec.last_run[name] = self._num_plans
+            else:
+                expected = result.spec.expected[: result.num_draft_tokens]
+                estimator.calibrate(sum(expected), result.num_accepted_tokens)
             estimator.update(result)
 
     def rate(self, spec: SpecState, proposer: str = "", kind: str = "") -> float:

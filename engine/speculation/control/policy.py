@@ -53,6 +53,9 @@ class SpecResult:
     proposer: str = ""  # the proposer that drafted them (proposer choice; "" = the only one)
     spec: SpecState = field(kw_only=True)  # the request's speculation record
     kind: str = field(default="", kw_only=True)  # the proposal's kind (SpecCandidate.kind)
+    # Not verified: a chain checked against the emitted tokens (engine/speculation/shadow.py),
+    # for the proposer's estimate only (no plan acted on it, so nothing to calibrate).
+    shadow: bool = field(default=False, kw_only=True)
 
 
 class SpecPolicy:

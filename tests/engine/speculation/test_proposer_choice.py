@@ -277,7 +277,8 @@ class RandomChoice:
         return {request_id: k for request_id, k in plan.items() if k}
 
     def observe(self, results, features, step_seconds) -> None:
-        assert all(r.proposer == self.chosen[r.request_id] for r in results)
+        # Shadow checks (built for goodput, kept here) report the members not chosen.
+        assert all(r.proposer == self.chosen[r.request_id] for r in results if not r.shadow)
 
 
 def test_switching_proposers_every_step_leaks_no_blocks_and_no_state():

@@ -1,0 +1,133 @@
+"""Shadow checks: a model-free proposer's chain, never verified, checked against the tokens the
+target goes on to emit, so that its acceptance estimate stays current while another proposer
+(or none) drafts for the request.
+
+Verification is drafter-invariant (engine/sample/verify.py): every emitted token is the token
+plain decoding emits at that position, greedy or sampled, whatever was drafted. A chain
+proposed at position n would therefore have been accepted up to its first draft that differs
+from the token emitted at that draft's position. The check is exact, and it costs the
+proposer's CPU time, not a verify row that every request in the step waits for (which is what a
+forced exploration probe costs: control/goodput.py). A draft model's proposal is not checked
+this way: it costs a draft pass.
+
+Per request and proposer one check at a time, a new one at most every SHADOW_SPACING tokens:
+most chains fail at their first draft, and each check would otherwise cost a proposal on every
+step. A check lives on the request's SpecState (`shadows`) and ends with it; a request that
+ends before its check resolves leaves no outcome.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from engine.request import Request
+from engine.speculation.control.policy import SpecResult
+from engine.speculation.proposers.proposer import Proposer, ProposeRequest
+
+# Tokens from the start of one check to the start of the next, per request and proposer.
+SHADOW_SPACING = 4
+
+
+@dataclass(slots=True)
+class Shadow:
+    """One chain waiting for the tokens it predicts."""
+
+    start: int  # the position of the token its first draft predicts
+    draft: tuple[int, ...]
+    kind: str  # the proposal's kind (SpecCandidate.kind: the n-gram's matched order)
+    matched: int = 0  # drafts equal to the emitted tokens so far
+    done: bool = False
+
+    def feed(self, token_ids: Sequence[int]) -> bool:
+        """Compare the next emitted tokens with the drafts; True once the outcome is known
+        (a draft differs, or every draft matched)."""
+        for token in token_ids:
+            if token != self.draft[self.matched]:
+                self.done = True
+                return True
+            self.matched += 1
+            if self.matched == len(self.draft):
+                self.done = True
+                return True
+        return False
+
+    def due(self, num_tokens: int) -> bool:
+        """Whether a new check may start for a request now at `num_tokens` tokens."""
+        return self.done and num_tokens >= self.start + SHADOW_SPACING
+
+
+class ShadowChecks:
+    """The shadow checks of some model-free proposers (by name)."""
+
+    def __init__(self, proposers: Mapping[str, Proposer]) -> None:
+        self.proposers = dict(proposers)
+        self.num_checks = 0  # outcomes reported (all proposers)
+
+    def start(self, requests: Sequence[tuple[Request, int, str]]) -> float:
+        """Propose for each (request, cap, proposer drafting for it this step, "" if none)
+        with every checked proposer but that one, where the request's last check of it is
+        done and due; returns the seconds spent. A proposer that drafts for the request
+        drops its open check: the verified outcome supersedes it."""
+        begin = time.perf_counter()
+        for name, proposer in self.proposers.items():
+            asks = []
+            for request, cap, drafting in requests:
+                shadows = request.spec.shadows
+                if drafting == name:
+                    shadows.pop(name, None)
+                    continue
+                old = shadows.get(name)
+                if old is None or old.due(request.num_tokens):
+                    asks.append((request, self._ask(request, cap, name)))
+            if asks:
+                self._propose(proposer, asks)
+        return time.perf_counter() - begin
+
+    def _ask(self, request: Request, cap: int, name: str) -> ProposeRequest:
+        return ProposeRequest(
+            request.request_id, request.token_view(), cap, proposer=name, memos=request.spec.memos
+        )
+
+    def _propose(self, proposer: Proposer, asks: list[tuple[Request, ProposeRequest]]) -> None:
+        """Each request's chain, kept as its open check; a proposer that can say before
+        proposing (`offer`) gives the kind, and is not asked where it has nothing."""
+        offer = getattr(proposer, "offer", None)
+        kinds: dict[str, str] = {}
+        if offer is not None:
+            kept = []
+            for request, ask in asks:
+                count, kinds[ask.request_id] = offer(
+                    ask.memos, ask.token_ids, ask.num_draft_tokens, False
+                )
+                if count:
+                    kept.append((request, ask))
+            asks = kept
+        chains = proposer.propose([ask for _, ask in asks]).chains if asks else {}
+        for request, ask in asks:
+            chain = chains.get(ask.request_id)
+            if chain:
+                kind = kinds.get(ask.request_id, "")
+                request.spec.shadows[ask.proposer] = Shadow(request.num_tokens, tuple(chain), kind)
+
+    def check(self, request: Request, token_ids: Sequence[int]) -> list[SpecResult]:
+        """Feed a step's emitted tokens to the request's open checks; the outcomes now
+        known, as results (shadow=True) for the proposers' estimates."""
+        results = []
+        for name, shadow in request.spec.shadows.items():
+            if shadow.done or not shadow.feed(token_ids):
+                continue
+            self.num_checks += 1
+            results.append(
+                SpecResult(
+                    request.request_id,
+                    len(shadow.draft),
+                    shadow.matched,
+                    name,
+                    spec=request.spec,
+                    kind=shadow.kind,
+                    shadow=True,
+                )
+            )
+        return results

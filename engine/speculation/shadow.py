@@ -12,7 +12,9 @@ this way: it costs a draft pass.
 
 Per request and proposer one check at a time, a new one at most every SHADOW_SPACING tokens:
 most chains fail at their first draft, and each check would otherwise cost a proposal on every
-step. A check lives on the request's SpecState (`shadows`) and ends with it; a request that
+step. Per step and proposer at most SHADOW_BUDGET checks start, the requests checked longest
+ago first, so the CPU time stays bounded in a large batch (~7 us per proposal and request on
+the 2-core VM: 64 requests would otherwise add ~1 ms to every step). A check lives on the request's SpecState (`shadows`) and ends with it; a request that
 ends before its check resolves leaves no outcome.
 """
 
@@ -28,6 +30,8 @@ from engine.speculation.proposers.proposer import Proposer, ProposeRequest
 
 # Tokens from the start of one check to the start of the next, per request and proposer.
 SHADOW_SPACING = 4
+# Checks started per step and proposer at most.
+SHADOW_BUDGET = 8
 
 
 @dataclass(slots=True)
@@ -37,6 +41,7 @@ class Shadow:
     start: int  # the position of the token its first draft predicts
     draft: tuple[int, ...]
     kind: str  # the proposal's kind (SpecCandidate.kind: the n-gram's matched order)
+    opened: int = 0  # the ShadowChecks step it started in
     matched: int = 0  # drafts equal to the emitted tokens so far
     done: bool = False
 
@@ -61,9 +66,11 @@ class Shadow:
 class ShadowChecks:
     """The shadow checks of some model-free proposers (by name)."""
 
-    def __init__(self, proposers: Mapping[str, Proposer]) -> None:
+    def __init__(self, proposers: Mapping[str, Proposer], budget: int = SHADOW_BUDGET) -> None:
         self.proposers = dict(proposers)
+        self.budget = budget  # checks started per step and proposer at most
         self.num_checks = 0  # outcomes reported (all proposers)
+        self._step = 0  # start() calls so far
 
     def start(self, requests: Sequence[tuple[Request, int, str]]) -> float:
         """Propose for each (request, cap, proposer drafting for it this step, "" if none)
@@ -71,8 +78,9 @@ class ShadowChecks:
         done and due; returns the seconds spent. A proposer that drafts for the request
         drops its open check: the verified outcome supersedes it."""
         begin = time.perf_counter()
+        self._step += 1
         for name, proposer in self.proposers.items():
-            asks = []
+            due = []
             for request, cap, drafting in requests:
                 shadows = request.spec.shadows
                 if drafting == name:
@@ -80,9 +88,11 @@ class ShadowChecks:
                     continue
                 old = shadows.get(name)
                 if old is None or old.due(request.num_tokens):
-                    asks.append((request, self._ask(request, cap, name)))
-            if asks:
-                self._propose(proposer, asks)
+                    due.append((-1 if old is None else old.opened, len(due), request, cap))
+            if len(due) > self.budget:
+                due = sorted(due)[: self.budget]
+            if due:
+                self._propose(proposer, [(r, self._ask(r, cap, name)) for _, _, r, cap in due])
         return time.perf_counter() - begin
 
     def _ask(self, request: Request, cap: int, name: str) -> ProposeRequest:
@@ -95,6 +105,7 @@ class ShadowChecks:
         proposing (`offer`) gives the kind, and is not asked where it has nothing."""
         offer = getattr(proposer, "offer", None)
         kinds: dict[str, str] = {}
+        kept = asks
         if offer is not None:
             kept = []
             for request, ask in asks:
@@ -103,13 +114,13 @@ class ShadowChecks:
                 )
                 if count:
                     kept.append((request, ask))
-            asks = kept
-        chains = proposer.propose([ask for _, ask in asks]).chains if asks else {}
+        chains = proposer.propose([ask for _, ask in kept]).chains if kept else {}
         for request, ask in asks:
-            chain = chains.get(ask.request_id)
-            if chain:
-                kind = kinds.get(ask.request_id, "")
-                request.spec.shadows[ask.proposer] = Shadow(request.num_tokens, tuple(chain), kind)
+            chain = tuple(chains.get(ask.request_id, ()))
+            shadow = Shadow(request.num_tokens, chain, kinds.get(ask.request_id, ""), self._step)
+            # Nothing proposed: a check already done, so the request waits its turn again.
+            shadow.done = not chain
+            request.spec.shadows[ask.proposer] = shadow
 
     def check(self, request: Request, token_ids: Sequence[int]) -> list[SpecResult]:
         """Feed a step's emitted tokens to the request's open checks; the outcomes now

@@ -64,7 +64,7 @@ def test_checks_start_where_a_proposer_does_not_draft_and_not_more_often_than_th
         ("b", 2, "recycle"),
     ]
     assert a.spec.shadows.keys() == {"recycle"} and b.spec.shadows.keys() == {"ngram", "recycle"}
-    assert b.spec.shadows["ngram"] == Shadow(3, (7, 8), "n2")  # the offer's kind
+    assert b.spec.shadows["ngram"] == Shadow(3, (7, 8), "n2", opened=1)  # the offer's kind
     # Open checks are not replaced; the outcomes come with the emitted tokens.
     checks.start([(a, 3, "ngram"), (b, 2, "")])
     assert len(recycle.asked) == 2 and len(ngram.asked) == 1
@@ -90,7 +90,10 @@ def test_a_proposer_that_offers_nothing_is_not_asked():
     checks = ShadowChecks({"ngram": ngram})
     request = make_request("a")
     checks.start([(request, 4, "")])
-    assert ngram.asked == [] and request.spec.shadows == {}
+    assert ngram.asked == []
+    waiting = request.spec.shadows["ngram"]  # done at once: the request waits its turn again
+    assert waiting.done and waiting.draft == () and not waiting.due(request.num_tokens)
+    assert checks.check(request, [1, 2]) == []
 
 
 def test_a_shadow_outcome_moves_the_estimate_and_stands_in_for_a_probe_but_is_not_calibrated():
@@ -156,9 +159,9 @@ def prefix_match(draft: tuple[int, ...], emitted: list[int]) -> int:
     "params",
     [
         SamplingParams(max_tokens=40, temperature=0, ignore_eos=True),
-        SamplingParams(max_tokens=40, temperature=1.0, seed=7, ignore_eos=True),
+        SamplingParams(max_tokens=40, temperature=1.0, top_k=2, seed=7, ignore_eos=True),
     ],
-    ids=["greedy", "sampled"],
+    ids=["greedy", "sampled"],  # top-k 2: the tiny model's flat rows would match no chain
 )
 def test_every_outcome_is_the_prefix_the_emitted_tokens_match_and_output_is_unchanged(
     tiny_model_dir, tmp_path, params
@@ -176,3 +179,26 @@ def test_every_outcome_is_the_prefix_the_emitted_tokens_match_and_output_is_unch
         assert len(emitted) == len(draft) or matched < len(emitted)  # resolved by real tokens
         assert matched == prefix_match(draft, emitted), (request_id, start, draft)
     assert {matched > 0 for *_, matched in records} == {True, False}
+
+
+def test_at_most_the_budget_starts_per_step_the_longest_unchecked_first():
+    ngram = ChainProposer("ngram", [7], offers=(0, ""))  # nothing: each check done at once
+    checks = ShadowChecks({"ngram": ngram}, budget=3)
+    requests = [make_request(str(i)) for i in range(7)]
+    batch = [(request, 4, "") for request in requests]
+
+    def opened(step: int) -> list[str]:
+        return [
+            r.request_id
+            for r in requests
+            if r.spec.shadows.get("ngram", Shadow(0, (), "")).opened == step
+        ]
+
+    checks.start(batch)
+    assert opened(1) == ["0", "1", "2"]
+    for request in requests:
+        request.output_token_ids += [0] * SHADOW_SPACING  # every check due again
+    checks.start(batch)
+    assert opened(2) == ["3", "4", "5"]  # never checked before those checked once
+    checks.start(batch)
+    assert opened(3) == ["0", "1", "6"]  # then the oldest checks

@@ -20,7 +20,6 @@ ends before its check resolves leaves no outcome.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -72,12 +71,11 @@ class ShadowChecks:
         self.num_checks = 0  # outcomes reported (all proposers)
         self._step = 0  # start() calls so far
 
-    def start(self, requests: Sequence[tuple[Request, int, str]]) -> float:
+    def start(self, requests: Sequence[tuple[Request, int, str]]) -> None:
         """Propose for each (request, cap, proposer drafting for it this step, "" if none)
         with every checked proposer but that one, where the request's last check of it is
-        done and due; returns the seconds spent. A proposer that drafts for the request
-        drops its open check: the verified outcome supersedes it."""
-        begin = time.perf_counter()
+        done and due (the time is the driver's proposing time). A proposer that drafts for
+        the request drops its open check: the verified outcome supersedes it."""
         self._step += 1
         for name, proposer in self.proposers.items():
             due = []
@@ -93,7 +91,6 @@ class ShadowChecks:
                 due = sorted(due)[: self.budget]
             if due:
                 self._propose(proposer, [(r, self._ask(r, cap, name)) for _, _, r, cap in due])
-        return time.perf_counter() - begin
 
     def _ask(self, request: Request, cap: int, name: str) -> ProposeRequest:
         return ProposeRequest(

@@ -57,10 +57,17 @@ def build_spec_driver(
     return driver
 
 
+def _members(proposer: Proposer | None) -> dict[str, Proposer]:
+    """The proposers by name: a ProposerSet's members, or the one proposer (none: empty)."""
+    if isinstance(proposer, ProposerSet):
+        return proposer.proposers
+    return {} if proposer is None else {proposer.name: proposer}
+
+
 def _draft_passes(proposer: Proposer | None) -> DraftPasses | None:
     """The draft model's pass timer, when a draft model is among the proposers."""
-    members = proposer.proposers.values() if isinstance(proposer, ProposerSet) else (proposer,)
-    return next((p.time_passes for p in members if p and p.name == DRAFT_PROPOSER), None)
+    draft = _members(proposer).get(DRAFT_PROPOSER)
+    return None if draft is None else draft.time_passes
 
 
 def make_spec_driver(
@@ -112,10 +119,9 @@ def _shadow_checks(
     acceptance estimates are what the checks feed; a tree's outcome is not a chain's)."""
     if not config.spec_shadow_checks or config.spec_tree_nodes > 0:
         return None
-    if proposer is None or not isinstance(policy, GoodputPolicy):
+    if not isinstance(policy, GoodputPolicy):
         return None
-    members = proposer.proposers if isinstance(proposer, ProposerSet) else {proposer.name: proposer}
-    free = {name: p for name, p in members.items() if name != DRAFT_PROPOSER}
+    free = {name: p for name, p in _members(proposer).items() if name != DRAFT_PROPOSER}
     return ShadowChecks(free) if free else None
 
 

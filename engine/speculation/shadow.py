@@ -68,7 +68,6 @@ class ShadowChecks:
     def __init__(self, proposers: Mapping[str, Proposer], budget: int = SHADOW_BUDGET) -> None:
         self.proposers = dict(proposers)
         self.budget = budget  # checks started per step and proposer at most
-        self.num_checks = 0  # outcomes reported (all proposers)
         self._step = 0  # start() calls so far
 
     def start(self, requests: Sequence[tuple[Request, int, str]]) -> None:
@@ -126,7 +125,6 @@ class ShadowChecks:
         for name, shadow in request.spec.shadows.items():
             if shadow.done or not shadow.feed(token_ids):
                 continue
-            self.num_checks += 1
             results.append(
                 SpecResult(
                     request.request_id,

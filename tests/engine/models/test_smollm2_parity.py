@@ -113,10 +113,13 @@ def make_backend(name: str):
     return ReferenceBackend() if name == "reference" else CpuPagedBackend()
 
 
-def test_quantized_path_is_batch_invariant_on_the_real_model(smollm2_path, models_helpers):
+@pytest.mark.parametrize("weights", ["gguf", "gguf-int8"])  # int16 and the default's int8
+def test_quantized_path_is_batch_invariant_on_the_real_model(
+    smollm2_path, models_helpers, weights
+):
     """A request's logits are bitwise the same alone and batched with another request (its
     prefill next to another prefill, its decodes next to a 3-token verify-like chunk)."""
-    model, _ = load_model(smollm2_path, torch.float32, "cpu", ReferenceBackend(), "gguf")
+    model, _ = load_model(smollm2_path, torch.float32, "cpu", ReferenceBackend(), weights)
     a, b, tokens = [1, 504, 3458, 282, 4649, 314, 260, 905], [1, 28, 1156, 88, 344], (11, 12, 13)
     # One driver at a time: drivers share the model's backend and its KV cache.
     alone = models_helpers.PagedDriver(model, num_blocks=64, block_size=16)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import statistics
 import sys
 from pathlib import Path
@@ -28,7 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.models.qwen_pair import FETCH_HINT, pair_paths  # noqa: E402
-from benchmarks.report import load_average, machine_description  # noqa: E402
+from benchmarks.report import bootstrap_interval, load_average, machine_description  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.front.llm import LLM  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
@@ -125,16 +124,12 @@ def ratio_interval(
     for r in records:
         by_prompt.setdefault(r["prompt"], []).append((float(r["accepted"]), r[key]))
     sums = [(sum(a for a, _ in t), sum(e for _, e in t)) for t in by_prompt.values()]
-    if len(sums) < 2:
-        return None
-    rng, ratios = random.Random(seed), []
-    for _ in range(resamples):
-        drawn = rng.choices(sums, k=len(sums))
+
+    def realised_over_expected(drawn: list[tuple[float, float]]) -> float | None:
         expected = sum(e for _, e in drawn)
-        if expected > 0:
-            ratios.append(sum(a for a, _ in drawn) / expected)
-    ratios.sort()
-    return ratios[int(0.05 * (len(ratios) - 1))], ratios[int(0.95 * (len(ratios) - 1))]
+        return sum(a for a, _ in drawn) / expected if expected > 0 else None
+
+    return bootstrap_interval(sums, realised_over_expected, resamples, seed)
 
 
 def main() -> None:

@@ -15,6 +15,10 @@ and the draft model, the goodput policy choosing a proposer and k per request an
 `draft:chain:4+v32768`; a `+probes` suffix turns off the shadow checks (the goodput policy's
 estimates of proposers not drafting then move only by forced probes), e.g. `auto:chain:4+probes`.
 
+With an `auto` config, each workload's table is followed by auto's rate over each single
+proposer's, with a 90% interval from resampling whole prompts (both configs' runs of a prompt
+drawn together), so "within 3% of the best single proposer" can be read against the noise.
+
 --interleave loads every engine up front and lets the configs take turns prompt by prompt (load
 drift hits them alike; needs the memory of all engines at once); without it one engine lives
 at a time and runs all prompts.
@@ -38,7 +42,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.models.qwen_pair import FETCH_HINT, pair_paths  # noqa: E402
-from benchmarks.report import load_average, machine_description  # noqa: E402
+from benchmarks.report import bootstrap_interval, load_average, machine_description  # noqa: E402
 from benchmarks.spec_bench import rate, run_one, summarize  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.front.llm import LLM  # noqa: E402
@@ -181,6 +185,48 @@ def warm_up(llm: LLM, prompts: list[tuple[str, int, list[int]]]) -> None:
     run_one(llm, prompts[0][2][:64], 8)
 
 
+def comparisons(runs: list[dict], rows: list[dict]) -> list[dict]:
+    """Per workload, each `auto` config's decode rate over each single-proposer config's
+    (the best of them marked), with a 90% interval from resampling whole prompts: both
+    configs' runs of a drawn prompt are kept together (paired), so the machine's drift
+    between prompts cancels."""
+    found = []
+    for workload in dict.fromkeys(row["workload"] for row in rows):
+        mine = [row for row in rows if row["workload"] == workload and row["config"] != "off"]
+        singles = [row for row in mine if not row["config"].startswith("auto")]
+        best = max(singles, key=lambda row: row["tok_s"], default=None)
+        for auto in (row for row in mine if row["config"].startswith("auto")):
+            for single in singles:
+                pairs = _paired(runs, workload, auto["config"], single["config"])
+                found.append(
+                    dict(
+                        workload=workload,
+                        config=auto["config"],
+                        versus=single["config"],
+                        best=single is best,
+                        ratio=_rate_ratio(pairs),
+                        interval=bootstrap_interval(pairs, _rate_ratio),
+                    )
+                )
+    return found
+
+
+def _paired(runs: list[dict], workload: str, a: str, b: str) -> list[tuple[dict, dict]]:
+    """(a's run, b's run) of each prompt of the workload."""
+    by = {(r["config"], r["prompt"]): r for r in runs if r["workload"] == workload}
+    return [(by[(a, p)], by[(b, p)]) for c, p in by if c == a and (b, p) in by]
+
+
+def _rate_ratio(pairs: list[tuple[dict, dict]]) -> float:
+    """Total decode tok/s of the first runs over that of the second."""
+    rates = [
+        sum(pair[i]["decode_tokens"] for pair in pairs)
+        / sum(pair[i]["decode_seconds"] for pair in pairs)
+        for i in (0, 1)
+    ]
+    return rates[0] / rates[1]
+
+
 def markdown(args: argparse.Namespace, rows: list[dict], command: str) -> str:
     lines = [
         f"`{command}` — {datetime.now().isoformat(timespec='seconds')}, "
@@ -203,14 +249,37 @@ def markdown(args: argparse.Namespace, rows: list[dict], command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def comparison_markdown(found: list[dict]) -> str:
+    if not found:
+        return ""
+    lines = [
+        "",
+        "auto over each single proposer (decode tok/s ratio; 90% interval from resampling "
+        "whole prompts, paired; * = the best single one on that workload):",
+        "",
+        "| workload | config | over | ratio | 90% interval |",
+        "|---|---|---|---|---|",
+    ]
+    for c in found:
+        interval = "-" if c["interval"] is None else "{:.3f}-{:.3f}".format(*c["interval"])
+        mark = " *" if c["best"] else ""
+        lines.append(
+            f"| {c['workload']} | {c['config']} | {c['versus']}{mark} | {c['ratio']:.3f} "
+            f"| {interval} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     command = " ".join(shlex.quote(a) for a in ["python", *sys.argv])
     runs = bench(args)
     rows = summarize(runs, args)
-    text = markdown(args, rows, command)
+    found = comparisons(runs, rows)
+    text = markdown(args, rows, command) + comparison_markdown(found)
     if args.out:
-        Path(args.out).write_text(json.dumps(dict(command=command, runs=runs, rows=rows), indent=2))
+        results = dict(command=command, runs=runs, rows=rows, comparisons=found)
+        Path(args.out).write_text(json.dumps(results, indent=2))
     print(text)
     return 0 if all(row["identical"] for row in rows) else 1
 

@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import os
 import platform
+import random
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 def machine_description() -> str:
@@ -46,3 +51,27 @@ def write_section(path: Path, name: str, body: str, title: str = "# Benchmarks")
         text = text.rstrip() + "\n\n" + block + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
+
+
+def bootstrap_interval(
+    items: Sequence[T],
+    statistic: Callable[[list[T]], float | None],
+    resamples: int = 2000,
+    seed: int = 0,
+    level: float = 0.90,
+) -> tuple[float, float] | None:
+    """The central `level` interval of `statistic` over bootstrap resamples of `items` (drawn
+    with replacement, as many as there are; a resample whose statistic is None is skipped).
+    Items are the independent units, e.g. whole prompts. None with fewer than two items."""
+    if len(items) < 2:
+        return None
+    rng, values = random.Random(seed), []
+    for _ in range(resamples):
+        value = statistic(rng.choices(items, k=len(items)))
+        if value is not None:
+            values.append(value)
+    if not values:
+        return None
+    values.sort()
+    tail = (1.0 - level) / 2
+    return values[int(tail * (len(values) - 1))], values[int((1.0 - tail) * (len(values) - 1))]

@@ -113,7 +113,7 @@ def make_backend(name: str):
     return ReferenceBackend() if name == "reference" else CpuPagedBackend()
 
 
-@pytest.mark.parametrize("weights", ["gguf", "gguf-int8"])  # int16 and the default's int8
+@pytest.mark.parametrize("weights", ["gguf", "gguf-int8"])  # int16 (the default), int8
 def test_quantized_path_is_batch_invariant_on_the_real_model(smollm2_path, models_helpers, weights):
     """A request's logits are bitwise the same alone and batched with another request (its
     prefill next to another prefill, its decodes next to a 3-token verify-like chunk)."""

@@ -5,9 +5,10 @@ copy-heavy documentation and open-ended chat (../shared/data) and code editing
 (benchmarks/data/workload_code_edit.jsonl: a 20-60 line snippet and a small change, so the
 answer mostly copies the code), and `mixed` (code editing and chat prompts taking turns, the
 same engines carrying their estimates from one to the next), all through the chat template.
-Each prompt is generated alone, greedy (or sampled at --temperature with one seed), with a fixed number of new tokens (EOS
-ignored); tok/s, acceptance and tokens per step are measured as in spec_bench.py (decode only,
-prefill excluded) and each config's tokens are compared with off's. Configs are `off` or `PROPOSER[:chain|tree[:BUDGET]][@goodput]`:
+Each prompt is generated alone, greedy (or sampled at --temperature with one seed), with a
+fixed number of new tokens (EOS ignored); tok/s, acceptance and tokens per step are measured as
+in spec_bench.py (decode only, prefill excluded) and each config's tokens are compared with
+off's. Configs are `off` or `PROPOSER[:chain|tree[:BUDGET]][@goodput]`:
 `draft:chain:4` (k = 4, fixed), `draft:tree` (8 nodes), `ngram`, `recycle:tree:16`,
 `draft:chain:4@goodput` (the goodput policy choosing k <= 4), `auto:chain:4` (n-gram, recycle
 and the draft model, the goodput policy choosing a proposer and k per request and step); a

@@ -14,8 +14,9 @@ Per request and proposer one check at a time, a new one at most every SHADOW_SPA
 most chains fail at their first draft, and each check would otherwise cost a proposal on every
 step. Per step and proposer at most SHADOW_BUDGET checks start, the requests checked longest
 ago first, so the CPU time stays bounded in a large batch (~7 us per proposal and request on
-the 2-core VM: 64 requests would otherwise add ~1 ms to every step). A check lives on the request's SpecState (`shadows`) and ends with it; a request that
-ends before its check resolves leaves no outcome.
+the 2-core VM: 64 requests would otherwise add ~1 ms to every step). A check lives on the
+request's SpecState (`shadows`) and ends with it; a request that ends before its check
+resolves leaves no outcome.
 """
 
 from __future__ import annotations

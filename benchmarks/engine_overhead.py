@@ -14,6 +14,7 @@ timed by wrapping the engine's parts (output = what step() does besides them).
     .venv/bin/python benchmarks/engine_overhead.py --batch 1 8 32 64 --rounds 3
     .venv/bin/python benchmarks/engine_overhead.py --batch 64 --profile
     .venv/bin/python benchmarks/engine_overhead.py --batch 64 --pack   # + the runner's packing
+    .venv/bin/python benchmarks/engine_overhead.py --batch 64 --verify # + packing, verification
     .venv/bin/python benchmarks/engine_overhead.py --speculative-proposer ngram --spec-policy goodput
 
 Runs against whichever `engine` package is imported (PYTHONPATH picks a checkout), so two
@@ -30,6 +31,8 @@ import pstats
 import statistics
 import time
 from collections.abc import Callable
+
+import torch
 
 from engine.config import EngineConfig
 from engine.front.llm import LLM
@@ -52,20 +55,47 @@ class StandInModel:
 
     With `block_size`, it also packs the step's inputs as the model runner would
     (engine/runner/input_batch.py: host tensors), timed apart in `pack_seconds`: the runner's own
-    per-step host work, which `execute` includes on a real device.
+    per-step host work, which `execute` includes on a real device. With `runner` as well, the
+    runner's host work after the model runs too, timed apart in `verify_seconds`: verification
+    (engine/sample/batch_verify.py) of logits whose argmax is the cycle's token, and the step's
+    RequestStepOutputs. The logits' filling and the targets' reduction (device work on a GPU,
+    `Sampler.targets` or `Sampler.greedy_targets`) are the stand-in's own time.
     """
 
-    def __init__(self, token_ids: list[int], block_size: int | None = None) -> None:
+    def __init__(self, token_ids: list[int], block_size: int | None = None, runner=None) -> None:
         self.token_ids = token_ids
         self.block_size = block_size
+        self.runner = runner
         self.seconds = 0.0  # its own time, subtracted from the step
         self.pack_seconds = 0.0
+        self.verify_seconds = 0.0
+        self._device_seconds = 0.0
+        self._depth = 0
+        if runner is not None:
+            sampler = runner.verifier.sampler
+            for name in ("targets", "greedy_targets"):  # either one is the step's reduction
+                setattr(sampler, name, self._device_part(getattr(sampler, name)))
+
+    def _device_part(self, method):
+        def timed(*args):
+            self._depth += 1
+            start = time.perf_counter()
+            try:
+                return method(*args)
+            finally:
+                self._depth -= 1
+                if self._depth == 0:  # targets() may call greedy_targets(): count it once
+                    self._device_seconds += time.perf_counter() - start
+
+        return timed
 
     def execute(self, sched, drafts) -> ModelOutput:
         start = time.perf_counter()
         if self.block_size is not None:
-            build_model_input(sched, drafts, self.block_size)
+            model_input = build_model_input(sched, drafts, self.block_size)
             self.pack_seconds += time.perf_counter() - start
+            if self.runner is not None:
+                return self._verify(sched, drafts, model_input, start)
         ids, size = self.token_ids, len(self.token_ids)
         outputs = {}
         for index, scheduled in enumerate(sched.scheduled):
@@ -80,6 +110,25 @@ class StandInModel:
         elapsed = time.perf_counter() - start
         self.seconds += elapsed
         return ModelOutput(outputs=outputs, step_time=elapsed)
+
+
+    def _verify(self, sched, drafts, model_input, start: float) -> ModelOutput:
+        """The runner's host work after its model, on logits pointing at the cycle's tokens."""
+        ids, size = self.token_ids, len(self.token_ids)
+        vocab = self.runner.arch.vocab_size
+        num_rows = len(model_input.logits_indices)
+        logits = torch.zeros(num_rows, vocab)
+        for index, rows in enumerate(model_input.requests):
+            token = ids[(rows.request.num_output_tokens + 7 * index) % size]
+            logits[list(rows.logit_rows), token] = 1.0
+        filled = time.perf_counter()
+        self._device_seconds = 0.0
+        verified = self.runner.verifier.verify(model_input.requests, logits)
+        outputs = self.runner._outputs(model_input, logits, verified)
+        end = time.perf_counter()
+        self.verify_seconds += end - filled - self._device_seconds
+        self.seconds += end - start
+        return ModelOutput(outputs=outputs, step_time=end - start)
 
 
 class PhaseTimer:
@@ -133,7 +182,8 @@ def build_llm(args) -> tuple[LLM, StandInModel]:
     llm = LLM(config=EngineConfig.from_flat(flat))
     eos = set(llm.engine.eos_token_ids)
     token_ids = [t for t in llm.tokenizer.encode(TEXT) if t not in eos]
-    stand_in = StandInModel(token_ids, args.block_size if args.pack else None)
+    runner = llm.engine.runner if args.verify else None
+    stand_in = StandInModel(token_ids, args.block_size if args.pack or args.verify else None, runner)
     llm.engine.runner.execute = stand_in.execute
     return llm, stand_in
 
@@ -169,7 +219,7 @@ def run_stream(llm: LLM, stand_in: StandInModel, timer: PhaseTimer, batch: int, 
     for _ in range(args.warmup):
         step()
     timer.reset()
-    stand_in.seconds = stand_in.pack_seconds = 0.0
+    stand_in.seconds = stand_in.pack_seconds = stand_in.verify_seconds = 0.0
     step_seconds, worker_seconds = 0.0, 0.0
     for _ in range(args.steps):
         engine_s, worker_s = step()
@@ -195,7 +245,7 @@ def run_generate(llm: LLM, stand_in: StandInModel, timer: PhaseTimer, batch: int
     engine.step = counted
     prompts = [prompt(stand_in.token_ids, i) for i in range(batch)]
     timer.reset()
-    stand_in.seconds = stand_in.pack_seconds = 0.0
+    stand_in.seconds = stand_in.pack_seconds = stand_in.verify_seconds = 0.0
     start = time.perf_counter()
     outputs = llm.generate(prompts, params(args.steps), use_tqdm=False)
     elapsed = time.perf_counter() - start
@@ -213,6 +263,7 @@ def summary(timer: PhaseTimer, stand_in, seconds: float, steps: int, worker: flo
     per_step["worker"] = 1e3 * worker / steps
     per_step["host"] = step_ms + per_step["worker"]
     per_step["pack"] = 1e3 * stand_in.pack_seconds / steps
+    per_step["verify"] = 1e3 * stand_in.verify_seconds / steps
     return per_step
 
 
@@ -241,6 +292,11 @@ def main() -> None:
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument(
         "--pack", action="store_true", help="also time the runner's input packing (apart)"
+    )
+    parser.add_argument(
+        "--verify",
+        action="store_true",
+        help="also time the runner's verification and step outputs (apart; implies --pack)",
     )
     parser.add_argument("--profile", action="store_true", help="cProfile the largest batch")
     parser.add_argument("--top", type=int, default=30)

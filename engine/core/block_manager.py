@@ -212,10 +212,13 @@ class BlockManager:
         """The request's own blocks already hold the written span, none of them shared, and
         no window pool releases any (most decode steps): nothing to allocate or copy."""
         table = request.block_ids
-        last = self.num_blocks_for(num_computed_tokens + num_new_tokens)
+        last = -(-(num_computed_tokens + num_new_tokens) // self.block_size)
         if self._window_pool is not None or num_new_tokens <= 0 or last > len(table):
             return False
         pool = self._pool
+        first = num_computed_tokens // self.block_size
+        if last - first == 1:  # a decode step writes into one block
+            return pool.ref_count(table[first]) == 1
         return all(
             pool.ref_count(table[i]) == 1
             for i in range(num_computed_tokens // self.block_size, last)

@@ -172,6 +172,8 @@ class ModelRunner:
         return ModelOutput(outputs=outputs, step_time=time.perf_counter() - start)
 
     def _copy_blocks(self, copies: Sequence[BlockCopy]) -> None:
+        if not copies:  # most steps: no device work, no launch
+            return
         offsets = torch.arange(self.block_size, device=self.device)
         for window in (False, True):
             pool = [c for c in copies if c.window == window]
@@ -207,23 +209,32 @@ class ModelRunner:
         prompt_logprobs = self._prompt_logprobs(model_input.requests, logits)
         outputs = {}
         for rows in model_input.requests:
-            request_id = rows.scheduled.request_id
+            request_id = rows.scheduled.request.request_id
             done = verified.get(request_id)
-            outputs[request_id] = RequestStepOutput(
+            logprob_entries = logprobs.get(request_id, ()) if logprobs else ()
+            prompt_entries = prompt_logprobs.get(request_id, ()) if prompt_logprobs else ()
+            if done is None:  # mid-prefill
+                outputs[request_id] = RequestStepOutput(
+                    request_id, (), 0, 0, logprob_entries, prompt_entries
+                )
+                continue
+            outputs[request_id] = RequestStepOutput(  # positional: built per request per step
                 request_id,
-                done.token_ids if done else (),
-                num_draft_tokens=done.num_draft_tokens if done else 0,
-                num_accepted_tokens=done.num_accepted_tokens if done else 0,
-                logprobs=logprobs.get(request_id, ()),
-                prompt_logprobs=prompt_logprobs.get(request_id, ()),
-                target_topk_ids=done.target_topk_ids if done else (),
-                draft_topk_ids=done.draft_topk_ids if done else (),
-                error=done.error if done else None,
+                done.token_ids,
+                done.num_draft_tokens,
+                done.num_accepted_tokens,
+                logprob_entries,
+                prompt_entries,
+                done.error,
+                done.target_topk_ids,
+                done.draft_topk_ids,
             )
         return outputs
 
     def _logprobs(self, requests, logits: torch.Tensor, verified: dict[str, Verified]):
         """Logprobs of every emitted token that asked for them, in one batched call."""
+        if all(rows.request.sampling_params.logprobs is None for rows in requests):
+            return {}  # most steps
         asking = [
             (rows, verified[rows.scheduled.request_id])
             for rows in requests

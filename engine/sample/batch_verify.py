@@ -80,6 +80,19 @@ def sampling_row(request: Request, extra_output: Sequence[int] = ()) -> Sampling
     )
 
 
+def plain_greedy(request: Request) -> bool:
+    """The request's rows are greedy with nothing to edit, whatever drafts precede them: what
+    Sampler.plain_greedy finds in every row sampling_row() would build for it, read from the
+    request alone (min_tokens already reached by its output, so no drafts change that)."""
+    params = request.sampling_params
+    return (
+        params.greedy
+        and not params.logit_bias
+        and not params.needs_penalties
+        and len(request.output_token_ids) >= params.min_tokens
+    )
+
+
 def _histories(rows: SampleRows) -> list[list[int]]:
     """The draft tokens before each of the request's rows, on that row's path."""
     if rows.tree is None:
@@ -117,9 +130,12 @@ class BatchVerifier:
         if row_ids != list(range(logits.shape[0])):
             step_logits = logits[torch.tensor(row_ids, device=device)]
         bitmask = _grammar_masks(sampling, device)
-        rows_params = self._sampling_rows(sampling)
-        keys = self._race_keys(sampling, device)
-        targets, valid_rows = self.sampler.targets(step_logits, rows_params, bitmask, keys)
+        if bitmask is None and all(plain_greedy(rows.request) for rows in sampling):
+            targets, valid_rows = self.sampler.greedy_targets(step_logits)  # no per-row work
+        else:
+            rows_params = self._sampling_rows(sampling)
+            keys = self._race_keys(sampling, device)
+            targets, valid_rows = self.sampler.targets(step_logits, rows_params, bitmask, keys)
         parts = [targets, valid_rows.long()]
         if target_topk > 0:
             parts.append(step_logits.topk(target_topk, dim=-1).indices.flatten())
@@ -128,10 +144,18 @@ class BatchVerifier:
         valid, topk_ids = host[num_rows : 2 * num_rows], host[2 * num_rows :]
         topk = [topk_ids[i * target_topk : (i + 1) * target_topk]
                 for i in range(num_rows)] if target_topk > 0 else []  # fmt: skip
+        vocab_size = step_logits.shape[-1]
+        targets_ok = _row_error(host[:num_rows], valid, vocab_size) is None  # all at once
         results, first = {}, 0
         for rows in sampling:
-            span = slice(first, first + len(rows.logit_rows))
-            row_error = _row_error(host[span], valid[span], step_logits.shape[-1])
+            logit_rows = rows.logit_rows
+            if targets_ok and len(logit_rows) == 1 and not topk and rows.tree is None:
+                # a plain decode row (no drafts): its target is its token
+                results[rows.request.request_id] = Verified((host[first],), 0, 0, logit_rows, ())
+                first += 1
+                continue
+            span = slice(first, first + len(logit_rows))
+            row_error = None if targets_ok else _row_error(host[span], valid[span], vocab_size)
             results[rows.request.request_id] = self._accept_or_fail(
                 rows, host[span], topk[span], row_error
             )

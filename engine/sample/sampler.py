@@ -112,8 +112,12 @@ class Sampler:
     def greedy_targets(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(argmax [N], valid [N] bool) of plain greedy rows: the first maximal logit's index,
         and the row invalid where its logit there is not finite (NaN is maximal, so a NaN or an
-        inf anywhere in a row lands there)."""
+        inf anywhere in a row lands there). On a GPU one max reduction gives both (max's
+        index is the first maximal one, as argmax's)."""
         logits = logits.float()
+        if logits.device.type != "cpu":
+            best, targets = logits.max(dim=-1)
+            return targets, torch.isfinite(best)
         targets = argmax_rows(logits)
         best = logits.gather(-1, targets.to(logits.device)[:, None]).squeeze(-1)
         return targets, torch.isfinite(best)

@@ -134,3 +134,63 @@ def test_race_keys_depend_on_seed_and_position_only():
     assert len(set(a.tolist())) == 3
     assert (race_keys([5], [11]) == a[1:2]).all()
     assert (race_keys([5 + (1 << 63)], [10]) == a[:1]).all()  # seeds are taken mod 2**63
+
+
+# ---- plain greedy decode rows: the fast path -----------------------------------------------
+def _plain_rows(n: int, params: SamplingParams) -> list[RequestRows]:
+    return [
+        rows_for(Request(f"r{i}", [1, 2, 3], params, seed=i), first_row=i) for i in range(n)
+    ]
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0, max_tokens=16),  # the fast path
+        SamplingParams(temperature=0, max_tokens=16, logit_bias={1: 3.0}),  # edits: general path
+    ],
+)
+def test_plain_decode_rows_match_the_general_path(monkeypatch, params):
+    import engine.sample.batch_verify as batch_verify
+
+    logits = logits_favouring(2, 0, 5, 1, 1)
+    rows = _plain_rows(5, params)
+    fast = BatchVerifier(Sampler()).verify(rows, logits)
+    monkeypatch.setattr(batch_verify, "plain_greedy", lambda request: False)
+    general = BatchVerifier(Sampler()).verify(rows, logits)
+    assert fast == general
+    assert [fast[f"r{i}"].path_rows for i in range(5)] == [(i,) for i in range(5)]
+    # logits_favouring gives the favoured token 5; a bias of 3 on token 1 does not beat it
+    assert [fast[f"r{i}"].token_ids for i in range(5)] == [(2,), (0,), (5,), (1,), (1,)]
+
+
+def test_plain_decode_rows_with_a_bad_row_fail_alone():
+    logits = logits_favouring(2, 0, 5)
+    logits[1, 3] = float("nan")
+    done = BatchVerifier(Sampler()).verify(_plain_rows(3, SamplingParams(temperature=0)), logits)
+    assert done["r1"].error is not None and done["r1"].token_ids == ()
+    assert done["r0"].token_ids == (2,) and done["r2"].token_ids == (5,)
+    assert done["r0"].error is None and done["r2"].error is None
+
+
+@pytest.mark.parametrize(
+    "params, num_output, plain",
+    [
+        (SamplingParams(temperature=0), 0, True),
+        (SamplingParams(temperature=0.7), 0, False),
+        (SamplingParams(temperature=0, logit_bias={4: 1.0}), 0, False),
+        (SamplingParams(temperature=0, repetition_penalty=1.2), 0, False),
+        (SamplingParams(temperature=0, presence_penalty=0.5), 0, False),
+        (SamplingParams(temperature=0, min_tokens=3), 2, False),  # EOS still masked
+        (SamplingParams(temperature=0, min_tokens=3), 3, True),
+    ],
+)
+def test_plain_greedy_agrees_with_the_sampler_on_every_row(params, num_output, plain):
+    from engine.sample.batch_verify import _histories, plain_greedy, sampling_row
+
+    req = Request("p", [1, 2, 3], params, eos_token_ids=(0,))
+    req.output_token_ids.extend([7] * num_output)
+    rows = rows_for(req, drafts=(4, 5))
+    sampler_rows = [sampling_row(req, history) for history in _histories(rows)]
+    assert plain_greedy(req) is plain
+    assert Sampler.plain_greedy(sampler_rows, None) is plain

@@ -111,7 +111,6 @@ class StandInModel:
         self.seconds += elapsed
         return ModelOutput(outputs=outputs, step_time=elapsed)
 
-
     def _verify(self, sched, drafts, model_input, start: float) -> ModelOutput:
         """The runner's host work after its model, on logits pointing at the cycle's tokens."""
         ids, size = self.token_ids, len(self.token_ids)
@@ -183,7 +182,9 @@ def build_llm(args) -> tuple[LLM, StandInModel]:
     eos = set(llm.engine.eos_token_ids)
     token_ids = [t for t in llm.tokenizer.encode(TEXT) if t not in eos]
     runner = llm.engine.runner if args.verify else None
-    stand_in = StandInModel(token_ids, args.block_size if args.pack or args.verify else None, runner)
+    stand_in = StandInModel(
+        token_ids, args.block_size if args.pack or args.verify else None, runner
+    )
     llm.engine.runner.execute = stand_in.execute
     return llm, stand_in
 

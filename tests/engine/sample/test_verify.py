@@ -138,9 +138,7 @@ def test_race_keys_depend_on_seed_and_position_only():
 
 # ---- plain greedy decode rows: the fast path -----------------------------------------------
 def _plain_rows(n: int, params: SamplingParams) -> list[RequestRows]:
-    return [
-        rows_for(Request(f"r{i}", [1, 2, 3], params, seed=i), first_row=i) for i in range(n)
-    ]
+    return [rows_for(Request(f"r{i}", [1, 2, 3], params, seed=i), first_row=i) for i in range(n)]
 
 
 @pytest.mark.parametrize(

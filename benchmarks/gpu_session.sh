@@ -7,7 +7,8 @@
 #   bash benchmarks/gpu_session.sh b   # carry .gpu/m.part2 (call a left m.part1 in /tmp)
 #       SmolLM2 in bfloat16: batch-1 speculation (goodput and fixed), the decode harness,
 #       engine throughput, the in-process policy sweep, the goodput probe
-# ONLY="name ..." runs only those parts, SKIP="name ..." all but those; SWEEP_SEEDS="0 1" runs
+# ONLY="name ..." runs only those parts, SKIP="name ..." all but those; ENGINE_ROUNDS=3 runs the
+# engine throughput (this checkout, then the base's) three times; SWEEP_SEEDS="0 1" runs
 # the policy sweep once per seed, SWEEP_POLICIES="off,goodput" with those policies, and
 # SWEEP_ARGS="--workloads chat --num-prompts 32" adds (or overrides) its arguments. A call's carried paths
 # are removed before the next call, so call a copies what call b needs into /tmp, which
@@ -72,17 +73,21 @@ else
         part "bench-smollm2-$variant" 100 env GOODSPEED_TRITON="$flag" python3 \
             benchmarks/gpu_bench.py --out "$R" --name "smollm2_$variant" --model "$MODEL" \
             --backends flashinfer,flashinfer+graphs --batch-sizes 1,8,32,64
-        mkdir -p "$R/engine_$variant"
-        part "engine-$variant" 90 env GOODSPEED_TRITON="$flag" python3 benchmarks/gpu_checks.py \
-            --model "$MODEL" "${DATA[@]}" --out "$R/engine_$variant" --parts throughput \
-            --throughput-engines fi-graphs
+        # ENGINE_ROUNDS > 1: this checkout's engine and the base's take turns that many times
+        for round in $(seq 1 "${ENGINE_ROUNDS:-1}"); do
+            suffix="$([ "$round" = 1 ] && echo "" || echo "_r$round")"
+            mkdir -p "$R/engine_$variant$suffix"
+            part "engine-$variant" 90 env GOODSPEED_TRITON="$flag" python3 \
+                benchmarks/gpu_checks.py --model "$MODEL" "${DATA[@]}" \
+                --out "$R/engine_$variant$suffix" --parts throughput --throughput-engines fi-graphs
+            if [ -d .gpu/base ] && [ $variant = triton ]; then
+                mkdir -p "$R/engine_base$suffix"
+                part engine-base 90 env PYTHONPATH="$SITE:$PWD/.gpu/base" python3 \
+                    .gpu/base/benchmarks/gpu_checks.py --model "$MODEL" "${DATA[@]}" \
+                    --out "$R/engine_base$suffix" --parts throughput --throughput-engines fi-graphs
+            fi
+        done
     done
-    if [ -d .gpu/base ]; then
-        mkdir -p "$R/engine_base"
-        part engine-base 90 env PYTHONPATH="$SITE:$PWD/.gpu/base" python3 \
-            .gpu/base/benchmarks/gpu_checks.py --model "$MODEL" "${DATA[@]}" \
-            --out "$R/engine_base" --parts throughput --throughput-engines fi-graphs
-    fi
     # The sweep once per seed in SWEEP_SEEDS; with a base checkout carried in .gpu/base (its
     # engine, kernels and benchmarks, e.g. `git archive`), the base's sweep and engine
     # throughput take turns with this checkout's, on the same machine.
@@ -98,6 +103,9 @@ else
     done
     part spec-fixed 90 python3 benchmarks/spec_bench.py "${SPEC[@]}" --policy fixed \
         --out "$R/spec_fixed.json" --markdown "$R/spec_fixed.md"
+    part bench-smollm2-again 100 python3 benchmarks/gpu_bench.py --out "$R" \
+        --name smollm2_triton_again --model "$MODEL" --backends flashinfer+graphs \
+        --batch-sizes 1,8,32,64  # the harness once more, for its drift over the call
     part phases 60 python3 benchmarks/graph_step_phases.py --model "$MODEL" \
         --out "$R/graph_step_phases.json"
     part probe 90 python3 benchmarks/goodput_probe.py --model "$MODEL" --device cuda \

@@ -148,13 +148,7 @@ class BatchVerifier:
         targets_ok = _row_error(host[:num_rows], valid, vocab_size) is None  # all at once
         results, first = {}, 0
         for rows in sampling:
-            logit_rows = rows.logit_rows
-            if targets_ok and len(logit_rows) == 1 and not topk and rows.tree is None:
-                # a plain decode row (no drafts): its target is its token
-                results[rows.request.request_id] = Verified((host[first],), 0, 0, logit_rows, ())
-                first += 1
-                continue
-            span = slice(first, first + len(logit_rows))
+            span = slice(first, first + len(rows.logit_rows))
             row_error = None if targets_ok else _row_error(host[span], valid[span], vocab_size)
             results[rows.request.request_id] = self._accept_or_fail(
                 rows, host[span], topk[span], row_error
@@ -199,6 +193,8 @@ class BatchVerifier:
     @staticmethod
     def _accept(rows: SampleRows, targets: list[int], topk: list[list[int]]) -> Verified:
         drafts = rows.draft_token_ids
+        if not drafts and not topk:  # a decode row (a chain of none): its target is its token
+            return Verified((targets[0],), 0, 0, rows.logit_rows, ())
         result: VerifyResult = (
             verify_tree(rows.tree, targets) if rows.tree else verify_chain(targets, drafts)
         )

@@ -89,7 +89,8 @@ else
         done
     done
     # The sweep once per seed in SWEEP_SEEDS; with a base checkout carried in .gpu/base (its
-    # engine, kernels and benchmarks, e.g. `git archive`), the base's sweep and engine
+    # engine, kernels, benchmarks, server and tests: `git archive REV engine kernels benchmarks
+    # server tests`; gpu_checks.py imports tests.parity), the base's sweep and engine
     # throughput take turns with this checkout's, on the same machine.
     for seed in ${SWEEP_SEEDS:-0}; do
         part "sweep-s$seed" 150 python3 benchmarks/engine_sweep.py --model "$MODEL" \

@@ -219,10 +219,7 @@ class BlockManager:
         first = num_computed_tokens // self.block_size
         if last - first == 1:  # a decode step writes into one block
             return pool.ref_count(table[first]) == 1
-        return all(
-            pool.ref_count(table[i]) == 1
-            for i in range(num_computed_tokens // self.block_size, last)
-        )
+        return all(pool.ref_count(table[i]) == 1 for i in range(first, last))
 
     def _plan(
         self, pool: BlockPool, table: list[int], adopted: list[int], num_computed: int, end: int

@@ -19,6 +19,8 @@ estimates of proposers not drafting then move only by forced probes), e.g. `auto
 With an `auto` config, each workload's table is followed by auto's rate over each single
 proposer's, with a 90% interval from resampling whole prompts (both configs' runs of a prompt
 drawn together), so "within 3% of the best single proposer" can be read against the noise.
+`--pool A.json B.json ...` runs nothing: it pools the runs that repeats of one command wrote
+with `--out`, per prompt, and prints the comparisons of the pooled runs.
 
 --interleave loads every engine up front and lets the configs take turns prompt by prompt (load
 drift hits them alike; needs the memory of all engines at once); without it one engine lives
@@ -26,6 +28,7 @@ at a time and runs all prompts.
 
     .venv/bin/python benchmarks/draft_pair.py --num-prompts 2 --max-tokens 32   # smoke
     .venv/bin/python benchmarks/draft_pair.py --interleave --configs off draft:chain:4 draft:tree
+    .venv/bin/python benchmarks/draft_pair.py --pool run1.json run2.json run3.json
 """
 
 from __future__ import annotations
@@ -77,7 +80,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--target", help="target GGUF (default: the qwen_pair.sh 1.5B)")
     parser.add_argument("--draft", help="draft GGUF (default: the qwen_pair.sh 0.5B)")
     parser.add_argument("--out", help="also write the runs and rows as JSON here")
+    parser.add_argument(
+        "--pool",
+        nargs="+",
+        metavar="JSON",
+        help="run nothing: pool the runs of these --out files (one command run repeatedly) "
+        "per prompt and print the comparisons",
+    )
     args = parser.parse_args(argv)
+    if args.pool:
+        return args
     if args.target is None or args.draft is None:
         paths = pair_paths()
         if paths is None:
@@ -212,6 +224,35 @@ def comparisons(runs: list[dict], rows: list[dict]) -> list[dict]:
     return found
 
 
+def pooled(run_sets: list[list[dict]]) -> list[dict]:
+    """One run per (workload, config, prompt), its decode tokens and seconds summed over the
+    sets (repeats of one command): resampling whole prompts then keeps a prompt's repeats
+    together, and repeating narrows the interval by averaging each prompt's timing noise."""
+    merged: dict[tuple, dict] = {}
+    for runs in run_sets:
+        for run in runs:
+            key = (run["workload"], run["config"], run["prompt"])
+            into = merged.setdefault(
+                key,
+                dict(
+                    zip(("workload", "config", "prompt"), key), decode_tokens=0, decode_seconds=0.0
+                ),
+            )
+            into["decode_tokens"] += run["decode_tokens"]
+            into["decode_seconds"] += run["decode_seconds"]
+    return list(merged.values())
+
+
+def config_rates(runs: list[dict]) -> list[dict]:
+    """Decode tok/s per (workload, config): the rows comparisons() reads."""
+    totals: dict[tuple[str, str], list[float]] = {}
+    for run in runs:
+        total = totals.setdefault((run["workload"], run["config"]), [0, 0.0])
+        total[0] += run["decode_tokens"]
+        total[1] += run["decode_seconds"]
+    return [dict(workload=w, config=c, tok_s=t / s) for (w, c), (t, s) in totals.items()]
+
+
 def _paired(runs: list[dict], workload: str, a: str, b: str) -> list[tuple[dict, dict]]:
     """(a's run, b's run) of each prompt of the workload."""
     by = {(r["config"], r["prompt"]): r for r in runs if r["workload"] == workload}
@@ -273,6 +314,10 @@ def comparison_markdown(found: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.pool:
+        runs = pooled([json.loads(Path(path).read_text())["runs"] for path in args.pool])
+        print(comparison_markdown(comparisons(runs, config_rates(runs))))
+        return 0
     command = " ".join(shlex.quote(a) for a in ["python", *sys.argv])
     runs = bench(args)
     rows = summarize(runs, args)

@@ -232,12 +232,12 @@ def pooled(run_sets: list[list[dict]]) -> list[dict]:
     for runs in run_sets:
         for run in runs:
             key = (run["workload"], run["config"], run["prompt"])
+            workload, config, prompt = key
             into = merged.setdefault(
                 key,
-                dict(
-                    zip(("workload", "config", "prompt"), key), decode_tokens=0, decode_seconds=0.0
-                ),
-            )
+                dict(workload=workload, config=config, prompt=prompt, decode_tokens=0,
+                     decode_seconds=0.0),
+            )  # fmt: skip
             into["decode_tokens"] += run["decode_tokens"]
             into["decode_seconds"] += run["decode_seconds"]
     return list(merged.values())

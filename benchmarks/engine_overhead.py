@@ -95,7 +95,7 @@ class StandInModel:
             model_input = build_model_input(sched, drafts, self.block_size)
             self.pack_seconds += time.perf_counter() - start
             if self.runner is not None:
-                return self._verify(sched, drafts, model_input, start)
+                return self._verify(model_input, start)
         ids, size = self.token_ids, len(self.token_ids)
         outputs = {}
         for index, scheduled in enumerate(sched.scheduled):
@@ -111,7 +111,7 @@ class StandInModel:
         self.seconds += elapsed
         return ModelOutput(outputs=outputs, step_time=elapsed)
 
-    def _verify(self, sched, drafts, model_input, start: float) -> ModelOutput:
+    def _verify(self, model_input, start: float) -> ModelOutput:
         """The runner's host work after its model, on logits pointing at the cycle's tokens."""
         ids, size = self.token_ids, len(self.token_ids)
         vocab = self.runner.arch.vocab_size

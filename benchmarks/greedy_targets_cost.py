@@ -2,8 +2,8 @@
 
 Sampler.greedy_targets returns each row's argmax and whether that row's best logit is finite;
 verification then copies both to the host in one transfer. On CUDA one max(dim=-1) gives both
-(engine/sample/sampler.py); the code before took argmax, then gathered the best logit. This
-times the pair and its host copy, as verification runs it, for vocabulary-sized rows, the two
+(Sampler.greedy_targets, timed here); the code before took argmax, then gathered the best
+logit. This times the pair and its host copy, as verification runs it, for vocabulary-sized rows, the two
 ways taking turns (three rounds of 500 calls each), and checks they agree.
 
     python benchmarks/greedy_targets_cost.py   # needs a CUDA GPU
@@ -11,16 +11,17 @@ ways taking turns (three rounds of 500 calls each), and checks they agree.
 
 from __future__ import annotations
 
+import sys
 import time
+from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from engine.sample.sampler import Sampler  # noqa: E402
+
+one_max = Sampler.greedy_targets  # on CUDA: one max reduction
 VOCAB = 49152  # SmolLM2's
-
-
-def one_max(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    best, targets = logits.max(dim=-1)
-    return targets, torch.isfinite(best)
 
 
 def argmax_gather(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

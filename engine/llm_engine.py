@@ -169,16 +169,12 @@ class LLMEngine:
         """RequestOutputs for the requests aborted since the last step and those that changed."""
         changed = self._aborted + changed
         self._aborted = []
-        outputs = model_output.outputs
         for scheduled in sched.scheduled:
-            step_output = outputs.get(scheduled.request.request_id)
+            step_output = model_output.outputs.get(scheduled.request_id)
             if step_output is not None:
                 self.outputs.record_step(scheduled.request, step_output)
         results: list[RequestOutput] = []
         for request in changed:
-            state = request.output
-            if state is not None and state.final_only and not request.is_finished:
-                continue  # offline generate: reported once, finished (make_output's rule)
             output = self._make_output(request)
             if output is None:
                 continue

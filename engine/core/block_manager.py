@@ -212,7 +212,7 @@ class BlockManager:
         """The request's own blocks already hold the written span, none of them shared, and
         no window pool releases any (most decode steps): nothing to allocate or copy."""
         table = request.block_ids
-        last = -(-(num_computed_tokens + num_new_tokens) // self.block_size)
+        last = self.num_blocks_for(num_computed_tokens + num_new_tokens)
         if self._window_pool is not None or num_new_tokens <= 0 or last > len(table):
             return False
         pool = self._pool

@@ -209,25 +209,18 @@ class ModelRunner:
         prompt_logprobs = self._prompt_logprobs(model_input.requests, logits)
         outputs = {}
         for rows in model_input.requests:
-            request_id = rows.scheduled.request.request_id
+            request_id = rows.scheduled.request_id
             done = verified.get(request_id)
-            logprob_entries = logprobs.get(request_id, ()) if logprobs else ()
-            prompt_entries = prompt_logprobs.get(request_id, ()) if prompt_logprobs else ()
-            if done is None:  # mid-prefill
-                outputs[request_id] = RequestStepOutput(
-                    request_id, (), 0, 0, logprob_entries, prompt_entries
-                )
-                continue
-            outputs[request_id] = RequestStepOutput(  # positional: built per request per step
+            outputs[request_id] = RequestStepOutput(
                 request_id,
-                done.token_ids,
-                done.num_draft_tokens,
-                done.num_accepted_tokens,
-                logprob_entries,
-                prompt_entries,
-                done.error,
-                done.target_topk_ids,
-                done.draft_topk_ids,
+                done.token_ids if done else (),
+                num_draft_tokens=done.num_draft_tokens if done else 0,
+                num_accepted_tokens=done.num_accepted_tokens if done else 0,
+                logprobs=logprobs.get(request_id, ()),
+                prompt_logprobs=prompt_logprobs.get(request_id, ()),
+                target_topk_ids=done.target_topk_ids if done else (),
+                draft_topk_ids=done.draft_topk_ids if done else (),
+                error=done.error if done else None,
             )
         return outputs
 

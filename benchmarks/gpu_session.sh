@@ -6,7 +6,7 @@
 #       the gpu-marked tests; the decode harness on a Llama-1B-shaped random model
 #   bash benchmarks/gpu_session.sh b   # carry .gpu/m.part2 (call a left m.part1 in /tmp)
 #       SmolLM2 in bfloat16: batch-1 speculation (goodput and fixed), the decode harness,
-#       engine throughput, the in-process policy sweep, the goodput probe
+#       engine throughput, the in-process policy sweep, step costs by phase, the goodput probe
 # ONLY="name ..." runs only those parts, SKIP="name ..." all but those; ENGINE_ROUNDS=3 runs the
 # engine throughput (this checkout, then the base's) three times; SWEEP_SEEDS="0 1" runs
 # the policy sweep once per seed, SWEEP_POLICIES="off,goodput" with those policies, and
@@ -102,6 +102,9 @@ else
             --policies off,goodput --multipliers 1,4,16 --num-prompts 16 --max-tokens 64 \
             --seed "$seed" ${SWEEP_ARGS:-} --out "$R/sweep_base_s$seed.json"
     done
+    part costs 150 python3 benchmarks/spec_step_costs.py --model "$MODEL" --device cuda \
+        --dtype bfloat16 "${DATA[@]}" --concurrency 1 4 16 --rounds "${COST_ROUNDS:-2}" \
+        --out "$R/step_costs.json"  # a speculating step against a plain one, by phase
     part spec-fixed 90 python3 benchmarks/spec_bench.py "${SPEC[@]}" --policy fixed \
         --out "$R/spec_fixed.json" --markdown "$R/spec_fixed.md"
     part bench-smollm2-again 100 python3 benchmarks/gpu_bench.py --out "$R" \

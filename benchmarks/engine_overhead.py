@@ -17,13 +17,18 @@ timed by wrapping the engine's parts (output = what step() does besides them).
     .venv/bin/python benchmarks/engine_overhead.py --batch 64 --verify # + packing, verification
     .venv/bin/python benchmarks/engine_overhead.py --speculative-proposer ngram --spec-policy goodput
 
+The engine's start-up heap is frozen as the server's is (engine/front/heap.py; --no-freeze
+leaves it to the collector's full passes); gc and gc_full are the collector's ms a step.
+
 Runs against whichever `engine` package is imported (PYTHONPATH picks a checkout), so two
-checkouts can be compared with the same script.
+checkouts can be compared with the same script (one from before engine/front/heap.py runs
+its own copy).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import io
 import json
@@ -35,6 +40,7 @@ from collections.abc import Callable
 import torch
 
 from engine.config import EngineConfig
+from engine.front.heap import CollectorPauses, collection_paused_then_frozen
 from engine.front.llm import LLM
 from engine.outputs import ModelOutput, RequestStepOutput
 from engine.runner.input_batch import build_model_input
@@ -222,15 +228,16 @@ def run_stream(llm: LLM, stand_in: StandInModel, timer: PhaseTimer, batch: int, 
     timer.reset()
     stand_in.seconds = stand_in.pack_seconds = stand_in.verify_seconds = 0.0
     step_seconds, worker_seconds = 0.0, 0.0
-    for _ in range(args.steps):
-        engine_s, worker_s = step()
-        step_seconds += engine_s
-        worker_seconds += worker_s
+    with CollectorPauses() as pauses:
+        for _ in range(args.steps):
+            engine_s, worker_s = step()
+            step_seconds += engine_s
+            worker_seconds += worker_s
     for request_id in ids:
         engine.abort_request(request_id)
     while engine.has_unfinished_requests():
         engine.step()
-    return summary(timer, stand_in, step_seconds, args.steps, worker_seconds)
+    return summary(timer, stand_in, step_seconds, args.steps, worker_seconds, pauses)
 
 
 def run_generate(llm: LLM, stand_in: StandInModel, timer: PhaseTimer, batch: int, args) -> dict:
@@ -248,15 +255,18 @@ def run_generate(llm: LLM, stand_in: StandInModel, timer: PhaseTimer, batch: int
     timer.reset()
     stand_in.seconds = stand_in.pack_seconds = stand_in.verify_seconds = 0.0
     start = time.perf_counter()
-    outputs = llm.generate(prompts, params(args.steps), use_tqdm=False)
+    with CollectorPauses() as pauses:
+        outputs = llm.generate(prompts, params(args.steps), use_tqdm=False)
     elapsed = time.perf_counter() - start
     if not all(len(o.output_token_ids) == args.steps and o.text for o in outputs):
         raise RuntimeError("the stand-in did not generate --steps tokens of text per request")
     del engine.step
-    return summary(timer, stand_in, elapsed, counter["steps"], 0.0)
+    return summary(timer, stand_in, elapsed, counter["steps"], 0.0, pauses)
 
 
-def summary(timer: PhaseTimer, stand_in, seconds: float, steps: int, worker: float) -> dict:
+def summary(timer: PhaseTimer, stand_in, seconds: float, steps: int, worker: float, pauses) -> dict:
+    """ms a step per phase; gc: the collector's passes inside the host time, gc_full: the
+    full ones among them."""
     per_step = {phase: 1e3 * value / steps for phase, value in timer.totals.items()}
     per_step["execute"] = 1e3 * (timer.totals["execute"] - stand_in.seconds) / steps
     step_ms = 1e3 * (seconds - stand_in.seconds) / steps
@@ -265,6 +275,8 @@ def summary(timer: PhaseTimer, stand_in, seconds: float, steps: int, worker: flo
     per_step["host"] = step_ms + per_step["worker"]
     per_step["pack"] = 1e3 * stand_in.pack_seconds / steps
     per_step["verify"] = 1e3 * stand_in.verify_seconds / steps
+    per_step["gc"] = 1e3 * pauses.seconds / steps
+    per_step["gc_full"] = 1e3 * pauses.full_seconds / steps
     return per_step
 
 
@@ -300,9 +312,15 @@ def main() -> None:
         help="also time the runner's verification and step outputs (apart; implies --pack)",
     )
     parser.add_argument("--profile", action="store_true", help="cProfile the largest batch")
+    parser.add_argument(
+        "--no-freeze",
+        action="store_true",
+        help="leave the start-up heap to the collector's full passes (the server freezes it)",
+    )
     parser.add_argument("--top", type=int, default=30)
     args = parser.parse_args()
-    llm, stand_in = build_llm(args)
+    with contextlib.nullcontext() if args.no_freeze else collection_paused_then_frozen():
+        llm, stand_in = build_llm(args)
     timer = PhaseTimer(llm.engine)
     modes = ("stream", "generate") if args.mode == "both" else (args.mode,)
     runners = {"stream": run_stream, "generate": run_generate}

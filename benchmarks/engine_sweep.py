@@ -7,7 +7,9 @@ policy's engine (n-gram, up to --k drafts, prefix caching off) is built once. Th
 1 / (mean latency of one request alone, policy off), measured first; each cell sends
 --num-prompts requests of a workload (chat-templated, greedy, EOS ignored) with Poisson
 arrivals at multiplier x that rate, and the policies take turns cell by cell. Latency = finish
-- arrival; the engine steps whenever something is in flight.
+- arrival; the engine steps whenever something is in flight. The engines' start-up heap is
+frozen as the server's is (engine/front/heap.py; --no-freeze leaves it to the collector), and
+each cell counts the collector's passes.
 
     python benchmarks/engine_sweep.py --model M.gguf --device cuda --dtype bfloat16 \\
         --policies off,goodput,fixed:3 --multipliers 1,4,16 --out /tmp/sweep.json
@@ -16,6 +18,7 @@ arrivals at multiplier x that rate, and the policies take turns cell by cell. La
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
 import sys
@@ -29,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from engine.config import EngineConfig  # noqa: E402
+from engine.front.heap import CollectorPauses, collection_paused_then_frozen  # noqa: E402
 from engine.front.llm import LLM  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
 
@@ -49,6 +53,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--data", default=str(ROOT.parent / "shared" / "data"))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--no-freeze",
+        action="store_true",
+        help="leave the start-up heap to the collector's full passes (the server freezes it)",
+    )
     parser.add_argument("--out", type=Path, required=True, help="JSON; a .md is written beside")
     return parser.parse_args(argv)
 
@@ -71,12 +80,29 @@ def load_prompts(llm: LLM, workload: str, args: argparse.Namespace) -> list[list
 
 
 def run_cell(llm: LLM, prompts: list[list[int]], gaps: list[float], max_tokens: int) -> dict:
-    """Send prompts[i] gaps[:i+1] seconds after the start; step until all finish."""
+    """Send prompts[i] gaps[:i+1] seconds after the start; step until all finish. The
+    collector's passes meanwhile are counted (a full pass can cost dozens of GPU steps)."""
     engine = llm.engine
-    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     before = engine.stats()
     start = time.monotonic()
     arrivals = [start + sum(gaps[: i + 1]) for i in range(len(prompts))]
+    with CollectorPauses() as pauses:
+        done = _serve(engine, prompts, arrivals, max_tokens)
+    after = engine.stats()
+    latencies = [done[f"r{i}"] - arrivals[i] for i in range(len(prompts))]
+    return dict(
+        mean_latency=sum(latencies) / len(latencies),
+        wall=max(done.values()) - start,
+        steps=after.num_steps_total - before.num_steps_total,
+        draft_tokens=after.spec_num_draft_tokens_total - before.spec_num_draft_tokens_total,
+        accepted=after.spec_num_accepted_tokens_total - before.spec_num_accepted_tokens_total,
+        **pauses.as_dict(),
+    )
+
+
+def _serve(engine, prompts: list[list[int]], arrivals: list[float], max_tokens: int) -> dict:
+    """Each request's finish time, by request id (r0, r1, ...)."""
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     done: dict[str, float] = {}
     sent = 0
     while len(done) < len(prompts):
@@ -90,20 +116,13 @@ def run_cell(llm: LLM, prompts: list[list[int]], gaps: list[float], max_tokens: 
         for output in engine.step():
             if output.finished:
                 done[output.request_id] = time.monotonic()
-    after = engine.stats()
-    latencies = [done[f"r{i}"] - arrivals[i] for i in range(len(prompts))]
-    return dict(
-        mean_latency=sum(latencies) / len(latencies),
-        wall=max(done.values()) - start,
-        steps=after.num_steps_total - before.num_steps_total,
-        draft_tokens=after.spec_num_draft_tokens_total - before.spec_num_draft_tokens_total,
-        accepted=after.spec_num_accepted_tokens_total - before.spec_num_accepted_tokens_total,
-    )
+    return done
 
 
 def sweep(args: argparse.Namespace) -> dict:
     policies = args.policies.split(",")
-    engines = {policy: make_engine(policy, args) for policy in policies}
+    with contextlib.nullcontext() if args.no_freeze else collection_paused_then_frozen():
+        engines = {policy: make_engine(policy, args) for policy in policies}
     rng = random.Random(args.seed)
     cells = []
     for workload in args.workloads.split(","):

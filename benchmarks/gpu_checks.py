@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from engine.config import EngineConfig  # noqa: E402
+from engine.front.heap import CollectorPauses, collection_paused_then_frozen  # noqa: E402
 from engine.front.llm import LLM  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
 from tests.parity import near_tie_report  # noqa: E402
@@ -167,7 +168,8 @@ def engine_throughput(args, prompts) -> dict:
     result = {}
     params = SamplingParams(temperature=0, max_tokens=args.new_tokens, ignore_eos=True)
     for name in args.throughput_engines.split(","):
-        llm = make_llm(args.model, **ENGINES[name], max_num_seqs=64)
+        with collection_paused_then_frozen():  # as the server's start-up heap is
+            llm = make_llm(args.model, **ENGINES[name], max_num_seqs=64)
         llm.generate(prompts[:2], params, use_tqdm=False)  # warm-up
         result[name] = {}
         for size in (1, 8, 32, 64):
@@ -179,21 +181,23 @@ def engine_throughput(args, prompts) -> dict:
                     (time.perf_counter(), len(output.output_token_ids))
                 )
 
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            outputs = llm.generate(batch, params, use_tqdm=False, on_output=on_output)
-            seconds = time.perf_counter() - start
-            tokens = sum(len(o.output_token_ids) for o in outputs)
-            prefill = max(series[0][0] for series in marks.values()) - start
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            llm.generate(batch, params, use_tqdm=False)  # one output per request
-            final = time.perf_counter() - start
+            with CollectorPauses() as pauses:
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                outputs = llm.generate(batch, params, use_tqdm=False, on_output=on_output)
+                seconds = time.perf_counter() - start
+                tokens = sum(len(o.output_token_ids) for o in outputs)
+                prefill = max(series[0][0] for series in marks.values()) - start
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                llm.generate(batch, params, use_tqdm=False)  # one output per request
+                final = time.perf_counter() - start
             result[name][size] = dict(
                 total_tok_s=tokens / seconds,
                 decode_tok_s=decode_rate(marks),
                 final_total_tok_s=tokens / final,
                 final_decode_tok_s=(tokens - size) / max(final - prefill, 1e-9),
+                **pauses.as_dict(),  # the collector's passes in both runs
             )
             print(f"engine {name} batch {size}: {result[name][size]}", flush=True)
         del llm

@@ -6,8 +6,9 @@ asks why: --concurrency requests of a workload (chat-templated, greedy, EOS igno
 together to completion under each policy (n-gram drafts, up to --k), the policies taking turns
 --rounds times; every step's phases (LLMEngine.step's six, timed by wrappers) and its shape
 are recorded. Per policy and concurrency: decode tokens a second (over steps without a
-prefill chunk), tokens a step, drafted and accepted, and ms a step per phase, for the steps
-that verified drafts and for those that did not apart.
+prefill chunk), tokens a step, drafted and accepted, ms a step per phase, for the steps that
+verified drafts and for those that did not apart, and the garbage collector's passes (the
+engines' start-up heap is frozen first, as the server's is: engine/front/heap.py).
 
     python benchmarks/spec_step_costs.py --model M.gguf --device cuda --dtype bfloat16 \\
         --concurrency 1 4 16 --out /tmp/costs.json
@@ -29,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.engine_sweep import WORKLOADS  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
+from engine.front.heap import CollectorPauses, collection_paused_then_frozen  # noqa: E402
 from engine.llm_engine import LLMEngine  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
 
@@ -175,7 +177,8 @@ def markdown(cells: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     policies = args.policies.split(",")
-    engines = {policy: make_engine(policy, args) for policy in policies}
+    with collection_paused_then_frozen():  # as the server's start-up heap is
+        engines = {policy: make_engine(policy, args) for policy in policies}
     recorders = {policy: StepRecorder(engine) for policy, engine in engines.items()}
     prompts = load_prompts(engines[policies[0]], args)
     for policy in policies:  # warm-up: graphs, caches, the controller's first fit
@@ -184,8 +187,10 @@ def main(argv: list[str] | None = None) -> None:
     for round_ in range(args.rounds):
         for n in args.concurrency:
             for policy in policies:
-                records = run(engines[policy], recorders[policy], prompts, n, args)
-                cells.append(dict(concurrency=n, policy=policy, round=round_, **summarize(records)))
+                with CollectorPauses() as pauses:
+                    records = run(engines[policy], recorders[policy], prompts, n, args)
+                cell = dict(concurrency=n, policy=policy, round=round_, **summarize(records))
+                cells.append(cell | pauses.as_dict())
                 print(json.dumps(cells[-1]), flush=True)
     meta = dict(date=str(date.today()), args={k: str(v) for k, v in vars(args).items()})
     args.out.write_text(json.dumps(dict(meta=meta, cells=cells), indent=1))

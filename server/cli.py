@@ -15,17 +15,15 @@ meanwhile (collection_paused_then_frozen).
 from __future__ import annotations
 
 import argparse
-import gc
 import logging
 import os
 import sys
-from collections.abc import Iterator
 from concurrent.futures import Future
-from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from engine.arg_utils import add_engine_arguments, config_from_args
 from engine.config import EngineConfig, parse_size
+from engine.front.heap import collection_paused_then_frozen
 from server.settings import ServerSettings
 
 if TYPE_CHECKING:
@@ -141,25 +139,6 @@ def run_serve(args: argparse.Namespace) -> int:
     with collection_paused_then_frozen():
         engine = load_engine(config, max_num_in_flight=limit)
     return serve(engine, settings, args.host, args.port, args.drain_timeout, args.log_level)
-
-
-@contextmanager
-def collection_paused_then_frozen() -> Iterator[None]:
-    """Python's cyclic garbage collector off for the block, then everything allocated so far
-    frozen (gc.freeze: never scanned again). Start-up builds a large object graph that lives
-    as long as the process (torch's, fastapi's and pydantic's modules, the model); the
-    collector's full passes over it during the load freed nothing worth having (~7k
-    import-time functions and tuples, no tensors) and cost ~0.2 s of a ~3 s start
-    (docs/benchmarks.md "Start-up time"). Frozen, that graph also stays out of the full
-    collections while serving."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.freeze()
-        if enabled:
-            gc.enable()
 
 
 def load_engine(config: EngineConfig, **kwargs) -> AsyncEngine:

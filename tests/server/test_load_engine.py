@@ -4,7 +4,6 @@ side reaches the caller and leaves no thread waiting."""
 
 from __future__ import annotations
 
-import gc
 import threading
 
 import pytest
@@ -73,19 +72,3 @@ def test_a_model_failure_reaches_the_caller(monkeypatch, no_model_path):
     monkeypatch.setattr(LLMEngine, "from_config", staticmethod(from_config))
     with pytest.raises(ValueError, match="no such model"):
         load_engine(Config)
-
-
-def test_collection_pauses_during_the_load_and_what_it_built_is_frozen():
-    from server.cli import collection_paused_then_frozen
-
-    assert gc.isenabled()
-    try:
-        with collection_paused_then_frozen():
-            assert not gc.isenabled()
-            built = [[] for _ in range(10)]  # lists are tracked by the collector
-        assert gc.isenabled() and gc.get_freeze_count() >= len(built)
-        with pytest.raises(RuntimeError), collection_paused_then_frozen():
-            raise RuntimeError("load failed")
-        assert gc.isenabled()
-    finally:
-        gc.unfreeze()

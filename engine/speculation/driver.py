@@ -34,6 +34,11 @@ from engine.speculation.proposers.proposer import (
 from engine.speculation.shadow import ShadowChecks
 from kernels.graph_shapes import NO_GRAPHS, GraphShapes
 
+# A resting policy (SpecPolicy.rests) whose last REST_AFTER plans drafted nothing is asked for
+# a plan on one step in REST_EVERY; the steps between draft nothing without offers or a plan.
+REST_AFTER = 16
+REST_EVERY = 4
+
 
 def max_draft_tokens(config: SpecConfig) -> int:
     """The engine's cap: tree nodes for trees, tokens for chains."""
@@ -79,6 +84,8 @@ class SpecDriver:
         self.last_chosen_k: tuple[int, ...] = ()  # the last plan's lengths (metrics)
         self.last_plan_time = 0.0  # seconds of the last policy.plan (part of the step's time)
         self._base = StepFeatures()
+        self._idle_plans = 0  # plans in a row that drafted nothing
+        self._rest_turn = 0  # steps since the last plan while resting
         # The engine's totals; its proposers are listed (at zero) before they first draft.
         names = config.proposers if self.enabled else ()
         self.totals = SpecCounts(by_proposer={name: SpecCounts(name) for name in names})
@@ -104,6 +111,9 @@ class SpecDriver:
         decodes, prefill chunks clipped to the token budget in order, and the waiting requests
         the scheduler will admit (while seats and budget last)."""
         if not self.enabled:
+            return {}
+        if self._resting():
+            self.last_plan_time, self.last_chosen_k = 0.0, ()
             return {}
         start = time.perf_counter()  # planning time: the proposer's offers, the policy's plan
         candidates = []
@@ -135,7 +145,21 @@ class SpecDriver:
             plan = self.policy.plan(candidates, self._base)
         self.last_plan_time = time.perf_counter() - start
         self.last_chosen_k = tuple(plan.values())
+        self._idle_plans = 0 if plan else self._idle_plans + 1
         return plan
+
+    def _resting(self) -> bool:
+        """Whether this step drafts nothing without planning: the policy rests (goodput) and
+        its last REST_AFTER plans drafted nothing, and this is not the one step in REST_EVERY
+        that plans. Chat under load is the case: every request's offers priced out, step after
+        step, while the offers and the plan cost ~0.2-0.9 ms a step at 1-16 requests on the
+        2-core VM (more than a tenth of a GPU decode step; docs/benchmarks.md §5y). Shadow checks
+        and the cost model's observations go on, so the next plan sees fresh estimates; a
+        request that comes to pay waits at most REST_EVERY - 1 steps for its drafts."""
+        if not getattr(self.policy, "rests", False) or self._idle_plans < REST_AFTER:
+            return False
+        self._rest_turn = (self._rest_turn + 1) % REST_EVERY
+        return self._rest_turn != 0
 
     def _offer(
         self, request: Request, max_draft_tokens: int

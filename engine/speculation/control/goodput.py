@@ -88,6 +88,8 @@ class GoodputPolicy(SpecPolicy):
     such request per plan), so an acceptance estimate that fell to ~0 can recover.
     """
 
+    rests = True  # while nothing pays, the driver plans only now and then (SpecDriver._resting)
+
     def __init__(
         self,
         cost_model: StepCostModel,

@@ -86,6 +86,7 @@ class SpecDriver:
         self._base = StepFeatures()
         self._idle_plans = 0  # plans in a row that drafted nothing
         self._rest_turn = 0  # steps since the last plan while resting
+        self._rested = False  # this step's plan was skipped (_resting)
         # The engine's totals; its proposers are listed (at zero) before they first draft.
         names = config.proposers if self.enabled else ()
         self.totals = SpecCounts(by_proposer={name: SpecCounts(name) for name in names})
@@ -107,12 +108,13 @@ class SpecDriver:
 
     # ---- 1. plan -------------------------------------------------------------------------
     def plan(self, running: Sequence[Request], waiting: Sequence[Request] = ()) -> SpecPlan:
-        """num_draft_tokens per caught-up running request; the step's base features are what it will run:
-        decodes, prefill chunks clipped to the token budget in order, and the waiting requests
-        the scheduler will admit (while seats and budget last)."""
+        """num_draft_tokens per caught-up running request; the step's base features are what
+        it will run: decodes, prefill chunks clipped to the token budget in order, and the
+        waiting requests the scheduler will admit (while seats and budget last)."""
         if not self.enabled:
             return {}
-        if self._resting():
+        self._rested = self._resting()
+        if self._rested:
             self.last_plan_time, self.last_chosen_k = 0.0, ()
             return {}
         start = time.perf_counter()  # planning time: the proposer's offers, the policy's plan
@@ -153,9 +155,11 @@ class SpecDriver:
         its last REST_AFTER plans drafted nothing, and this is not the one step in REST_EVERY
         that plans. Chat under load is the case: every request's offers priced out, step after
         step, while the offers and the plan cost ~0.2-0.9 ms a step at 1-16 requests on the
-        2-core VM (more than a tenth of a GPU decode step; docs/benchmarks.md §5y). Shadow checks
-        and the cost model's observations go on, so the next plan sees fresh estimates; a
-        request that comes to pay waits at most REST_EVERY - 1 steps for its drafts."""
+        2-core VM (a larger share of a GPU's 2-5 ms decode step; docs/benchmarks.md §5y).
+        Shadow checks and the cost model's observations go on, so the next plan sees fresh
+        estimates (new checks start on the planning steps, about as often as SHADOW_SPACING
+        lets them start anyway); a request that comes to pay waits at most REST_EVERY - 1
+        steps for its drafts."""
         if not getattr(self.policy, "rests", False) or self._idle_plans < REST_AFTER:
             return False
         self._rest_turn = (self._rest_turn + 1) % REST_EVERY
@@ -218,7 +222,7 @@ class SpecDriver:
         topk = self.proposer.target_topk
         start = time.perf_counter()
         warmed = self._warm(sched)
-        if self.shadows is not None:
+        if self.shadows is not None and not self._rested:  # resting: checks go on, none start
             self.shadows.start(self._decoding(sched))
         asks = [self._ask(s) for s in sched.scheduled if s.num_draft_tokens > 0 and s.needs_sample]
         if not asks and not warmed:

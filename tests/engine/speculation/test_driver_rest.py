@@ -5,6 +5,7 @@ rest; fixed:k never rests. Pure Python: stub policy and proposer, factory reques
 from __future__ import annotations
 
 from engine.config import SpecConfig
+from engine.outputs import SchedulerOutput
 from engine.request import RequestStatus
 from engine.speculation.control.cost_model import OnlineLinearCostModel
 from engine.speculation.control.policy import FixedPolicy, SpecPolicy
@@ -33,9 +34,21 @@ class NoOffers:
     target_topk = 0
 
 
-def driver_with(policy: SpecPolicy) -> SpecDriver:
+class CountingShadows:
+    """ShadowChecks that count the steps they were started on."""
+
+    def __init__(self) -> None:
+        self.starts = 0
+
+    def start(self, requests) -> None:
+        self.starts += 1
+
+
+def driver_with(policy: SpecPolicy, shadows: CountingShadows | None = None) -> SpecDriver:
     config = SpecConfig(proposer="ngram", spec_policy="goodput")
-    return SpecDriver(config, NoOffers(), policy, OnlineLinearCostModel(), None, token_budget=64)
+    return SpecDriver(
+        config, NoOffers(), policy, OnlineLinearCostModel(), None, 64, shadows=shadows
+    )
 
 
 def caught_up_requests(count: int = 2):
@@ -84,3 +97,13 @@ def test_fixed_policies_plan_every_step():
     steps = REST_AFTER + 3 * REST_EVERY
     assert plans(driver, requests, steps) == [{}] * steps
     assert len(calls) == steps and not policy.rests
+
+
+def test_while_resting_shadow_checks_start_only_on_the_planning_steps():
+    shadows, requests = CountingShadows(), caught_up_requests()
+    driver = driver_with(CountingPolicy(), shadows)
+    steps = REST_AFTER + 4 * REST_EVERY
+    for _ in range(steps):
+        driver.plan(requests)
+        driver.propose(SchedulerOutput(scheduled=()))
+    assert shadows.starts == REST_AFTER + 4

@@ -2,10 +2,10 @@
 
 Start-up builds a large object graph that lives as long as the process (torch's, the web
 stack's and the tokenizer's objects, the model). The collector's full passes walk all of it:
-on the 2-core VM one full collection took ~140 ms with SmolLM2 loaded (~190k tracked objects),
-~14 ms once the start-up heap was frozen (docs/benchmarks.md §5y). A full pass lands in
-whichever engine step allocates past the threshold, and on a GPU, where a decode step takes
-2-5 ms, one pass costs dozens of steps. So a serving process freezes what start-up built
+on the 2-core VM one full collection took ~150 ms with SmolLM2 loaded (~190k tracked objects);
+frozen, a full pass walks only what serving allocated since, 3-12 ms in a policy sweep's cells
+(docs/benchmarks.md §5y). A full pass lands in whichever engine step allocates past the
+threshold, and on a GPU, where a decode step takes 2-5 ms, 150 ms is dozens of steps. So a serving process freezes what start-up built
 (collection_paused_then_frozen); CollectorPauses measures what the collector still costs.
 """
 

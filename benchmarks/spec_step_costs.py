@@ -8,7 +8,8 @@ together to completion under each policy (n-gram drafts, up to --k), the policie
 are recorded. Per policy and concurrency: decode tokens a second (over steps without a
 prefill chunk), tokens a step, drafted and accepted, ms a step per phase, for the steps that
 verified drafts and for those that did not apart, and the garbage collector's passes (the
-engines' start-up heap is frozen first, as the server's is: engine/front/heap.py).
+engines' start-up heap is frozen first, as the server's is: engine/front/heap.py). It replaces
+benchmarks/step_phases.py, which timed the same phases averaged over one policy's run.
 
     python benchmarks/spec_step_costs.py --model M.gguf --device cuda --dtype bfloat16 \\
         --concurrency 1 4 16 --out /tmp/costs.json
@@ -48,6 +49,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--k", type=int, default=4, help="most drafts per step")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads (engine default)")
     parser.add_argument("--data", default=str(ROOT.parent / "shared" / "data"))
     parser.add_argument("--out", type=Path, required=True, help="JSON; a .md is written beside")
     return parser.parse_args(argv)
@@ -107,6 +109,8 @@ class StepRecorder:
 def make_engine(policy: str, args: argparse.Namespace) -> LLMEngine:
     flat = dict(model=args.model, device=args.device, dtype=args.dtype)
     flat.update(enable_prefix_caching=False, max_num_seqs=max(args.concurrency))
+    if args.threads is not None:
+        flat.update(threads=args.threads)
     if policy != "off":
         flat.update(speculative_proposer="ngram", spec_policy=policy)
         flat.update(num_speculative_tokens=args.k)

@@ -23,6 +23,7 @@ from engine.request import Request, RequestStatus, SpecCounts
 from engine.speculation.control.cost_model import OnlineLinearCostModel
 from engine.speculation.control.policy import SpecCandidate, SpecPolicy, SpecResult
 from engine.speculation.control.profiler import SeedReport
+from engine.speculation.control.rest import PlanningRest
 from engine.speculation.control.step_features import StepFeatures
 from engine.speculation.control.tree_shape import TreeShapeEstimator, accepted_path
 from engine.speculation.proposers.proposer import (
@@ -33,11 +34,6 @@ from engine.speculation.proposers.proposer import (
 )
 from engine.speculation.shadow import ShadowChecks
 from kernels.graph_shapes import NO_GRAPHS, GraphShapes
-
-# A resting policy (SpecPolicy.rests) whose last REST_AFTER plans drafted nothing is asked for
-# a plan on one step in REST_EVERY; the steps between draft nothing without offers or a plan.
-REST_AFTER = 16
-REST_EVERY = 4
 
 
 def max_draft_tokens(config: SpecConfig) -> int:
@@ -84,9 +80,10 @@ class SpecDriver:
         self.last_chosen_k: tuple[int, ...] = ()  # the last plan's lengths (metrics)
         self.last_plan_time = 0.0  # seconds of the last policy.plan (part of the step's time)
         self._base = StepFeatures()
-        self._idle_plans = 0  # plans in a row that drafted nothing
-        self._rest_turn = 0  # steps since the last plan while resting
-        self._rested = False  # this step's plan was skipped (_resting)
+        # A policy that rests (goodput) is asked for a plan only now and then while its plans
+        # do not pay (control/rest.py); `rested`: this step's plan was skipped.
+        self.rest = PlanningRest() if policy.rests and self.enabled else None
+        self.rested = False
         # The engine's totals; its proposers are listed (at zero) before they first draft.
         names = config.proposers if self.enabled else ()
         self.totals = SpecCounts(by_proposer={name: SpecCounts(name) for name in names})
@@ -110,11 +107,12 @@ class SpecDriver:
     def plan(self, running: Sequence[Request], waiting: Sequence[Request] = ()) -> SpecPlan:
         """num_draft_tokens per caught-up running request; the step's base features are what
         it will run: decodes, prefill chunks clipped to the token budget in order, and the
-        waiting requests the scheduler will admit (while seats and budget last)."""
+        waiting requests the scheduler will admit (while seats and budget last). While a
+        resting policy's plans do not pay, most steps skip the offers and the plan (rest.py)."""
         if not self.enabled:
             return {}
-        self._rested = self._resting()
-        if self._rested:
+        self.rested = self.rest is not None and self.rest.skips()
+        if self.rested:
             self.last_plan_time, self.last_chosen_k = 0.0, ()
             return {}
         start = time.perf_counter()  # planning time: the proposer's offers, the policy's plan
@@ -147,23 +145,9 @@ class SpecDriver:
             plan = self.policy.plan(candidates, self._base)
         self.last_plan_time = time.perf_counter() - start
         self.last_chosen_k = tuple(plan.values())
-        self._idle_plans = 0 if plan else self._idle_plans + 1
+        if self.rest is not None:
+            self.rest.planned(bool(plan))
         return plan
-
-    def _resting(self) -> bool:
-        """Whether this step drafts nothing without planning: the policy rests (goodput) and
-        its last REST_AFTER plans drafted nothing, and this is not the one step in REST_EVERY
-        that plans. Chat under load is the case: every request's offers priced out, step after
-        step, while the offers and the plan cost ~0.2-0.9 ms a step at 1-16 requests on the
-        2-core VM (a larger share of a GPU's 2-5 ms decode step; docs/benchmarks.md §5y).
-        Shadow checks and the cost model's observations go on, so the next plan sees fresh
-        estimates (new checks start on the planning steps, about as often as SHADOW_SPACING
-        lets them start anyway); a request that comes to pay waits at most REST_EVERY - 1
-        steps for its drafts."""
-        if not getattr(self.policy, "rests", False) or self._idle_plans < REST_AFTER:
-            return False
-        self._rest_turn = (self._rest_turn + 1) % REST_EVERY
-        return self._rest_turn != 0
 
     def _offer(
         self, request: Request, max_draft_tokens: int
@@ -222,7 +206,7 @@ class SpecDriver:
         topk = self.proposer.target_topk
         start = time.perf_counter()
         warmed = self._warm(sched)
-        if self.shadows is not None and not self._rested:  # resting: checks go on, none start
+        if self.shadows is not None and not self.rested:  # resting: checks go on, none start
             self.shadows.start(self._decoding(sched))
         asks = [self._ask(s) for s in sched.scheduled if s.num_draft_tokens > 0 and s.needs_sample]
         if not asks and not warmed:
@@ -311,6 +295,9 @@ class SpecDriver:
         emitted = sum(len(o.token_ids) for o in out.outputs.values())
         step_seconds = seconds + self.last_plan_time
         self.last_goodput = emitted / step_seconds if step_seconds > 0 else 0.0
+        if self.rest is not None and not self.rested:
+            accepted = sum(o.num_accepted_tokens for o in out.outputs.values())
+            self.rest.observed(accepted, emitted, self.last_plan_time, step_seconds)
         if not self.enabled:  # nothing predicts step times: the cost model learns nothing
             return
         shapes = [

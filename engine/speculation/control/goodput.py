@@ -88,7 +88,7 @@ class GoodputPolicy(SpecPolicy):
     such request per plan), so an acceptance estimate that fell to ~0 can recover.
     """
 
-    rests = True  # while nothing pays, the driver plans only now and then (SpecDriver._resting)
+    rests = True  # while its plans do not pay, the driver plans only now and then (rest.py)
 
     def __init__(
         self,

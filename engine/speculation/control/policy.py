@@ -63,9 +63,9 @@ class SpecPolicy:
 
     # For metrics: the cost model's step time for the last plan (None without a model).
     last_predicted_step_time: float | None = None
-    # Whether the driver may plan only now and then while this policy's plans draft nothing
-    # (SpecDriver._resting): a policy that prices drafts finds the same nothing step after
-    # step, where fixed:k drafts whenever a proposer can.
+    # Whether the driver may plan only now and then while this policy's plans do not pay for
+    # their planning (control/rest.py): a policy that prices drafts finds the same nothing
+    # step after step, where fixed:k drafts whenever a proposer can.
     rests: bool = False
 
     def plan(self, candidates: Sequence[SpecCandidate], base: StepFeatures) -> SpecPlan:

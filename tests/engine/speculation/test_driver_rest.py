@@ -1,15 +1,25 @@
-"""SpecDriver rests: a policy that prices drafts (goodput) and has drafted nothing for
-REST_AFTER plans is asked for a plan on one step in REST_EVERY; a plan that drafts ends the
-rest; fixed:k never rests. Pure Python: stub policy and proposer, factory requests."""
+"""SpecDriver rests (engine/speculation/control/rest.py): a policy that prices drafts
+(goodput) whose last REST_AFTER plans drafted nothing, or whose accepted drafts over the last
+REST_AFTER planning steps added a smaller share of tokens than planning took of the time, is
+asked for a plan on one step in REST_EVERY; a plan that drafts, or a ledger that pays again,
+ends the rest; fixed:k never rests. Pure Python: stub policy and proposer, factory
+requests."""
 
 from __future__ import annotations
 
 from engine.config import SpecConfig
-from engine.outputs import SchedulerOutput
+from engine.outputs import (
+    Drafts,
+    ModelOutput,
+    RequestStepOutput,
+    ScheduledRequest,
+    SchedulerOutput,
+)
 from engine.request import RequestStatus
 from engine.speculation.control.cost_model import OnlineLinearCostModel
 from engine.speculation.control.policy import FixedPolicy, SpecPolicy
-from engine.speculation.driver import REST_AFTER, REST_EVERY, SpecDriver
+from engine.speculation.control.rest import REST_AFTER, REST_EVERY, PlanningRest
+from engine.speculation.driver import SpecDriver
 from tests.engine.factories import make_requests
 
 
@@ -32,6 +42,9 @@ class NoOffers:
 
     name = "ngram"
     target_topk = 0
+
+    def observe(self, observations) -> None:
+        pass
 
 
 class CountingShadows:
@@ -107,3 +120,66 @@ def test_while_resting_shadow_checks_start_only_on_the_planning_steps():
         driver.plan(requests)
         driver.propose(SchedulerOutput(scheduled=()))
     assert shadows.starts == REST_AFTER + 4
+
+
+def ledger_steps(rest: PlanningRest, accepted: int, emitted: int, plan_s: float, step_s: float):
+    for _ in range(REST_AFTER):
+        rest.planned(accepted > 0)
+        rest.observed(accepted, emitted, plan_s, step_s)
+
+
+def skipped(rest: PlanningRest, steps: int) -> int:
+    return sum(rest.skips() for _ in range(steps))
+
+
+def test_the_ledger_pays_until_it_is_full_then_compares_token_and_time_shares():
+    rest = PlanningRest()
+    for _ in range(REST_AFTER - 1):  # drafts nothing accepted, planning 10% of the time
+        rest.planned(True)
+        rest.observed(0, 16, 0.01, 0.1)
+    assert rest.pays() and skipped(rest, 3 * REST_EVERY) == 0
+    rest.observed(0, 16, 0.01, 0.1)
+    assert not rest.pays()
+    # 2 accepted of 18 emitted: 2/16 = 12.5% more tokens against 10% of the time: pays.
+    ledger_steps(rest, 2, 18, 0.01, 0.1)
+    assert rest.pays() and skipped(rest, 3 * REST_EVERY) == 0
+    # 1 accepted of 17: 1/16 = 6.25% against 10%: rests, planning one step in REST_EVERY.
+    ledger_steps(rest, 1, 17, 0.01, 0.1)
+    assert not rest.pays()
+    assert skipped(rest, 5 * REST_EVERY) == 5 * (REST_EVERY - 1)
+
+
+def test_a_planning_step_that_pays_again_ends_the_ledger_rest():
+    rest = PlanningRest()
+    ledger_steps(rest, 1, 65, 0.004, 0.1)  # 1/64 = 1.6% against 4%
+    assert skipped(rest, REST_EVERY) == REST_EVERY - 1
+    # Copy begins: 6 accepted of 70 a step; half the window: 56 / 1024 = 5.5% against 4%.
+    for _ in range(REST_AFTER // 2):
+        rest.planned(True)
+        rest.observed(6, 70, 0.004, 0.1)
+    assert rest.pays() and skipped(rest, 2 * REST_EVERY) == 0
+
+
+def observe_step(driver: SpecDriver, requests, accepted: int, step_s: float) -> None:
+    """One decode step of every request, the first one's k = 2 chain accepting `accepted`."""
+    scheduled = tuple(ScheduledRequest(r, 1, 0, r.num_computed_tokens) for r in requests)
+    outputs = {r.request_id: RequestStepOutput(r.request_id, (7,)) for r in requests}
+    first = requests[0].request_id
+    outputs[first] = RequestStepOutput(first, (7,) * (accepted + 1), 2, accepted)
+    out = ModelOutput(outputs, step_time=step_s)
+    driver.observe(SchedulerOutput(scheduled), Drafts(), out)
+
+
+def test_the_driver_rests_where_accepted_drafts_do_not_pay_for_planning():
+    for accepted, rests in ((0, True), (2, False)):
+        policy, requests = CountingPolicy(), caught_up_requests(4)
+        policy.answer = {requests[0].request_id: 2}  # drafts every plan: no idle plans
+        driver = driver_with(policy)
+        for _ in range(REST_AFTER):
+            driver.plan(requests)
+            driver.last_plan_time = 0.01  # planning 10% of every step's time
+            observe_step(driver, requests, accepted, 0.09)
+        before = policy.calls
+        plans(driver, requests, 4 * REST_EVERY)
+        # 0 accepted rests (4 plans in 16 steps); 2 of 6 emitted (2/4 = 50%) pays.
+        assert policy.calls - before == (4 if rests else 4 * REST_EVERY)

@@ -4,10 +4,13 @@ The same question as benchmarks/spec_sweep.py (SmartSpec, arXiv 2406.14066: fixe
 helps at light load and hurts under load; goodput must never be slower than none), asked of
 the engine directly, for machines without the server's packages (the GPU machine). Each
 policy's engine (n-gram, up to --k drafts, prefix caching off) is built once. The load unit is
-1 / (mean latency of one request alone, policy off), measured first; each cell sends
---num-prompts requests of a workload (chat-templated, greedy, EOS ignored) with Poisson
-arrivals at multiplier x that rate, and the policies take turns cell by cell. Latency = finish
-- arrival; the engine steps whenever something is in flight. The engines' start-up heap is
+1 / (mean latency of one request alone, policy off), measured first (or given: --unit, so
+that runs in several processes offer the same load); each cell sends --num-prompts requests of
+a workload (chat-templated, greedy, EOS ignored) with Poisson arrivals at multiplier x that
+rate, and the policies take turns cell by cell, --repeats times over the same arrivals (near
+saturation one cell's latency moves by tens of percent from run to run; the table gives each
+policy's mean over the repeats and the range of the repeats' ratios). Latency = finish -
+arrival; the engine steps whenever something is in flight. The engines' start-up heap is
 frozen as the server's is (engine/front/heap.py; --no-freeze leaves it to the collector), and
 each cell counts the collector's passes.
 
@@ -19,8 +22,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import random
+import statistics
 import sys
 import time
 from datetime import date
@@ -53,6 +58,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--data", default=str(ROOT.parent / "shared" / "data"))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=1, help="turns of the policies a cell")
+    parser.add_argument("--unit", type=float, default=None, help="requests/s at x1 (workload)")
     parser.add_argument(
         "--no-freeze",
         action="store_true",
@@ -127,19 +134,25 @@ def sweep(args: argparse.Namespace) -> dict:
     cells = []
     for workload in args.workloads.split(","):
         prompts = load_prompts(engines[policies[0]], workload, args)
-        alone = [run_cell(engines["off"], [p], [0.0], args.max_tokens) for p in prompts[:2]]
-        latency = sum(cell["mean_latency"] for cell in alone) / len(alone)
-        unit = 1.0 / max(latency, 1e-3)  # requests per second at x1
+        unit = args.unit or load_unit(engines["off"], prompts, args.max_tokens)
         for multiplier in (float(m) for m in args.multipliers.split(",")):
             count = args.num_prompts
             gaps = [rng.expovariate(multiplier * unit) for _ in range(count)]
             chosen = [prompts[rng.randrange(len(prompts))] for _ in range(count)]
-            for policy in policies:
+            for repeat, policy in itertools.product(range(args.repeats), policies):
                 result = run_cell(engines[policy], chosen, gaps, args.max_tokens)
                 result.update(workload=workload, multiplier=multiplier, policy=policy)
+                result.update(repeat=repeat, unit=unit)
                 cells.append(result)
                 print(json.dumps(result), flush=True)
     return dict(cells=cells, meta=meta(args))
+
+
+def load_unit(off: LLM, prompts: list[list[int]], max_tokens: int) -> float:
+    """Requests per second at x1: 1 / the mean latency of two requests alone, policy off."""
+    alone = [run_cell(off, [p], [0.0], max_tokens) for p in prompts[:2]]
+    latency = sum(cell["mean_latency"] for cell in alone) / len(alone)
+    return 1.0 / max(latency, 1e-3)
 
 
 def meta(args: argparse.Namespace) -> dict:
@@ -148,27 +161,37 @@ def meta(args: argparse.Namespace) -> dict:
 
 
 def markdown(result: dict) -> str:
-    """Mean latency per policy and cell, and each policy's ratio to off in the same cell."""
-    rows = {}
+    """Per cell, each policy's mean latency over the repeats and its ratio to off's, with the
+    range of the repeats' own ratios where there are several."""
+    rows: dict = {}
     for cell in result["cells"]:
-        rows.setdefault((cell["workload"], cell["multiplier"]), {})[cell["policy"]] = cell
+        latencies = rows.setdefault((cell["workload"], cell["multiplier"]), {})
+        latencies.setdefault(cell["policy"], []).append(cell["mean_latency"])
     policies = list(dict.fromkeys(c["policy"] for c in result["cells"]))
+    others = [p for p in policies if p != "off"]
     head = "| workload | load | " + " | ".join(f"{p} s" for p in policies)
-    head += " | " + " | ".join(f"{p}/off" for p in policies if p != "off") + " |"
+    head += " | " + " | ".join(f"{p}/off" for p in others) + " |"
     lines = [head, "|" + "---|" * (2 + 2 * len(policies) - 1)]
-    for (workload, multiplier), cell in rows.items():
-        means = [cell[p]["mean_latency"] for p in policies]
-        ratios = [
-            cell[p]["mean_latency"] / cell["off"]["mean_latency"] for p in policies if p != "off"
-        ]
+    for (workload, multiplier), latencies in rows.items():
+        means = {p: statistics.fmean(latencies[p]) for p in policies}
+        ratios = [_ratio(latencies[p], latencies["off"]) for p in others]
         lines.append(
             f"| {workload} | x{multiplier:g} | "
-            + " | ".join(f"{m:.3f}" for m in means)
+            + " | ".join(f"{means[p]:.3f}" for p in policies)
             + " | "
-            + " | ".join(f"{r:.2f}" for r in ratios)
+            + " | ".join(ratios)
             + " |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _ratio(latencies: list[float], off: list[float]) -> str:
+    """The ratio of the means; with repeats, the range of the repeat-by-repeat ratios."""
+    text = f"{statistics.fmean(latencies) / statistics.fmean(off):.2f}"
+    if len(latencies) > 1:
+        each = [a / b for a, b in zip(latencies, off)]
+        text += f" ({min(each):.2f}-{max(each):.2f})"
+    return text
 
 
 def main() -> None:

@@ -6,7 +6,8 @@ asks why: --concurrency requests of a workload (chat-templated, greedy, EOS igno
 together to completion under each policy (n-gram drafts, up to --k), the policies taking turns
 --rounds times; every step's phases (LLMEngine.step's six, timed by wrappers) and its shape
 are recorded. Per policy and concurrency: decode tokens a second (over steps without a
-prefill chunk), tokens a step, drafted and accepted, ms a step per phase, for the steps that
+prefill chunk), tokens a step, drafted and accepted, the steps that rested (no offers, no plan:
+engine/speculation/control/rest.py), ms a step per phase, for the steps that
 verified drafts and for those that did not apart, and the garbage collector's passes (the
 engines' start-up heap is frozen first, as the server's is: engine/front/heap.py). It replaces
 benchmarks/step_phases.py, which timed the same phases averaged over one policy's run.
@@ -99,6 +100,7 @@ class StepRecorder:
             start = time.perf_counter()
             result = step()
             self._current["step"] = time.perf_counter() - start
+            self._current["rested"] = engine.spec.rested  # no offers, no plan (rest.py)
             if self._current.get("requests"):
                 self.records.append(dict(self._current))
             return result
@@ -143,6 +145,7 @@ def summarize(records: list[dict]) -> dict:
     summary.update(tokens_per_step=round(emitted / max(1, len(decode)), 3))
     summary.update(drafted=sum(r["drafted"] for r in records))
     summary.update(accepted=sum(r["accepted"] for r in records))
+    summary.update(rested=sum(bool(r["rested"]) for r in records))
     for label, group in (
         ("verify", [r for r in decode if r["drafted"]]),
         ("plain", [r for r in decode if not r["drafted"]]),

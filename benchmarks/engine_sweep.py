@@ -10,7 +10,8 @@ a workload (chat-templated, greedy, EOS ignored) with Poisson arrivals at multip
 rate, and the policies take turns cell by cell, --repeats times over the same arrivals (near
 saturation one cell's latency moves by tens of percent from run to run; the table gives each
 policy's mean over the repeats and the range of the repeats' ratios). Latency = finish -
-arrival; the engine steps whenever something is in flight. The engines' start-up heap is
+arrival (each cell also keeps the mean time to first token); the engine steps whenever
+something is in flight. The engines' start-up heap is
 frozen as the server's is (engine/front/heap.py; --no-freeze leaves it to the collector), and
 each cell counts the collector's passes.
 
@@ -94,11 +95,13 @@ def run_cell(llm: LLM, prompts: list[list[int]], gaps: list[float], max_tokens: 
     start = time.monotonic()
     arrivals = [start + sum(gaps[: i + 1]) for i in range(len(prompts))]
     with CollectorPauses() as pauses:
-        done = _serve(engine, prompts, arrivals, max_tokens)
+        first, done = _serve(engine, prompts, arrivals, max_tokens)
     after = engine.stats()
     latencies = [done[f"r{i}"] - arrivals[i] for i in range(len(prompts))]
+    waits = [first[f"r{i}"] - arrivals[i] for i in range(len(prompts))]
     return dict(
         mean_latency=sum(latencies) / len(latencies),
+        mean_ttft=sum(waits) / len(waits),
         wall=max(done.values()) - start,
         steps=after.num_steps_total - before.num_steps_total,
         draft_tokens=after.spec_num_draft_tokens_total - before.spec_num_draft_tokens_total,
@@ -107,9 +110,12 @@ def run_cell(llm: LLM, prompts: list[list[int]], gaps: list[float], max_tokens: 
     )
 
 
-def _serve(engine, prompts: list[list[int]], arrivals: list[float], max_tokens: int) -> dict:
-    """Each request's finish time, by request id (r0, r1, ...)."""
+def _serve(
+    engine, prompts: list[list[int]], arrivals: list[float], max_tokens: int
+) -> tuple[dict, dict]:
+    """Each request's first-token and finish times, by request id (r0, r1, ...)."""
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    first: dict[str, float] = {}
     done: dict[str, float] = {}
     sent = 0
     while len(done) < len(prompts):
@@ -121,9 +127,11 @@ def _serve(engine, prompts: list[list[int]], arrivals: list[float], max_tokens: 
             time.sleep(max(0.0, min(arrivals[sent] - now, 0.01)))
             continue
         for output in engine.step():
+            if output.new_token_ids and output.request_id not in first:
+                first[output.request_id] = time.monotonic()
             if output.finished:
                 done[output.request_id] = time.monotonic()
-    return done
+    return first, done
 
 
 def sweep(args: argparse.Namespace) -> dict:

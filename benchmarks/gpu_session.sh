@@ -106,14 +106,14 @@ else
         part "sweep-s$seed" 150 python3 benchmarks/engine_sweep.py --model "$MODEL" \
             --device cuda --dtype bfloat16 "${DATA[@]}" --policies "${SWEEP_POLICIES:-off,goodput,fixed:3}" \
             --multipliers 1,4,16 --num-prompts 16 --max-tokens 64 --seed "$seed" \
-            ${SWEEP_ARGS:-} --out "$R/sweep_s$seed.json"
+            ${SWEEP_REPEATS:+--repeats "$SWEEP_REPEATS"} ${SWEEP_ARGS:-} --out "$R/sweep_s$seed.json"
         [ -d .gpu/base ] && part "sweep-base-s$seed" 150 python3 .gpu/base/benchmarks/engine_sweep.py \
             --model "$MODEL" --device cuda --dtype bfloat16 "${DATA[@]}" \
             --policies off,goodput --multipliers 1,4,16 --num-prompts 16 --max-tokens 64 \
             --seed "$seed" ${SWEEP_ARGS:-} --out "$R/sweep_base_s$seed.json"
     done
     part costs 150 python3 benchmarks/spec_step_costs.py --model "$MODEL" --device cuda \
-        --dtype bfloat16 "${DATA[@]}" --concurrency 1 4 16 --rounds "${COST_ROUNDS:-2}" \
+        --dtype bfloat16 "${DATA[@]}" --concurrency 1 4 16 64 --rounds "${COST_ROUNDS:-2}" \
         --out "$R/step_costs.json"  # a speculating step against a plain one, by phase
     part spec-fixed 90 python3 benchmarks/spec_bench.py "${SPEC[@]}" --policy fixed \
         --out "$R/spec_fixed.json" --markdown "$R/spec_fixed.md"

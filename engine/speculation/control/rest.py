@@ -9,7 +9,8 @@ accepted. So the driver rests, asking for a plan on one step in REST_EVERY only,
   tokens than planning took of the steps' time: sum(accepted) / sum(emitted - accepted) <
   sum(plan seconds) / sum(step seconds). Resting saves about that time share; the accepted
   share is at least what speculation added to goodput (the verify rows' extra time is left
-  out), so the rule rests only where planning is sure not to pay at the current rate.
+  out), so the rule rests only where planning does not pay at the current rate even with
+  the drafts counted as free.
 
 The steps between draft nothing and plan nothing. Open shadow checks are still fed and the
 cost model still observes every step (new checks start on the planning steps only). The
@@ -27,6 +28,8 @@ REST_EVERY = 4  # resting, one step in this many plans
 
 
 class PlanningRest:
+    """The driver's rest: the idle plans in a row, the turn while resting, and the ledger."""
+
     def __init__(self) -> None:
         self._idle_plans = 0  # plans in a row that drafted nothing
         self._turn = 0  # steps since the last plan while resting
@@ -44,7 +47,9 @@ class PlanningRest:
         """A plan ran; whether it drafted anything."""
         self._idle_plans = 0 if drafted else self._idle_plans + 1
 
-    def observed(self, accepted: int, emitted: int, plan_seconds: float, step_seconds: float):
+    def observed(
+        self, accepted: int, emitted: int, plan_seconds: float, step_seconds: float
+    ) -> None:
         """A planning step's outcome: its accepted drafts, emitted tokens, the plan's seconds
         and the whole step's (plan included)."""
         self._ledger.append((accepted, emitted, plan_seconds, step_seconds))

@@ -16,7 +16,8 @@ namespace qint_avx2 {
 
 struct V {
   static constexpr int kLanes = 8, kMaxRows = 2, kRegs = 1;  // kRegs: ymm per vector
-  static constexpr int64_t kStreamAhead = 768;  // one-row calls (qint_kernel.h's stream_ahead)
+  // One-row calls (qint_kernel.h's stream_ahead), every format (docs/benchmarks.md §5s).
+  static constexpr int64_t stream_ahead_bytes(int64_t) { return 768; }
   using U8 = __m256i;
   using I32 = __m256i;
   using F32 = __m256;
@@ -93,7 +94,7 @@ struct F2 {
 struct V {
   using N = qint_avx2::V;
   static constexpr int kLanes = 16, kMaxRows = 2, kRegs = 2;
-  static constexpr int64_t kStreamAhead = N::kStreamAhead;
+  static constexpr int64_t stream_ahead_bytes(int64_t e) { return N::stream_ahead_bytes(e); }
   using U8 = Y2;
   using I32 = Y2;
   using F32 = F2;

@@ -17,10 +17,10 @@
 // which runs a tile as two halves):
 //   U8 (4 bytes a column), I32, F32; load, low4, high4, shift_mask, or8, dot (u <= 63), dot_full
 //   (any byte), combine ((hi << 8) + lo), add, sub_scalar, cvt, fma, fnma, mul, set1, halves,
-//   bytes_u8, bytes_i8, store, zero, zero_f; kStreamAhead (bytes a one-row call prefetches past
-//   the block it starts, 0: none); partial_depth(max code) (0: products go straight
-//   into int32), and where it is not 0: P (narrow partial sums), pzero, pdot, widen, keep (the
-//   sum pinned in a register), kRegs (registers per vector).
+//   bytes_u8, bytes_i8, store, zero, zero_f; stream_ahead_bytes(a format's inputs per block)
+//   (bytes a one-row call prefetches past the block it starts, 0: none); partial_depth(max
+//   code) (0: products go straight into int32), and where it is not 0: P (narrow partial sums),
+//   pzero, pdot, widen, keep (the sum pinned in a register), kRegs (registers per vector).
 // No include guard: a translation unit may include it once per QINT_NS (qint_avx2.cpp twice).
 
 #include <cstdint>
@@ -249,12 +249,10 @@ inline void prefetch_block(const uint8_t* next, int64_t block_bytes) {
 
 // A one-row call streams the weights once and is bound by memory: the hardware prefetcher alone
 // leaves the core waiting at each new run of lines, so each block also asks for the lines
-// kStreamAhead bytes past itself into L1 (prefetcht0). Measured on AVX2, one 1536 x 286720
-// layer from DRAM, two threads (docs/benchmarks.md §5s): 1.03-1.14x the bytes per second.
-inline void stream_ahead(const uint8_t* block, int64_t block_bytes) {
-  for (int64_t at = V::kStreamAhead; at < block_bytes + V::kStreamAhead; at += 64) {
-    __builtin_prefetch(block + at, 0, 3);
-  }
+// `ahead` bytes past itself into L1 (prefetcht0). Measured on AVX2, one 1536 x 286720 layer
+// from DRAM, two threads (docs/benchmarks.md §5s): 1.03-1.14x the bytes per second.
+inline void stream_ahead(const uint8_t* block, int64_t block_bytes, int64_t ahead) {
+  for (int64_t at = ahead; at < block_bytes + ahead; at += 64) __builtin_prefetch(block + at, 0, 3);
 }
 
 // Rows r0 .. r0 + R - 1 against one tile: res[r][c] for the tile's 16 columns. `next`: the tile
@@ -262,13 +260,15 @@ inline void stream_ahead(const uint8_t* block, int64_t block_bytes) {
 template <class F, int R, bool kSplit>
 inline void tile_rows(const uint8_t* tile, const uint8_t* next, bool stream, int64_t block_bytes,
                       const Acts& x, int64_t r0, float res[R][16]) {
+  constexpr int64_t kAhead = V::stream_ahead_bytes(F::kElems);
   for (int c0 = 0; c0 < 16; c0 += V::kLanes) {
     V::F32 y[R];
     QI_UNROLL for (int r = 0; r < R; ++r) y[r] = V::zero_f();
     for (int64_t b = 0; b < x.K / F::kElems; ++b) {
       if (next != nullptr && c0 == 0) prefetch_block(next + b * block_bytes, block_bytes);
-      if (V::kStreamAhead > 0 && stream && c0 == 0) stream_ahead(tile + b * block_bytes, block_bytes);
-      F::template block<R, kSplit>(tile + b * block_bytes, c0, x, r0, b, y);
+      const uint8_t* block = tile + b * block_bytes;
+      if (kAhead > 0 && stream && c0 == 0) stream_ahead(block, block_bytes, kAhead);
+      F::template block<R, kSplit>(block, c0, x, r0, b, y);
     }
     QI_UNROLL for (int r = 0; r < R; ++r) V::store(res[r] + c0, y[r]);
   }

@@ -12,7 +12,7 @@ struct V {
   // One row per pass: this path is the reference and the fallback of old CPUs; more row
   // variants only lengthen the build (each is a full instantiation of every format).
   static constexpr int kLanes = 16, kMaxRows = 1;
-  static constexpr int64_t kStreamAhead = 0;
+  static constexpr int64_t stream_ahead_bytes(int64_t) { return 0; }
   struct U8 { uint8_t b[64]; };
   struct I32 { int32_t v[16]; };
   struct F32 { float v[16]; };

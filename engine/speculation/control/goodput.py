@@ -73,6 +73,13 @@ REPRICE_EVERY = 8
 # long idle spell), and probing it every explore_interval plans regardless cost auto a third
 # of its speed on the Qwen pair (docs/benchmarks.md §4g).
 EXPLORE_SHARE = 0.05
+# A draft model is probed without waiting out explore_interval until its drafts were verified
+# this many times anywhere. One verification moves the 0.5 prior only to ~0.68, where on the
+# Qwen pair drafting does not yet pay, and a draft model that then idles falls behind by a token
+# a step: where catching up a token costs more than EXPLORE_SHARE of a step (the 0.5B's prefill
+# beside the 1.5B's decode on 2 Zen 5 cores: ~1.1 of ~18-24 ms), a probe that waited out the
+# interval was never affordable, and goodput never drafted with it (docs/benchmarks.md §5za).
+FIRST_PROBES = 4
 # Drafts run only where the plan's predicted goodput beats the plan without them by this
 # share: a draft of about break-even gain costs the requests beside it their verify rows
 # whatever it returns, and the estimates behind it are noisy (docs/benchmarks.md §5m).
@@ -142,6 +149,7 @@ class GoodputPolicy(SpecPolicy):
         self._prices: Prices | None = None
         self._priced_base = StepFeatures()
         self._plans_since_search = 0
+        self._probes_spent: dict[str, float] = {}  # seconds of probes before settling (_allowance)
 
     @property
     def choice(self) -> bool:
@@ -250,6 +258,9 @@ class GoodputPolicy(SpecPolicy):
         probe = self._probe(candidates, caps, cost, step)
         if probe is not None:
             i, j = probe
+            name = self.proposers[j]
+            if not self._settled(name):
+                self._probes_spent[name] = self._probes_spent.get(name, 0.0) + cost(i, j)
             options[i] = [options[i][j]]
             options[i][0].floor = 1
 
@@ -273,8 +284,12 @@ class GoodputPolicy(SpecPolicy):
         to be given one draft. One per plan, so that under load the retries do not all land
         on the same step. caps[i][j]: proposer j's cap on request i; cost(i, j): the seconds
         of drafting with it beyond the step (a draft model's catch-up), which must stay within
-        EXPLORE_SHARE of the idle plans' steps (step_seconds each); of all plans so far while
-        the proposer has never been verified."""
+        its allowance (_allowance; step_seconds a step).
+
+        A draft model not yet settled is probed without waiting out the interval, within the
+        allowance of all plans so far (so while it is in step or nearly: the driver feeds it
+        each prompt, and it falls behind by a token a step while it idles). Model-free
+        proposers do not fall behind: they wait."""
         interval = self.explore_interval
         if len(candidates) > 4:
             interval = max(interval, 4 * len(candidates))
@@ -284,15 +299,33 @@ class GoodputPolicy(SpecPolicy):
                 # the plan that last ran it on this request (or first saw the request)
                 last = candidate.spec.last_run.setdefault(name, self._num_plans)
                 idle_plans = self._num_plans - last
-                if caps[i][j] <= 0 or idle_plans < interval:
+                settled = self._settled(name)
+                if caps[i][j] <= 0 or (idle_plans < interval and (settled or not self._lags(name))):
                     continue
                 seconds = cost(i, j) if cost is not None else 0.0  # only where it could run
-                # A proposer never verified anywhere is budgeted on every plan so far, not
-                # this request's: its prior is a guess every later choice of it rests on.
-                budget = idle_plans if self.estimators[name].num_updates else self._num_plans
-                if seconds == 0.0 or seconds <= EXPLORE_SHARE * budget * step_seconds:
+                if seconds == 0.0 or seconds <= self._allowance(name, idle_plans, step_seconds):
                     idle.append((last, i, j))
         return min(idle)[1:] if idle else None
+
+    def _allowance(self, proposer: str, idle_plans: int, step_seconds: float) -> float:
+        """The seconds a probe of the proposer may spend beyond its step: EXPLORE_SHARE of
+        the request's idle plans' steps; while the proposer is not settled, of every plan so
+        far less what its earlier probes spent (its estimate is a guess every later choice of
+        it rests on, so it is budgeted on all plans, not one request's)."""
+        if self._settled(proposer):
+            return EXPLORE_SHARE * idle_plans * step_seconds
+        spent = self._probes_spent.get(proposer, 0.0)
+        return EXPLORE_SHARE * self._num_plans * step_seconds - spent
+
+    def _lags(self, proposer: str) -> bool:
+        """Whether the proposer is a separate draft model, which falls behind while idle."""
+        return proposer == DRAFT_PROPOSER if self.choice else self.draft_model
+
+    def _settled(self, proposer: str) -> bool:
+        """Whether its drafts were verified often enough anywhere for its estimate to stand
+        (model-free proposers: once; draft models: FIRST_PROBES times)."""
+        needed = FIRST_PROBES if self._lags(proposer) else 1
+        return self.estimators[proposer].num_updates >= needed
 
     def plan(self, candidates: Sequence[SpecCandidate], base: StepFeatures) -> SpecPlan:
         start = time.perf_counter()

@@ -18,6 +18,7 @@ from engine.sampling_params import SamplingParams
 from engine.speculation.control import goodput as goodput_module
 from engine.speculation.control import profiler
 from engine.speculation.control.cost_model import OnlineLinearCostModel
+from engine.speculation.control.goodput import GoodputPolicy
 from engine.speculation.control.policy import SpecCandidate
 from engine.speculation.control.profiler import fit_to_pool
 from engine.speculation.control.step_features import StepFeatures, profile_grid
@@ -109,10 +110,10 @@ def test_a_forced_probe_is_predicted_with_its_catchup_and_waits_until_affordable
 
 def test_a_proposer_never_verified_is_probed_within_the_budget_of_all_plans():
     """Short requests, each 4000 tokens behind the draft model (0.2 s of catch-up): no one
-    request is ever idle long enough to afford a probe, but a draft never verified anywhere is
-    budgeted on all plans so far (its prior is a guess every later choice rests on), so it is
-    probed once, when they cover it; on the Qwen pair's chat the 0.5 prior had priced the
-    draft out for good."""
+    request is ever idle long enough to afford a probe, but a draft not yet settled is
+    budgeted on all plans so far less what its probes spent (its prior is a guess every later
+    choice rests on), so it is probed when they cover it, and again when they cover it twice;
+    on the Qwen pair's chat the 0.5 prior had priced the draft out for good."""
     cost = CatchupCost(0.01, 1e-3, per_draft_step=5e-4)
     policy = choice_policy(cost, explore_interval=4)
     probes = []
@@ -124,7 +125,37 @@ def test_a_proposer_never_verified_is_probed_within_the_budget_of_all_plans():
             policy.observe([result(name, plan[name], 0, "draft")], decode_base(1), 0.2)
     step = cost.predict(decode_base(1))
     plans_needed = 4000 * PER_CATCHUP_TOKEN / (goodput_module.EXPLORE_SHARE * step)
-    assert len(probes) == 1 and plans_needed - 2 <= probes[0] <= plans_needed + 25
+    assert len(probes) == 2 and plans_needed - 2 <= probes[0] <= plans_needed + 25
+    assert 2 * plans_needed - 2 <= probes[1] <= 2 * plans_needed + 25
+
+
+class DearCatchup(LinearCost):
+    """Catching up a token costs 6% of a decode step (more than EXPLORE_SHARE)."""
+
+    def predict(self, f: StepFeatures) -> float:
+        return super().predict(f) + 0.0011 * f.num_catchup_tokens
+
+
+def test_a_draft_model_never_verified_is_probed_while_it_is_in_step():
+    """The Qwen pair on 2 cores (docs/benchmarks.md §5za): catching up a token costs more
+    than EXPLORE_SHARE of a step, and at the 0.5 prior drafting does not pay. A probe that
+    waited out the interval found the draft model a token further behind each plan, never
+    affordable, and the draft model never ran. Until verified FIRST_PROBES times it is probed
+    without waiting, while it is in step; then a request waits out the interval."""
+    policy = GoodputPolicy(
+        DearCatchup(0.018, 1e-3, per_draft_step=0.01), max_draft_tokens=4, draft_model=True
+    )
+    behind, plans = 0, []
+    for _ in range(40):
+        plan = policy.plan([SpecCandidate("a", 300 + behind, 4, spec("a"), behind)], decode_base(1))
+        plans.append(plan.get("a", 0))
+        behind = 0 if plan else behind + 1  # in step after drafting, else a token further behind
+        if plan:
+            policy.observe([result("a", plan["a"], 0)], decode_base(1), 0.03)
+    first = goodput_module.FIRST_PROBES
+    assert plans[:first] == [1] * first and sum(plans) == first  # then priced out
+    plan = policy.plan([SpecCandidate("b", 300, 4, spec("b"), 0)], decode_base(1))
+    assert plan == {}  # settled: no probe before the interval
 
 
 def teach_draft(policy, request_ids, rate: float) -> None:

@@ -114,6 +114,7 @@ class SpecDriver:
         self.rested = self.rest is not None and self.rest.skips()
         if self.rested:
             self.last_plan_time, self.last_chosen_k = 0.0, ()
+            self.policy.rest_step()
             return {}
         start = time.perf_counter()  # planning time: the proposer's offers, the policy's plan
         candidates = []

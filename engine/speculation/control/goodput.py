@@ -136,6 +136,7 @@ class GoodputPolicy(SpecPolicy):
         }
         self.acceptance = self.estimators[self.proposers[0]]
         self.propose_seconds = propose_seconds if propose_seconds is not None else {}
+        # The exploration clock: plans, and the steps the driver rested (rest_step).
         self._num_plans = 0
         self.last_predicted_step_time: float | None = None  # for metrics
         # Seconds a plan takes (an exponential average of this policy's own plans): part of
@@ -316,6 +317,13 @@ class GoodputPolicy(SpecPolicy):
             return EXPLORE_SHARE * idle_plans * step_seconds
         spent = self._probes_spent.get(proposer, 0.0)
         return EXPLORE_SHARE * self._num_plans * step_seconds - spent
+
+    def rest_step(self) -> None:
+        """A step the driver rested counts on the exploration clock as a plan: idle requests
+        age by steps, as a draft model's catch-up grows (a token a step). Counted by plans,
+        a resting driver (one plan in four) made every probe of a draft model four times
+        dearer against its budget, and none came (docs/benchmarks.md §5za)."""
+        self._num_plans += 1
 
     def _lags(self, proposer: str) -> bool:
         """Whether the proposer is a separate draft model, which falls behind while idle."""

@@ -76,6 +76,10 @@ class SpecPolicy:
     ) -> None:
         return None
 
+    def rest_step(self) -> None:
+        """The driver rested this step: no plan was asked for (control/rest.py)."""
+        return None
+
 
 class OffPolicy(SpecPolicy):
     """Never speculate."""

@@ -24,17 +24,21 @@ from tests.engine.factories import make_requests
 
 
 class CountingPolicy(SpecPolicy):
-    """Plans `answer`; counts its plans."""
+    """Plans `answer`; counts its plans and the steps the driver rested."""
 
     rests = True
 
     def __init__(self) -> None:
         self.answer: dict[str, int] = {}
         self.calls = 0
+        self.rested = 0
 
     def plan(self, candidates, base):
         self.calls += 1
         return dict(self.answer)
+
+    def rest_step(self) -> None:
+        self.rested += 1
 
 
 class NoOffers:
@@ -84,6 +88,7 @@ def test_after_rest_after_idle_plans_only_one_step_in_rest_every_plans():
     steps = 5 * REST_EVERY
     assert plans(driver, requests, steps) == [{}] * steps
     assert policy.calls == REST_AFTER + 5  # the other steps rested: no offers, no plan
+    assert policy.rested == steps - 5  # and the policy was told (its exploration clock)
     assert driver.last_chosen_k == () and driver.last_plan_time >= 0.0
 
 

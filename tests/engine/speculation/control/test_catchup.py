@@ -129,11 +129,15 @@ def test_a_proposer_never_verified_is_probed_within_the_budget_of_all_plans():
     assert 2 * plans_needed - 2 <= probes[1] <= 2 * plans_needed + 25
 
 
-class DearCatchup(LinearCost):
-    """Catching up a token costs 6% of a decode step (more than EXPLORE_SHARE)."""
+class CatchupAt(LinearCost):
+    """LinearCost plus `per_catchup` seconds per catch-up token."""
+
+    def __init__(self, per_catchup: float, *args, **options) -> None:
+        super().__init__(*args, **options)
+        self.per_catchup = per_catchup
 
     def predict(self, f: StepFeatures) -> float:
-        return super().predict(f) + 0.0011 * f.num_catchup_tokens
+        return super().predict(f) + self.per_catchup * f.num_catchup_tokens
 
 
 def test_a_draft_model_never_verified_is_probed_while_it_is_in_step():
@@ -142,9 +146,9 @@ def test_a_draft_model_never_verified_is_probed_while_it_is_in_step():
     waited out the interval found the draft model a token further behind each plan, never
     affordable, and the draft model never ran. Until verified FIRST_PROBES times it is probed
     without waiting, while it is in step; then a request waits out the interval."""
-    policy = GoodputPolicy(
-        DearCatchup(0.018, 1e-3, per_draft_step=0.01), max_draft_tokens=4, draft_model=True
-    )
+    # catching up a token: 6% of a 19 ms decode step, more than EXPLORE_SHARE
+    cost = CatchupAt(0.0011, 0.018, 1e-3, per_draft_step=0.01)
+    policy = GoodputPolicy(cost, max_draft_tokens=4, draft_model=True)
     behind, plans = 0, []
     for _ in range(40):
         plan = policy.plan([SpecCandidate("a", 300 + behind, 4, spec("a"), behind)], decode_base(1))
@@ -156,6 +160,26 @@ def test_a_draft_model_never_verified_is_probed_while_it_is_in_step():
     assert plans[:first] == [1] * first and sum(plans) == first  # then priced out
     plan = policy.plan([SpecCandidate("b", 300, 4, spec("b"), 0)], decode_base(1))
     assert plan == {}  # settled: no probe before the interval
+
+
+def test_the_steps_a_driver_rests_count_on_the_exploration_clock():
+    """While the driver rests (one plan in four, control/rest.py) a draft model idle on a
+    request falls behind by a token a step. The rested steps count on the exploration clock,
+    so the probe comes once the request was idle explore_interval steps, its catch-up within
+    EXPLORE_SHARE of those steps' time; counted by plans, the catch-up grew four times faster
+    than the budget and no probe came (docs/benchmarks.md §5za)."""
+    cost = CatchupAt(0.0008, 0.018, 1e-3, per_draft_step=0.01)  # 4.2% of a step a token
+    policy = GoodputPolicy(cost, max_draft_tokens=4, draft_model=True, explore_interval=16)
+    for _ in range(goodput_module.FIRST_PROBES):  # settled: its drafts were all rejected
+        policy.observe([result("x", 1, 0)], decode_base(1), 0.03)
+    probes = []
+    for step in range(120):  # one plan in four; the draft model a token further behind a step
+        if step % 4:
+            policy.rest_step()
+            continue
+        if policy.plan([SpecCandidate("a", 300 + step, 4, spec("a"), step)], decode_base(1)):
+            probes.append(step)
+    assert probes and probes[0] == 16
 
 
 def teach_draft(policy, request_ids, rate: float) -> None:

@@ -6,9 +6,8 @@ Per request, the acceptance estimate (acceptance.py) gives the gain of each furt
 chains a^j, trees the path probability of the j-th best node. The cost model predicts the
 step's seconds from its features; search.py finds the counts. Until the cost model is fitted,
 k cycles through 0..max so the model sees the draft direction, and a request idle for
-`explore_interval` plans is given one draft, so an estimate that fell to ~0 can recover, when
-that probe's extra seconds (a draft model's catch-up) are within EXPLORE_SHARE of the idle
-plans' steps.
+`explore_interval` plans is given one draft, so an estimate that fell to ~0 can recover
+(explore.py: which, and what such a probe may cost).
 
 Under load two corrections keep drafts that only look good from running: the search leaves
 the step's sunk work (prefill chunks, decodes that cannot speculate) out of the seconds it
@@ -39,7 +38,7 @@ lost do not freeze. Everything per request lives on the request's SpecState.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from engine.outputs import SpecPlan
 from engine.request import SpecState
@@ -50,6 +49,7 @@ from engine.speculation.control.acceptance import (
     tree_gains,
 )
 from engine.speculation.control.cost_model import StepCostModel
+from engine.speculation.control.explore import Exploration
 from engine.speculation.control.padded_plans import best_plan, plan_prices
 from engine.speculation.control.policy import SpecCandidate, SpecPolicy, SpecResult
 from engine.speculation.control.search import (
@@ -68,18 +68,6 @@ PLAN_DECAY = 0.9  # weight of the previous planning-time estimate
 # Between full searches, each request's k is its best response at the last search's prices
 # (search.Prices) for up to this many plans, while the batch keeps about its size and shape.
 REPRICE_EVERY = 8
-# A forced probe may cost at most this share of the time since the probed (request, proposer)
-# last ran: a draft model's probe first feeds everything it missed (hundreds of tokens after a
-# long idle spell), and probing it every explore_interval plans regardless cost auto a third
-# of its speed on the Qwen pair (docs/benchmarks.md §4g).
-EXPLORE_SHARE = 0.05
-# A draft model is probed without waiting out explore_interval until its drafts were verified
-# this many times anywhere. One verification moves the 0.5 prior only to ~0.68, where on the
-# Qwen pair drafting does not yet pay, and a draft model that then idles falls behind by a token
-# a step: where catching up a token costs more than EXPLORE_SHARE of a step (the 0.5B's prefill
-# beside the 1.5B's decode on 2 Zen 5 cores: ~1.1 of ~18-24 ms), a probe that waited out the
-# interval was never affordable, and goodput never drafted with it (docs/benchmarks.md §5za).
-FIRST_PROBES = 4
 # Drafts run only where the plan's predicted goodput beats the plan without them by this
 # share: a draft of about break-even gain costs the requests beside it their verify rows
 # whatever it returns, and the estimates behind it are noisy (docs/benchmarks.md §5m).
@@ -126,7 +114,6 @@ class GoodputPolicy(SpecPolicy):
         self.draft_model = draft_model
         self.graphs = graphs  # the step shapes the runner replays as CUDA graphs
         self.tree_shape = tree_shape  # trees: node gains from the learned shape
-        self.explore_interval = explore_interval
         self.token_budget = token_budget
         self.proposers = tuple(proposers) or ("",)
         # One estimate per request and proposer, each with its own global prior.
@@ -135,9 +122,11 @@ class GoodputPolicy(SpecPolicy):
             for name in self.proposers
         }
         self.acceptance = self.estimators[self.proposers[0]]
+        lagging = (
+            n for n in self.proposers if (n == DRAFT_PROPOSER if self.choice else draft_model)
+        )
+        self.exploration = Exploration(self.estimators, frozenset(lagging), explore_interval)
         self.propose_seconds = propose_seconds if propose_seconds is not None else {}
-        # The exploration clock: plans, and the steps the driver rested (rest_step).
-        self._num_plans = 0
         self.last_predicted_step_time: float | None = None  # for metrics
         # Seconds a plan takes (an exponential average of this policy's own plans): part of
         # every step's time, so the objective pays it like the step's fixed costs.
@@ -150,11 +139,21 @@ class GoodputPolicy(SpecPolicy):
         self._prices: Prices | None = None
         self._priced_base = StepFeatures()
         self._plans_since_search = 0
-        self._probes_spent: dict[str, float] = {}  # seconds of probes before settling (_allowance)
 
     @property
     def choice(self) -> bool:
         return len(self.proposers) > 1
+
+    @property
+    def explore_interval(self) -> int:
+        return self.exploration.interval
+
+    @explore_interval.setter
+    def explore_interval(self, plans: int) -> None:
+        self.exploration.interval = plans
+
+    def rest_step(self) -> None:
+        self.exploration.rest_step()
 
     def _options(
         self, candidates: Sequence[SpecCandidate], values: Sequence[float]
@@ -248,20 +247,18 @@ class GoodputPolicy(SpecPolicy):
         options: list[list[SearchSlot]],
         base: StepFeatures,
     ) -> None:
-        """The probe of this plan (_probe), if any: that request gets only that option, with
-        one draft at least."""
+        """The probe of this plan (Exploration.probe), if any: that request gets only that
+        option, with one draft at least."""
         caps = [[o.cap for o in slot] for slot in options]
         step = self.cost_model.predict(base) if self.cost_model.fitted else 0.0
 
         def cost(i: int, j: int) -> float:
             return self._probe_seconds(candidates[i], options[i][j])
 
-        probe = self._probe(candidates, caps, cost, step)
+        probe = self.exploration.probe(candidates, caps, cost, step)
         if probe is not None:
             i, j = probe
-            name = self.proposers[j]
-            if not self._settled(name):
-                self._probes_spent[name] = self._probes_spent.get(name, 0.0) + cost(i, j)
+            self.exploration.spend(self.proposers[j], cost(i, j))
             options[i] = [options[i][j]]
             options[i][0].floor = 1
 
@@ -272,69 +269,6 @@ class GoodputPolicy(SpecPolicy):
         whole = self._catchup_seconds(candidate) if draft else 0.0
         return whole + self.propose_seconds.get(option.proposer, 0.0)
 
-    def _probe(
-        self,
-        candidates: Sequence[SpecCandidate],
-        caps: list[list[int]],
-        cost: Callable[[int, int], float] | None = None,
-        step_seconds: float = 0.0,
-    ) -> tuple[int, int] | None:
-        """The (request, proposer) idle longest, once idle for explore_interval plans (past
-        four candidates, for four plans per candidate, so that under load the retries stay
-        about one per four plans: each is a verify row every request in the step waits for),
-        to be given one draft. One per plan, so that under load the retries do not all land
-        on the same step. caps[i][j]: proposer j's cap on request i; cost(i, j): the seconds
-        of drafting with it beyond the step (a draft model's catch-up), which must stay within
-        its allowance (_allowance; step_seconds a step).
-
-        A draft model not yet settled is probed without waiting out the interval, within the
-        allowance of all plans so far (so while it is in step or nearly: the driver feeds it
-        each prompt, and it falls behind by a token a step while it idles). Model-free
-        proposers do not fall behind: they wait."""
-        interval = self.explore_interval
-        if len(candidates) > 4:
-            interval = max(interval, 4 * len(candidates))
-        idle = []
-        for i, candidate in enumerate(candidates):
-            for j, name in enumerate(self.proposers):
-                # the plan that last ran it on this request (or first saw the request)
-                last = candidate.spec.last_run.setdefault(name, self._num_plans)
-                idle_plans = self._num_plans - last
-                settled = self._settled(name)
-                if caps[i][j] <= 0 or (idle_plans < interval and (settled or not self._lags(name))):
-                    continue
-                seconds = cost(i, j) if cost is not None else 0.0  # only where it could run
-                if seconds == 0.0 or seconds <= self._allowance(name, idle_plans, step_seconds):
-                    idle.append((last, i, j))
-        return min(idle)[1:] if idle else None
-
-    def _allowance(self, proposer: str, idle_plans: int, step_seconds: float) -> float:
-        """The seconds a probe of the proposer may spend beyond its step: EXPLORE_SHARE of
-        the request's idle plans' steps; while the proposer is not settled, of every plan so
-        far less what its earlier probes spent (its estimate is a guess every later choice of
-        it rests on, so it is budgeted on all plans, not one request's)."""
-        if self._settled(proposer):
-            return EXPLORE_SHARE * idle_plans * step_seconds
-        spent = self._probes_spent.get(proposer, 0.0)
-        return EXPLORE_SHARE * self._num_plans * step_seconds - spent
-
-    def rest_step(self) -> None:
-        """A step the driver rested counts on the exploration clock as a plan: idle requests
-        age by steps, as a draft model's catch-up grows (a token a step). Counted by plans,
-        a resting driver (one plan in four) made every probe of a draft model four times
-        dearer against its budget, and none came (docs/benchmarks.md §5za)."""
-        self._num_plans += 1
-
-    def _lags(self, proposer: str) -> bool:
-        """Whether the proposer is a separate draft model, which falls behind while idle."""
-        return proposer == DRAFT_PROPOSER if self.choice else self.draft_model
-
-    def _settled(self, proposer: str) -> bool:
-        """Whether its drafts were verified often enough anywhere for its estimate to stand
-        (model-free proposers: once; draft models: FIRST_PROBES times)."""
-        needed = FIRST_PROBES if self._lags(proposer) else 1
-        return self.estimators[proposer].num_updates >= needed
-
     def plan(self, candidates: Sequence[SpecCandidate], base: StepFeatures) -> SpecPlan:
         start = time.perf_counter()
         plan = self._plan(candidates, base)
@@ -344,7 +278,7 @@ class GoodputPolicy(SpecPolicy):
         return plan
 
     def _plan(self, candidates: Sequence[SpecCandidate], base: StepFeatures) -> SpecPlan:
-        self._num_plans += 1
+        self.exploration.tick()
         if self.draft_model or DRAFT_PROPOSER in self.proposers:
             self._price_catchup()
         if self._prices_hold(base):
@@ -372,9 +306,9 @@ class GoodputPolicy(SpecPolicy):
             self.last_predicted_step_time = result.predicted_seconds + problem.sunk_seconds
             self._take_prices(problem, result, base)
         else:
-            warmup_k = self._num_plans % (self.max_draft_tokens + 1)
+            warmup_k = self.exploration.clock % (self.max_draft_tokens + 1)
             # Warm-up: proposers in turn, so the cost model sees each one's cost.
-            chosen = [o[self._num_plans % len(o)] for o in options]
+            chosen = [o[self.exploration.clock % len(o)] for o in options]
             ks = tuple(max(s.floor, min(warmup_k, s.cap)) for s in chosen)
             self.last_predicted_step_time = None
         plan = {c.request_id: k for c, k in zip(candidates, ks) if k > 0}
@@ -385,7 +319,7 @@ class GoodputPolicy(SpecPolicy):
                 candidate.spec.kind = candidate.offers.get(name, (0, ""))[1] if k > 0 else ""
             candidate.spec.expected = ()
             if k > 0:
-                candidate.spec.last_run[name] = self._num_plans
+                candidate.spec.last_run[name] = self.exploration.clock
                 self._record(candidate, name, slot.gains[:k])
         return plan
 
@@ -433,7 +367,7 @@ class GoodputPolicy(SpecPolicy):
         estimator = self.estimators[name]
         value = estimator.calibration
         caps = [self._cap(c) for c in candidates]
-        probe = self._probe(candidates, [[cap] for cap in caps])
+        probe = self.exploration.probe(candidates, [[cap] for cap in caps])
         ks, valued = [], []
         for i, (candidate, cap) in enumerate(zip(candidates, caps)):
             gains = self._valued_gains(candidate.spec, estimator, candidate.kind, cap, value)
@@ -448,7 +382,7 @@ class GoodputPolicy(SpecPolicy):
         for candidate, k, gains in zip(candidates, ks, valued):
             candidate.spec.expected = ()
             if k > 0:
-                candidate.spec.last_run[name] = self._num_plans
+                candidate.spec.last_run[name] = self.exploration.clock
                 self._record(candidate, name, gains[:k])
         features = base.with_drafts(drafts, len(plan), 0, self.graphs, max(ks, default=0))
         self.last_predicted_step_time = self.cost_model.predict(features) + self.plan_seconds
@@ -465,7 +399,7 @@ class GoodputPolicy(SpecPolicy):
             estimator = self.estimators.get(result.proposer, self.acceptance)
             if result.shadow:  # checked, not run: as good as a probe, and it cost none
                 name = result.proposer if result.proposer in self.estimators else self.proposers[0]
-                result.spec.last_run[name] = self._num_plans
+                result.spec.last_run[name] = self.exploration.clock
             else:
                 expected = result.spec.expected[: result.num_draft_tokens]
                 estimator.calibrate(sum(expected), result.num_accepted_tokens)

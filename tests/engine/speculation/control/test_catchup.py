@@ -15,9 +15,9 @@ from engine.config import SchedulerConfig, SpecConfig
 from engine.outputs import ScheduledRequest
 from engine.request import Request
 from engine.sampling_params import SamplingParams
-from engine.speculation.control import goodput as goodput_module
 from engine.speculation.control import profiler
 from engine.speculation.control.cost_model import OnlineLinearCostModel
+from engine.speculation.control.explore import EXPLORE_SHARE, FIRST_PROBES
 from engine.speculation.control.goodput import GoodputPolicy
 from engine.speculation.control.policy import SpecCandidate
 from engine.speculation.control.profiler import fit_to_pool
@@ -105,7 +105,7 @@ def test_a_forced_probe_is_predicted_with_its_catchup_and_waits_until_affordable
             seen.append(policy.last_predicted_step_time - planning - cost.predict(f))
     assert seen and all(extra == pytest.approx(4000 * PER_CATCHUP_TOKEN) for extra in seen)
     step = cost.predict(decode_base(1))
-    assert first >= 4000 * PER_CATCHUP_TOKEN / (goodput_module.EXPLORE_SHARE * step) - 2
+    assert first >= 4000 * PER_CATCHUP_TOKEN / (EXPLORE_SHARE * step) - 2
 
 
 def test_a_proposer_never_verified_is_probed_within_the_budget_of_all_plans():
@@ -124,7 +124,7 @@ def test_a_proposer_never_verified_is_probed_within_the_budget_of_all_plans():
             probes.append(index)
             policy.observe([result(name, plan[name], 0, "draft")], decode_base(1), 0.2)
     step = cost.predict(decode_base(1))
-    plans_needed = 4000 * PER_CATCHUP_TOKEN / (goodput_module.EXPLORE_SHARE * step)
+    plans_needed = 4000 * PER_CATCHUP_TOKEN / (EXPLORE_SHARE * step)
     assert len(probes) == 2 and plans_needed - 2 <= probes[0] <= plans_needed + 25
     assert 2 * plans_needed - 2 <= probes[1] <= 2 * plans_needed + 25
 
@@ -156,7 +156,7 @@ def test_a_draft_model_never_verified_is_probed_while_it_is_in_step():
         behind = 0 if plan else behind + 1  # in step after drafting, else a token further behind
         if plan:
             policy.observe([result("a", plan["a"], 0)], decode_base(1), 0.03)
-    first = goodput_module.FIRST_PROBES
+    first = FIRST_PROBES
     assert plans[:first] == [1] * first and sum(plans) == first  # then priced out
     plan = policy.plan([SpecCandidate("b", 300, 4, spec("b"), 0)], decode_base(1))
     assert plan == {}  # settled: no probe before the interval
@@ -170,7 +170,7 @@ def test_the_steps_a_driver_rests_count_on_the_exploration_clock():
     than the budget and no probe came (docs/benchmarks.md §5za)."""
     cost = CatchupAt(0.0008, 0.018, 1e-3, per_draft_step=0.01)  # 4.2% of a step a token
     policy = GoodputPolicy(cost, max_draft_tokens=4, draft_model=True, explore_interval=16)
-    for _ in range(goodput_module.FIRST_PROBES):  # settled: its drafts were all rejected
+    for _ in range(FIRST_PROBES):  # settled: its drafts were all rejected
         policy.observe([result("x", 1, 0)], decode_base(1), 0.03)
     probes = []
     for step in range(120):  # one plan in four; the draft model a token further behind a step

@@ -51,14 +51,7 @@ class Exploration:
         self._spent: dict[str, float] = {}  # seconds of probes before settling
 
     def tick(self) -> None:
-        """A plan."""
-        self.clock += 1
-
-    def rest_step(self) -> None:
-        """A step the driver rested counts as a plan: idle requests age by steps, as a draft
-        model's catch-up grows (a token a step). Counted by plans, a resting driver (one plan
-        in four) made every probe of a draft model four times dearer against its budget, and
-        none came (docs/benchmarks.md §5za)."""
+        """A plan, or a step the driver rested (GoodputPolicy.rest_step)."""
         self.clock += 1
 
     def probe(

@@ -153,7 +153,11 @@ class GoodputPolicy(SpecPolicy):
         self.exploration.interval = plans
 
     def rest_step(self) -> None:
-        self.exploration.rest_step()
+        """A step the driver rested counts on the exploration clock as a plan: idle requests
+        age by steps, as a draft model's catch-up grows (a token a step). Counted by plans, a
+        resting driver (one plan in four) made every probe of a draft model four times dearer
+        against its budget, and none came (docs/benchmarks.md §5za)."""
+        self.exploration.tick()
 
     def _options(
         self, candidates: Sequence[SpecCandidate], values: Sequence[float]

@@ -16,7 +16,7 @@ struct V {
   // One-row calls (qint_kernel.h's stream_ahead) on the K-quants' 256-input blocks only.
   // Measured on Zen 5, one 1536 x 286720 layer from DRAM, two threads (docs/benchmarks.md
   // §5za): Q4_K and Q6_K int16 1.07-1.10x the bytes per second at 2048; Q5_0 and Q8_0 no
-  // better or worse at any distance (their blocks are 8x smaller).
+  // better at any distance, mostly worse (their blocks are 8x smaller).
   static constexpr int64_t stream_ahead_bytes(int64_t block_elems) {
     return block_elems == 256 ? 2048 : 0;
   }

@@ -24,7 +24,14 @@ struct V {
   using I32 = __m512i;
   using F32 = __m512;
 
-  static U8 load(const uint8_t* p) { return _mm512_loadu_si512(p); }
+  // One load per plane: without the barrier the compiler folds the load into both the low and
+  // the high nibble's instruction, and a pass of several rows is bound by loads and instructions
+  // issued, not products (docs/benchmarks.md §5zb: 1.05-1.15x at M >= 2).
+  static U8 load(const uint8_t* p) {
+    U8 v = _mm512_loadu_si512(p);
+    __asm__("" : "+v"(v));
+    return v;
+  }
   static U8 low4(U8 v) { return _mm512_and_si512(v, _mm512_set1_epi8(0x0F)); }
   static U8 high4(U8 v) { return low4(_mm512_srli_epi16(v, 4)); }
   // (v << n) & mask per byte (n < 0: a right shift); the masks keep bits of the same byte.

@@ -26,7 +26,8 @@ struct V {
 
   // One load per plane: without the barrier the compiler folds the load into both the low and
   // the high nibble's instruction, and a pass of several rows is bound by loads and instructions
-  // issued, not products (docs/benchmarks.md §5zb: 1.05-1.15x at M >= 2).
+  // issued, not products. Measured on Zen 5 (docs/benchmarks.md §5zb): one thread, layers in
+  // cache, 1.03-1.27x at M >= 2; the 1.5B's layers at two threads ~1.04x at M = 5, ~1.0x else.
   static U8 load(const uint8_t* p) {
     U8 v = _mm512_loadu_si512(p);
     __asm__("" : "+v"(v));

@@ -18,7 +18,8 @@
 //   U8 (4 bytes a column), I32, F32; load, low4, high4, shift_mask, or8, dot (u <= 63), dot_full
 //   (any byte), combine ((hi << 8) + lo), add, sub_scalar, cvt, fma, fnma, mul, set1, halves,
 //   bytes_u8, bytes_i8, store, zero, zero_f; stream_ahead_bytes(a format's inputs per block)
-//   (bytes a one-row call prefetches past the block it starts, 0: none); partial_depth(max
+//   (bytes a streaming call prefetches past the block it starts, 0: none), kStreamRows (the
+//   most rows a call streams with, instead of prefetching the next tile); partial_depth(max
 //   code) (0: products go straight into int32), and where it is not 0: P (narrow partial sums),
 //   pzero, pdot, widen, keep (the sum pinned in a register), kRegs (registers per vector).
 // No include guard: a translation unit may include it once per QINT_NS (qint_avx2.cpp twice).
@@ -34,9 +35,11 @@ namespace QINT_NS {
 
 #define QI_UNROLL _Pragma("GCC unroll 16")
 
-// Calls with at least this many rows prefetch the next tile into L2 (a one-row call is bound by
-// memory instead and takes stream_ahead below, where its V has one).
-constexpr int64_t kPrefetchRows = 2;
+// How a call's tiles reach the core, by its rows. Up to V::kStreamRows rows a call is bound by
+// memory: the first pass over each tile asks for the lines some bytes past each block into L1
+// (stream_ahead below, where V has a distance). Past that a tile computes long enough for the
+// hardware prefetcher to fall behind, and the next tile is asked into L2 while this one
+// computes (measured: 20-30% at M = 2..8 when it was introduced, on AVX2).
 
 // Partial sums (a V whose products land in narrower sums, AVX2: maddubs's int16 pairs) that stay
 // exact for kDepth plane pairs: each run of kDepth pairs is summed narrow, then widened into the
@@ -247,16 +250,17 @@ inline void prefetch_block(const uint8_t* next, int64_t block_bytes) {
   for (int64_t at = 0; at < block_bytes; at += 64) __builtin_prefetch(next + at, 0, 2);
 }
 
-// A one-row call streams the weights once and is bound by memory: the hardware prefetcher alone
-// leaves the core waiting at each new run of lines, so each block also asks for the lines
-// `ahead` bytes past itself into L1 (prefetcht0). Measured on AVX2, one 1536 x 286720 layer
-// from DRAM, two threads (docs/benchmarks.md §5s): 1.03-1.14x the bytes per second.
+// A call of few rows streams the weights once and is bound by memory: the hardware prefetcher
+// alone leaves the core waiting at each new run of lines, so each block also asks for the lines
+// `ahead` bytes past itself into L1 (prefetcht0). Measured on AVX2 at one row, one 1536 x 286720
+// layer from DRAM, two threads (docs/benchmarks.md §5s): 1.03-1.14x the bytes per second.
 inline void stream_ahead(const uint8_t* block, int64_t block_bytes, int64_t ahead) {
   for (int64_t at = ahead; at < block_bytes + ahead; at += 64) __builtin_prefetch(block + at, 0, 3);
 }
 
 // Rows r0 .. r0 + R - 1 against one tile: res[r][c] for the tile's 16 columns. `next`: the tile
-// to prefetch meanwhile (nullptr: none); `stream`: a one-row call (stream_ahead).
+// to prefetch meanwhile (nullptr: none); `stream`: the first pass of a call of few rows
+// (stream_ahead).
 template <class F, int R, bool kSplit>
 inline void tile_rows(const uint8_t* tile, const uint8_t* next, bool stream, int64_t block_bytes,
                       const Acts& x, int64_t r0, float res[R][16]) {
@@ -282,7 +286,7 @@ inline void run_tiles(const QintJob& job, int64_t tile_begin, int64_t tile_end, 
   const int64_t block_bytes = tile_block_bytes(job.format);
   const int64_t stride = tile_bytes(job.format, job.x.K);
   const int64_t passes = (row_end - row_begin + V::kMaxRows - 1) / V::kMaxRows;
-  const bool fetch = row_end - row_begin >= kPrefetchRows, stream = row_end - row_begin == 1;
+  const bool stream = row_end - row_begin <= V::kStreamRows, fetch = !stream;
   for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
     const uint8_t* weights = job.packed + tile * stride;
     const uint8_t* next = fetch && tile + 1 < tile_end ? weights + stride : nullptr;
@@ -290,11 +294,12 @@ inline void run_tiles(const QintJob& job, int64_t tile_begin, int64_t tile_end, 
       float res[V::kMaxRows][16];
       const int64_t rows = (row_end - r0 + passes - pass - 1) / (passes - pass);
       const uint8_t* ahead = r0 == row_begin ? next : nullptr;
+      const bool first = stream && r0 == row_begin;
       switch (rows) {
-        case 1: tile_rows<F, 1, kSplit>(weights, ahead, stream, block_bytes, job.x, r0, (float(*)[16])res); break;
-        case 2: tile_rows<F, 2, kSplit>(weights, ahead, false, block_bytes, job.x, r0, (float(*)[16])res); break;
-        case 3: if constexpr (V::kMaxRows >= 3) tile_rows<F, 3, kSplit>(weights, ahead, false, block_bytes, job.x, r0, (float(*)[16])res); break;
-        case 4: if constexpr (V::kMaxRows >= 4) tile_rows<F, 4, kSplit>(weights, ahead, false, block_bytes, job.x, r0, (float(*)[16])res); break;
+        case 1: tile_rows<F, 1, kSplit>(weights, ahead, first, block_bytes, job.x, r0, (float(*)[16])res); break;
+        case 2: tile_rows<F, 2, kSplit>(weights, ahead, first, block_bytes, job.x, r0, (float(*)[16])res); break;
+        case 3: if constexpr (V::kMaxRows >= 3) tile_rows<F, 3, kSplit>(weights, ahead, first, block_bytes, job.x, r0, (float(*)[16])res); break;
+        case 4: if constexpr (V::kMaxRows >= 4) tile_rows<F, 4, kSplit>(weights, ahead, first, block_bytes, job.x, r0, (float(*)[16])res); break;
       }
       job.store(res, r0, rows, tile);
       r0 += rows;

@@ -20,12 +20,11 @@ And a plan's drafts must beat the plan without them by DRAFT_MARGIN of predicted
 taxes the requests beside it with its verify rows for little gain (§5m).
 
 Acceptance is estimated per kind of proposal where the proposer names one before the plan
-(SpecCandidate.kind: the n-gram match's order). Between full searches, for up to REPRICE_EVERY
-plans while the batch keeps its size and shape, each request's k is its best response at the
-last search's prices (search.Prices: the goodput level and the marginal seconds of a draft and
-of a speculating request), which is the search's own stationary condition and costs no
-cost-model calls; only where nothing is shared between requests (one proposer, no draft-model
-passes) and the token budget does not bind.
+(SpecCandidate.kind: the n-gram match's order). Between full searches, while the batch keeps
+its size and shape, each request's k is its best response at the last search's prices
+(held_prices.py), which is the search's own stationary condition and costs no cost-model
+calls; only where nothing is shared between requests (one proposer, no draft-model passes) and
+the token budget does not bind.
 
 Proposer choice (issue #12): with several proposers the policy keeps one acceptance estimate
 per request and proposer, gives the search one option per proposer (search.py), and writes
@@ -50,24 +49,16 @@ from engine.speculation.control.acceptance import (
 )
 from engine.speculation.control.cost_model import StepCostModel
 from engine.speculation.control.explore import Exploration
-from engine.speculation.control.padded_plans import best_plan, plan_prices
+from engine.speculation.control.held_prices import HeldPrices
+from engine.speculation.control.padded_plans import best_plan
 from engine.speculation.control.policy import SpecCandidate, SpecPolicy, SpecResult
-from engine.speculation.control.search import (
-    Prices,
-    SearchProblem,
-    SearchResult,
-    SearchSlot,
-    best_response,
-)
+from engine.speculation.control.search import SearchProblem, SearchResult, SearchSlot
 from engine.speculation.control.step_features import StepFeatures
 from engine.speculation.control.tree_shape import TreeShapeEstimator
 from engine.speculation.proposers.proposer import DRAFT_PROPOSER
 from kernels.graph_shapes import NO_GRAPHS, GraphShapes
 
 PLAN_DECAY = 0.9  # weight of the previous planning-time estimate
-# Between full searches, each request's k is its best response at the last search's prices
-# (search.Prices) for up to this many plans, while the batch keeps about its size and shape.
-REPRICE_EVERY = 8
 # Drafts run only where the plan's predicted goodput beats the plan without them by this
 # share: a draft of about break-even gain costs the requests beside it their verify rows
 # whatever it returns, and the estimates behind it are noisy (docs/benchmarks.md §5m).
@@ -135,10 +126,7 @@ class GoodputPolicy(SpecPolicy):
         # The last plan put every request at its cap: the search tries that answer first
         # (where verification is nearly free it is the usual one).
         self._caps_last = False
-        # The last full search's prices and the step they were taken at (None: search).
-        self._prices: Prices | None = None
-        self._priced_base = StepFeatures()
-        self._plans_since_search = 0
+        self.held = HeldPrices(DRAFT_MARGIN)  # the last full search's prices, between searches
 
     @property
     def choice(self) -> bool:
@@ -285,7 +273,7 @@ class GoodputPolicy(SpecPolicy):
         self.exploration.tick()
         if self.draft_model or DRAFT_PROPOSER in self.proposers:
             self._price_catchup()
-        if self._prices_hold(base):
+        if self.held.hold(base):
             plan = self._respond(candidates, base)
             if plan is not None:
                 return plan
@@ -308,7 +296,7 @@ class GoodputPolicy(SpecPolicy):
             ks, chosen = result.ks, problem.chosen(result.picks)
             self._caps_last = all(k == slot.cap for k, slot in zip(ks, chosen))
             self.last_predicted_step_time = result.predicted_seconds + problem.sunk_seconds
-            self._take_prices(problem, result, base)
+            self.held.take(problem, result, base, not self.choice and not problem.any_draft)
         else:
             warmup_k = self.exploration.clock % (self.max_draft_tokens + 1)
             # Warm-up: proposers in turn, so the cost model sees each one's cost.
@@ -335,38 +323,11 @@ class GoodputPolicy(SpecPolicy):
         return max(0.0, self.cost_model.predict(base) - alone)
 
     # ---- between searches: best responses at the last search's prices -------------------
-    def _take_prices(
-        self, problem: SearchProblem, result: SearchResult, base: StepFeatures
-    ) -> None:
-        """Keep the search's prices where a request's k depends on nothing shared (one
-        option per request, no draft-model passes, no token budget binding) and where each
-        request's best response at them is its k in the plan (_responses_agree)."""
-        simple = not self.choice and not problem.any_draft
-        prices = plan_prices(problem, result) if simple and result.goodput > 0 else None
-        self._prices = (
-            prices if prices is not None and _responses_agree(problem, result, prices) else None
-        )
-        self._priced_base, self._plans_since_search = base, 0
-
-    def _prices_hold(self, base: StepFeatures) -> bool:
-        """The last prices still price this step: few plans since, about the same batch (size
-        within a quarter, the same eager or replayed step)."""
-        if self._prices is None or self._plans_since_search >= REPRICE_EVERY - 1:
-            return False
-        then = self._priced_base
-        size = max(1, then.num_requests // 4)
-        return (
-            abs(base.num_requests - then.num_requests) <= size
-            and base.num_eager_steps == then.num_eager_steps
-            and abs(base.num_batched_tokens - then.num_batched_tokens)
-            <= max(1, then.num_batched_tokens // 4)
-        )
-
     def _respond(self, candidates: Sequence[SpecCandidate], base: StepFeatures) -> SpecPlan | None:
         """Each request's best response at the held prices (a forced probe keeps its one
         draft), the plan's step predicted once (metrics); None when the token budget binds
         (the search decides which drafts go)."""
-        self._plans_since_search += 1
+        self.held.plans_since_search += 1
         name = self.proposers[0]
         estimator = self.estimators[name]
         value = estimator.calibration
@@ -376,11 +337,11 @@ class GoodputPolicy(SpecPolicy):
         for i, (candidate, cap) in enumerate(zip(candidates, caps)):
             gains = self._valued_gains(candidate.spec, estimator, candidate.kind, cap, value)
             floor = 1 if probe is not None and probe[0] == i else 0
-            ks.append(best_response(gains, cap, floor, self._prices, DRAFT_MARGIN))
+            ks.append(self.held.respond(gains, cap, floor))
             valued.append(gains)
         drafts = sum(ks)
         if self.token_budget is not None and base.num_batched_tokens + drafts > self.token_budget:
-            self._prices = None
+            self.held.drop()
             return None
         plan = {c.request_id: k for c, k in zip(candidates, ks) if k > 0}
         for candidate, k, gains in zip(candidates, ks, valued):
@@ -413,19 +374,6 @@ class GoodputPolicy(SpecPolicy):
         """A request's acceptance estimate for a proposer (chains: per draft token; trees:
         rank-1) and proposals of a kind; "" or a name it does not choose among: its first."""
         return self.estimators.get(proposer, self.acceptance).rate(spec, kind)
-
-
-def _responses_agree(problem: SearchProblem, result: SearchResult, prices: Prices) -> bool:
-    """Whether every request's best response at `prices` (as _respond prices it) is its k in
-    the search's plan. Prices are the step's marginal seconds just past the plan; where the
-    step time is not linear there (a row knot, as on the Qwen 1.5B from 5 to 6 rows, one more
-    draft after a batch-1 chain of 4) they price every draft at the jump, and the responses
-    would drop drafts the search found paying (docs/benchmarks.md §5n). Then the next plan
-    searches again."""
-    return all(  # one option per request: prices are taken only without proposer choice
-        best_response(slot.gains, slot.cap, slot.floor, prices, DRAFT_MARGIN) == k
-        for [slot], k in zip(problem.options, result.ks)
-    )
 
 
 def _worth_drafting(problem: SearchProblem, found: SearchResult) -> SearchResult:

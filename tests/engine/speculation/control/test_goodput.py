@@ -8,7 +8,6 @@ import random
 import pytest
 
 from engine.request import SpecState
-from engine.speculation.control import goodput as policy_module
 from engine.speculation.control.acceptance import (
     AcceptanceEstimator,
     expected_emitted,
@@ -16,6 +15,7 @@ from engine.speculation.control.acceptance import (
     tree_gains,
 )
 from engine.speculation.control.goodput import GoodputPolicy
+from engine.speculation.control.held_prices import REPRICE_EVERY
 from engine.speculation.control.policy import SpecCandidate, SpecResult
 from engine.speculation.control.search import SearchProblem, SearchSlot, best_lengths
 from engine.speculation.control.step_features import StepFeatures
@@ -450,17 +450,17 @@ def test_between_searches_requests_respond_to_the_last_prices():
     for request_id, a in zip(ids, (0.9, 0.7, 0.5, 0.3)):
         teach(policy, request_id, a)
     searched = policy.plan(candidates(*ids, max_draft_tokens=6), decode_base(4))
-    assert policy._prices is not None and len(set(searched.values())) >= 2
+    assert policy.held.prices is not None and len(set(searched.values())) >= 2
     assert policy.plan(candidates(*ids, max_draft_tokens=6), decode_base(4)) == searched
     teach(policy, "a", 0.2, rounds=60)
     responded = policy.plan(candidates(*ids, max_draft_tokens=6), decode_base(4))
     assert responded.get("a", 0) < searched["a"]
-    assert policy._plans_since_search == 2
+    assert policy.held.plans_since_search == 2
     policy.plan(candidates(*ids[:2], max_draft_tokens=6), decode_base(2))  # half the batch
-    assert policy._plans_since_search == 0
-    for _ in range(policy_module.REPRICE_EVERY):
+    assert policy.held.plans_since_search == 0
+    for _ in range(REPRICE_EVERY):
         policy.plan(candidates(*ids[:2], max_draft_tokens=6), decode_base(2))
-    assert policy._plans_since_search < policy_module.REPRICE_EVERY - 1
+    assert policy.held.plans_since_search < REPRICE_EVERY - 1
 
 
 def goodput(policy: GoodputPolicy, cost, ids: list[str], plan: dict[str, int]) -> float:
@@ -487,10 +487,10 @@ def test_a_response_to_a_searchs_prices_is_as_good_as_its_plan():
         base = decode_base(len(ids))
 
         searched = policy.plan(candidates(*ids, max_draft_tokens=4), base)
-        if policy._prices is None:
+        if policy.held.prices is None:
             continue
         again = policy.plan(candidates(*ids, max_draft_tokens=4), base)
-        assert policy._plans_since_search == 1  # a response, not a search
+        assert policy.held.plans_since_search == 1  # a response, not a search
         assert goodput(policy, cost, ids, again) >= 0.99 * goodput(policy, cost, ids, searched)
         responded += 1
     assert responded >= 30

@@ -5,7 +5,8 @@ responses reproduce the search's plan, and otherwise searches again."""
 
 from __future__ import annotations
 
-from engine.speculation.control.goodput import REPRICE_EVERY, GoodputPolicy
+from engine.speculation.control.goodput import GoodputPolicy
+from engine.speculation.control.held_prices import REPRICE_EVERY
 from engine.speculation.control.step_features import StepFeatures
 from tests.engine.speculation.control.test_goodput import (
     LinearCost,
@@ -49,6 +50,6 @@ def test_prices_that_agree_with_the_search_are_kept():
         teach(policy, request_id, a, rounds=60)
     batch = candidates("good", "poor", max_draft_tokens=4)
     first = policy.plan(batch, decode_base(2))
-    assert policy._prices is not None
+    assert policy.held.prices is not None
     assert [policy.plan(batch, decode_base(2)) for _ in range(3)] == [first] * 3
-    assert policy._plans_since_search == 3
+    assert policy.held.plans_since_search == 3

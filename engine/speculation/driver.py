@@ -296,15 +296,18 @@ class SpecDriver:
         emitted = sum(len(o.token_ids) for o in out.outputs.values())
         step_seconds = seconds + self.last_plan_time
         self.last_goodput = emitted / step_seconds if step_seconds > 0 else 0.0
-        if self.rest is not None and not self.rested:
-            accepted = sum(o.num_accepted_tokens for o in out.outputs.values())
-            self.rest.observed(accepted, emitted, self.last_plan_time, step_seconds)
         if not self.enabled:  # nothing predicts step times: the cost model learns nothing
             return
         shapes = [
             (s.start, s.num_new_tokens - s.num_draft_tokens, drafts.num_draft_tokens(s.request_id))
             for s in sched.scheduled
         ]
+        if self.rest is not None and not self.rested:
+            accepted = sum(o.num_accepted_tokens for o in out.outputs.values())
+            num_drafts, excess = self._draft_excess(shapes, seconds)
+            self.rest.observed(
+                accepted, emitted, self.last_plan_time, step_seconds, num_drafts, excess
+            )
         features = dataclasses.replace(
             self._features(sched, shapes, drafts), num_catchup_tokens=drafts.num_catchup_tokens
         )
@@ -335,6 +338,19 @@ class SpecDriver:
         if observations:
             self.proposer.observe(observations)
         return results
+
+    def _draft_excess(
+        self, shapes: list[tuple[int, int, int]], seconds: float
+    ) -> tuple[int, float]:
+        """The step's drafts and its seconds (proposing included) over the cost model's
+        prediction of the same step without them (0 while the model is not fitted)."""
+        num_drafts = sum(k for _, _, k in shapes)
+        if not self.cost_model.fitted:
+            return num_drafts, 0.0
+        plain = [(start, new, 0) for start, new, _ in shapes]
+        return num_drafts, seconds - self.cost_model.predict(
+            StepFeatures.from_shapes(plain, False, self.graphs)
+        )
 
     def _features(
         self, sched: SchedulerOutput, shapes: list[tuple[int, int, int]], drafts: Drafts

@@ -5,12 +5,16 @@ Planning is not free: the proposers' offers, the candidates and the policy's sea
 of a GPU's 2-5 ms decode step. A plan pays for itself only through the drafts it gets
 accepted. So the driver rests, asking for a plan on one step in REST_EVERY only, while either
 - the last REST_AFTER plans drafted nothing (chat under load: every offer priced out), or
-- over the last REST_AFTER planning steps, the drafts accepted added a smaller share of
-  tokens than planning took of the steps' time: sum(accepted) / sum(emitted - accepted) <
-  sum(plan seconds) / sum(step seconds). Resting saves about that time share; the accepted
-  share is at least what speculation added to goodput (the verify rows' extra time is left
-  out), so the rule rests only where planning does not pay at the current rate even with
-  the drafts counted as free.
+- over the last REST_AFTER planning steps, speculation lowered goodput: the same steps
+  without their drafts and plans would have emitted the tokens not accepted in the time less
+  planning and the drafts' extra time, and sum(emitted) / sum(step seconds) < sum(emitted -
+  accepted) / (sum(step seconds) - planning - extra), i.e. sum(accepted) * sum(step seconds)
+  < sum(emitted) * (planning + extra). A drafting step's extra time is its measured seconds
+  over the cost model's prediction of the step without its drafts, less the same excess on
+  the ledger's steps that drafted nothing (the model's own bias); the verify rows are then
+  paid for as measured, not as priced (at 16 chat requests on Zen 5 the model priced a draft
+  row at ~0.4-0.6 ms where it cost ~1 ms, and goodput ran 0.81-0.95x off: docs/benchmarks.md
+  §5zb).
 
 The steps between draft nothing and plan nothing. Open shadow checks are still fed and the
 cost model still observes every step (new checks start on the planning steps only). The
@@ -33,8 +37,9 @@ class PlanningRest:
     def __init__(self) -> None:
         self._idle_plans = 0  # plans in a row that drafted nothing
         self._turn = 0  # steps since the last plan while resting
-        # per planning step observed: (drafts accepted, tokens emitted, plan s, step s)
-        self._ledger: deque[tuple[int, int, float, float]] = deque(maxlen=REST_AFTER)
+        # per planning step observed: (drafts accepted, tokens emitted, plan s, step s, drafts
+        # run, step s over the cost model's prediction of the step without its drafts)
+        self._ledger: deque[tuple[int, int, float, float, int, float]] = deque(maxlen=REST_AFTER)
 
     def skips(self) -> bool:
         """Whether this step rests (no offers, no plan); counts the turn while resting."""
@@ -48,19 +53,36 @@ class PlanningRest:
         self._idle_plans = 0 if drafted else self._idle_plans + 1
 
     def observed(
-        self, accepted: int, emitted: int, plan_seconds: float, step_seconds: float
+        self,
+        accepted: int,
+        emitted: int,
+        plan_seconds: float,
+        step_seconds: float,
+        drafts: int = 0,
+        excess_seconds: float = 0.0,
     ) -> None:
         """A planning step's outcome: its accepted drafts, emitted tokens, the plan's seconds
-        and the whole step's (plan included)."""
-        self._ledger.append((accepted, emitted, plan_seconds, step_seconds))
+        and the whole step's (plan included), the drafts it ran and its seconds over the
+        predicted step without them (0: no prediction)."""
+        entry = (accepted, emitted, plan_seconds, step_seconds, drafts, excess_seconds)
+        self._ledger.append(entry)
 
     def pays(self) -> bool:
-        """Whether planning paid over the last REST_AFTER planning steps (True until that
-        many were observed)."""
+        """Whether planning and drafting paid over the last REST_AFTER planning steps (True
+        until that many were observed)."""
         if len(self._ledger) < REST_AFTER:
             return True
         accepted = sum(entry[0] for entry in self._ledger)
-        plain = sum(entry[1] for entry in self._ledger) - accepted
+        emitted = sum(entry[1] for entry in self._ledger)
         planning = sum(entry[2] for entry in self._ledger)
         seconds = sum(entry[3] for entry in self._ledger)
-        return accepted * seconds >= planning * max(1, plain)
+        return accepted * seconds >= emitted * (planning + self._draft_seconds())
+
+    def _draft_seconds(self) -> float:
+        """What the ledger's drafts added to their steps: the drafting steps' excess over the
+        prediction without drafts, less the median excess of the steps that drafted nothing
+        (0 without such steps), at least 0."""
+        plain = sorted(entry[5] for entry in self._ledger if entry[4] == 0)
+        bias = plain[len(plain) // 2] if plain else 0.0
+        extra = sum(entry[5] - bias for entry in self._ledger if entry[4] > 0)
+        return max(0.0, extra)

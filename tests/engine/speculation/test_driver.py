@@ -129,6 +129,7 @@ def test_without_a_proposer_every_call_is_a_no_op(tiny_model_dir, tmp_path, refe
 
 def test_stats_fields_fill_engine_stats(tiny_model_dir, tmp_path):
     llm = make_llm(tiny_model_dir, tmp_path, speculative_proposer="ngram")
+    llm.engine.spec.rest = None  # every step plans: the last one's plan time is read below
     generate(llm)
     fields = llm.engine.spec.stats_fields()
     assert set(fields) <= {f.name for f in dataclasses.fields(EngineStats)}

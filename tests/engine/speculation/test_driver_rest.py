@@ -1,6 +1,6 @@
 """SpecDriver rests (engine/speculation/control/rest.py): a policy that prices drafts
 (goodput) whose last REST_AFTER plans drafted nothing, or whose accepted drafts over the last
-REST_AFTER planning steps added a smaller share of tokens than planning took of the time, is
+REST_AFTER planning steps were worth less than planning and the drafts' measured extra time, is
 asked for a plan on one step in REST_EVERY; a plan that drafts, or a ledger that pays again,
 ends the rest; fixed:k never rests. Pure Python: stub policy and proposer, factory
 requests."""
@@ -187,4 +187,85 @@ def test_the_driver_rests_where_accepted_drafts_do_not_pay_for_planning():
         before = policy.calls
         plans(driver, requests, 4 * REST_EVERY)
         # 0 accepted rests (4 plans in 16 steps); 2 of 6 emitted (2/4 = 50%) pays.
+        assert policy.calls - before == (4 if rests else 4 * REST_EVERY)
+
+
+def test_drafts_whose_measured_extra_time_outweighs_their_tokens_rest():
+    """2 accepted of 18 emitted against 1% of the time planning pays while drafts count as
+    free; 4 drafts a step measured 30 ms over the step predicted without them (of 100 ms) do
+    not: 32 accepted x 1.6 s < 288 emitted x (0.016 + 0.48) s."""
+    rest = PlanningRest()
+    for _ in range(REST_AFTER):
+        rest.planned(True)
+        rest.observed(2, 18, 0.001, 0.1, drafts=4, excess_seconds=0.0)
+    assert rest.pays()
+    for _ in range(REST_AFTER):
+        rest.observed(2, 18, 0.001, 0.1, drafts=4, excess_seconds=0.03)
+    assert not rest.pays() and skipped(rest, 2 * REST_EVERY) == 2 * (REST_EVERY - 1)
+
+
+def test_the_cost_models_own_bias_on_steps_without_drafts_is_not_charged_to_drafts():
+    """Every step 30 ms over the model's prediction, drafting or not: the drafts added
+    nothing, and the ledger pays as with free drafts."""
+    rest = PlanningRest()
+    for i in range(REST_AFTER):
+        drafts = 4 if i % 2 else 0
+        rest.observed(2 if drafts else 0, 18 if drafts else 16, 0.001, 0.1, drafts, 0.03)
+    assert rest.pays()
+    for i in range(REST_AFTER):  # the drafting steps now 20 ms over the others
+        drafts = 4 if i % 2 else 0
+        rest.observed(
+            2 if drafts else 0,
+            18 if drafts else 16,
+            0.001,
+            0.1,
+            drafts,
+            0.03 + (0.02 if drafts else 0),
+        )
+    assert not rest.pays()
+
+
+class LinearSteps:
+    """A fitted cost model: 10 ms a batched row."""
+
+    fitted = True
+
+    def predict(self, features) -> float:
+        return 0.01 * features.num_batched_tokens
+
+    def observe(self, features, seconds) -> None:
+        pass
+
+
+def test_the_driver_charges_drafts_their_measured_seconds_over_the_plain_prediction():
+    """Four requests, the first verifying a chain of 2 that gets 1 accepted: 40 ms predicted
+    without the drafts. Measured at 60 ms (the drafts cost their rows) the chain's one token
+    is worth 60 / 5 = 12 ms, less than the 20 ms it added: the driver rests; measured at 42 ms
+    it pays."""
+    for step_s, rests in ((0.060, True), (0.042, False)):
+        policy, requests = CountingPolicy(), caught_up_requests(4)
+        policy.answer = {requests[0].request_id: 2}
+        config = SpecConfig(proposer="ngram", spec_policy="goodput")
+        driver = SpecDriver(config, NoOffers(), policy, LinearSteps(), None, 64)
+        first = requests[0].request_id
+        for _ in range(REST_AFTER):
+            driver.plan(requests)
+            driver.last_plan_time = 0.0
+            scheduled = tuple(
+                ScheduledRequest(
+                    r,
+                    3 if r.request_id == first else 1,
+                    2 if r.request_id == first else 0,
+                    r.num_computed_tokens,
+                )
+                for r in requests
+            )
+            outputs = {r.request_id: RequestStepOutput(r.request_id, (7,)) for r in requests}
+            outputs[first] = RequestStepOutput(first, (7, 7), 2, 1)
+            drafts = Drafts(chains={first: [5, 6]})
+            driver.observe(
+                SchedulerOutput(scheduled), drafts, ModelOutput(outputs, step_time=step_s)
+            )
+        before = policy.calls
+        plans(driver, requests, 4 * REST_EVERY)
         assert policy.calls - before == (4 if rests else 4 * REST_EVERY)

@@ -40,6 +40,7 @@ class PlanningRest:
         # per planning step observed: (drafts accepted, tokens emitted, plan s, step s, drafts
         # run, step s over the cost model's prediction of the step without its drafts)
         self._ledger: deque[tuple[int, int, float, float, int, float]] = deque(maxlen=REST_AFTER)
+        self._paid: bool | None = None  # pays(), kept until the ledger changes
 
     def skips(self) -> bool:
         """Whether this step rests (no offers, no plan); counts the turn while resting."""
@@ -66,12 +67,18 @@ class PlanningRest:
         predicted step without them (0: no prediction)."""
         entry = (accepted, emitted, plan_seconds, step_seconds, drafts, excess_seconds)
         self._ledger.append(entry)
+        self._paid = None
 
     def pays(self) -> bool:
         """Whether planning and drafting paid over the last REST_AFTER planning steps (True
         until that many were observed)."""
         if len(self._ledger) < REST_AFTER:
             return True
+        if self._paid is None:
+            self._paid = self._ledger_pays()
+        return self._paid
+
+    def _ledger_pays(self) -> bool:
         accepted = sum(entry[0] for entry in self._ledger)
         emitted = sum(entry[1] for entry in self._ledger)
         planning = sum(entry[2] for entry in self._ledger)

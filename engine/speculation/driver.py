@@ -74,15 +74,12 @@ class SpecDriver:
         self.cost_model = cost_model
         self.proposer = proposer
         self.tree_shape = tree_shape
-        self.policy = policy
+        self.policy = policy  # and the rest that goes with it (the setter below)
         self.shadows = shadows
         self.seed_report: SeedReport | None = None
         self.last_chosen_k: tuple[int, ...] = ()  # the last plan's lengths (metrics)
         self.last_plan_time = 0.0  # seconds of the last policy.plan (part of the step's time)
         self._base = StepFeatures()
-        # A policy that rests (goodput) is asked for a plan only now and then while its plans
-        # do not pay (control/rest.py); `rested`: this step's plan was skipped.
-        self.rest = PlanningRest() if policy.rests and self.enabled else None
         self.rested = False
         # The engine's totals; its proposers are listed (at zero) before they first draft.
         names = config.proposers if self.enabled else ()
@@ -97,6 +94,19 @@ class SpecDriver:
     @property
     def num_accepted_tokens_total(self) -> int:
         return self.totals.num_accepted_tokens
+
+    @property
+    def policy(self) -> SpecPolicy:
+        return self._policy
+
+    @policy.setter
+    def policy(self, policy: SpecPolicy) -> None:
+        """A policy that rests (goodput) is asked for a plan only now and then while its plans
+        do not pay (control/rest.py; `rested`: this step's plan was skipped); a new policy
+        starts a new rest, or none where it does not rest."""
+        self._policy = policy
+        rests = getattr(policy, "rests", False) and self.enabled
+        self.rest: PlanningRest | None = PlanningRest() if rests else None
 
     @property
     def proposer_name(self) -> str | None:

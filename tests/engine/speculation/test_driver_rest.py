@@ -269,3 +269,26 @@ def test_the_driver_charges_drafts_their_measured_seconds_over_the_plain_predict
         before = policy.calls
         plans(driver, requests, 4 * REST_EVERY)
         assert policy.calls - before == (4 if rests else 4 * REST_EVERY)
+
+
+def test_a_policy_set_on_the_driver_brings_its_own_rest():
+    """Swapping the policy (as tests and tools do) starts a fresh rest for a resting policy
+    and none for one that does not rest (a stand-in without `rests` plans every step)."""
+    driver = driver_with(CountingPolicy())
+    resting = driver.rest
+    assert resting is not None
+    driver.policy = FixedPolicy(1)
+    assert driver.rest is None
+    driver.policy = CountingPolicy()
+    assert driver.rest is not None and driver.rest is not resting
+
+    class Bare:  # no `rests`, no `rest_step`
+        def plan(self, candidates, base):
+            return {}
+
+    driver.policy = Bare()
+    assert driver.rest is None
+    requests = caught_up_requests()
+    assert plans(driver, requests, REST_AFTER + 2 * REST_EVERY) == [{}] * (
+        REST_AFTER + 2 * REST_EVERY
+    )

@@ -282,9 +282,6 @@ class RandomChoice:
         # Shadow checks (built for goodput, kept here) report the members not chosen.
         assert all(r.proposer == self.chosen[r.request_id] for r in results if not r.shadow)
 
-    def rest_step(self) -> None:
-        pass  # the driver built for goodput keeps its rest: steps it rests plan nothing
-
 
 def test_switching_proposers_every_step_leaks_no_blocks_and_no_state():
     from engine.speculation.build import make_spec_driver

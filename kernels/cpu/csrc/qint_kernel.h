@@ -35,12 +35,6 @@ namespace QINT_NS {
 
 #define QI_UNROLL _Pragma("GCC unroll 16")
 
-// How a call's tiles reach the core, by its rows. Up to V::kStreamRows rows a call is bound by
-// memory: the first pass over each tile asks for the lines some bytes past each block into L1
-// (stream_ahead below, where V has a distance). Past that a tile computes long enough for the
-// hardware prefetcher to fall behind, and the next tile is asked into L2 while this one
-// computes (measured: 20-30% at M = 2..8 when it was introduced, on AVX2).
-
 // Partial sums (a V whose products land in narrower sums, AVX2: maddubs's int16 pairs) that stay
 // exact for kDepth plane pairs: each run of kDepth pairs is summed narrow, then widened into the
 // int32 sums of plane a (kA: into sa) and of plane b (kB: into sb).
@@ -286,6 +280,9 @@ inline void run_tiles(const QintJob& job, int64_t tile_begin, int64_t tile_end, 
   const int64_t block_bytes = tile_block_bytes(job.format);
   const int64_t stride = tile_bytes(job.format, job.x.K);
   const int64_t passes = (row_end - row_begin + V::kMaxRows - 1) / V::kMaxRows;
+  // Up to V::kStreamRows rows a call is bound by memory and its first pass streams ahead into L1
+  // (stream_ahead); with more, each tile computes long enough that the next is asked into L2
+  // meanwhile (prefetch_block).
   const bool stream = row_end - row_begin <= V::kStreamRows, fetch = !stream;
   for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
     const uint8_t* weights = job.packed + tile * stride;

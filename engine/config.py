@@ -127,7 +127,7 @@ class SpecConfig:
     # (ngram,recycle,draft) or auto (ngram, recycle, and draft when draft_model is set)
     proposer: str = "none"
     draft_model: str | None = None
-    num_speculative_tokens: int = 4  # chains: max_draft_tokens, the cap on num_draft_tokens
+    num_speculative_tokens: int = 8  # chains: max_draft_tokens, the cap on num_draft_tokens
     spec_tree_nodes: int = 0  # 0: chains; > 0: trees of at most this many nodes
     spec_policy: str | None = None  # off | fixed:K | goodput; None: goodput if a proposer is set
     ngram_max: int = 4

@@ -99,6 +99,9 @@ class SpecState:
     # This step's plan: the expected acceptance of each draft it gave the request, by its
     # estimate (control/goodput.py compares them with the outcome: the estimate's calibration).
     expected: tuple[float, ...] = ()
+    # Drafts of its last verified chain when every one was accepted, else 0: under a resting
+    # policy a chain passes SHORT_CHAIN drafts only up to twice this (control/rest.py).
+    whole: int = 0
     # Per proposer: its own state of the request (n-gram index, recycle root, draft-model KV).
     memos: dict[str, Any] = field(default_factory=dict)
     # Per model-free proposer: its last chain checked against the emitted tokens instead of

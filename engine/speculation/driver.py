@@ -131,6 +131,8 @@ class SpecDriver:
         for request in running:
             num_tokens, remaining = request.num_tokens, request.num_remaining_output_tokens
             max_draft_tokens = min(self._cap(request), remaining - 1)
+            if self.rest is not None and not self.tree:
+                max_draft_tokens = self.rest.chain_cap(max_draft_tokens, request.spec.whole)
             caught_up = request.num_computed_tokens == num_tokens - 1
             kind, offers = "", {}
             if caught_up and max_draft_tokens > 0:
@@ -387,6 +389,7 @@ class SpecDriver:
         the request's own stats (overall and per proposer)."""
         request = scheduled.request
         name = self._proposer_of(request)
+        request.spec.whole = num_draft_tokens if num_accepted == num_draft_tokens else 0
         if num_draft_tokens:
             self._count(name, num_draft_tokens, num_accepted)
             request.spec.counts.add(num_draft_tokens, num_accepted, name)

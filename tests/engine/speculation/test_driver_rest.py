@@ -18,7 +18,7 @@ from engine.outputs import (
 from engine.request import RequestStatus
 from engine.speculation.control.cost_model import OnlineLinearCostModel
 from engine.speculation.control.policy import FixedPolicy, SpecPolicy
-from engine.speculation.control.rest import REST_AFTER, REST_EVERY, PlanningRest
+from engine.speculation.control.rest import REST_AFTER, REST_EVERY, SHORT_CHAIN, PlanningRest
 from engine.speculation.driver import SpecDriver
 from tests.engine.factories import make_requests
 
@@ -35,6 +35,7 @@ class CountingPolicy(SpecPolicy):
 
     def plan(self, candidates, base):
         self.calls += 1
+        self.caps = {c.request_id: c.max_draft_tokens for c in candidates}
         return dict(self.answer)
 
     def rest_step(self) -> None:
@@ -292,3 +293,47 @@ def test_a_policy_set_on_the_driver_brings_its_own_rest():
     assert plans(driver, requests, REST_AFTER + 2 * REST_EVERY) == [{}] * (
         REST_AFTER + 2 * REST_EVERY
     )
+
+
+def test_chains_pass_the_short_length_only_while_drafts_pay_and_up_to_twice_a_whole_one():
+    rest = PlanningRest()
+    assert rest.pays()
+    assert [rest.chain_cap(8, whole) for whole in (0, 2, 3, 4, 8)] == [4, 4, 6, 8, 8]
+    assert rest.chain_cap(3, 8) == 3 and rest.chain_cap(SHORT_CHAIN, 0) == SHORT_CHAIN
+    ledger_steps(rest, 0, 16, 0.01, 0.1)  # drafts that do not pay
+    assert not rest.pays() and rest.chain_cap(8, 8) == SHORT_CHAIN
+
+
+def test_the_driver_caps_each_chain_by_the_requests_last_whole_chain():
+    """Four drafts all accepted lift the first request's cap to 8; three of four put it back
+    to 4; the others stay at 4. Fixed policies keep the engine's cap."""
+    policy, requests = CountingPolicy(), caught_up_requests(2)
+    driver = driver_with(policy)
+    first, second = (r.request_id for r in requests)
+
+    def verify_first(accepted: int) -> None:
+        scheduled = tuple(
+            ScheduledRequest(
+                r,
+                5 if r.request_id == first else 1,
+                4 if r.request_id == first else 0,
+                r.num_computed_tokens,
+            )
+            for r in requests
+        )
+        outputs = {r.request_id: RequestStepOutput(r.request_id, (7,)) for r in requests}
+        outputs[first] = RequestStepOutput(first, (7,) * (accepted + 1), 4, accepted)
+        driver.observe(SchedulerOutput(scheduled), Drafts(), ModelOutput(outputs, step_time=0.01))
+
+    driver.plan(requests)
+    assert policy.caps == {first: 4, second: 4}
+    verify_first(4)
+    driver.plan(requests)
+    assert policy.caps == {first: 8, second: 4}
+    verify_first(3)
+    driver.plan(requests)
+    assert policy.caps == {first: 4, second: 4}
+    fixed = FixedPolicy(8)
+    driver.policy = fixed
+    assert driver.rest is None
+    assert driver.plan(requests) == {first: 8, second: 8}

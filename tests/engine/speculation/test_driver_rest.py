@@ -238,6 +238,22 @@ class LinearSteps:
         pass
 
 
+def verify_first(driver: SpecDriver, requests, drafts: int, accepted: int, step_s=0.01) -> None:
+    """One step: the first request verifies a chain of `drafts` with `accepted` accepted, the
+    others decode one token each."""
+    first = requests[0].request_id
+    scheduled = tuple(
+        ScheduledRequest(r, 1 + drafts, drafts, r.num_computed_tokens)
+        if r.request_id == first
+        else ScheduledRequest(r, 1, 0, r.num_computed_tokens)
+        for r in requests
+    )
+    outputs = {r.request_id: RequestStepOutput(r.request_id, (7,)) for r in requests}
+    outputs[first] = RequestStepOutput(first, (7,) * (accepted + 1), drafts, accepted)
+    chain = Drafts(chains={first: list(range(5, 5 + drafts))})
+    driver.observe(SchedulerOutput(scheduled), chain, ModelOutput(outputs, step_time=step_s))
+
+
 def test_the_driver_charges_drafts_their_measured_seconds_over_the_plain_prediction():
     """Four requests, the first verifying a chain of 2 that gets 1 accepted: 40 ms predicted
     without the drafts. Measured at 60 ms (the drafts cost their rows) the chain's one token
@@ -248,25 +264,10 @@ def test_the_driver_charges_drafts_their_measured_seconds_over_the_plain_predict
         policy.answer = {requests[0].request_id: 2}
         config = SpecConfig(proposer="ngram", spec_policy="goodput")
         driver = SpecDriver(config, NoOffers(), policy, LinearSteps(), None, 64)
-        first = requests[0].request_id
         for _ in range(REST_AFTER):
             driver.plan(requests)
             driver.last_plan_time = 0.0
-            scheduled = tuple(
-                ScheduledRequest(
-                    r,
-                    3 if r.request_id == first else 1,
-                    2 if r.request_id == first else 0,
-                    r.num_computed_tokens,
-                )
-                for r in requests
-            )
-            outputs = {r.request_id: RequestStepOutput(r.request_id, (7,)) for r in requests}
-            outputs[first] = RequestStepOutput(first, (7, 7), 2, 1)
-            drafts = Drafts(chains={first: [5, 6]})
-            driver.observe(
-                SchedulerOutput(scheduled), drafts, ModelOutput(outputs, step_time=step_s)
-            )
+            verify_first(driver, requests, 2, 1, step_s)
         before = policy.calls
         plans(driver, requests, 4 * REST_EVERY)
         assert policy.calls - before == (4 if rests else 4 * REST_EVERY)
@@ -310,30 +311,14 @@ def test_the_driver_caps_each_chain_by_the_requests_last_whole_chain():
     policy, requests = CountingPolicy(), caught_up_requests(2)
     driver = driver_with(policy)
     first, second = (r.request_id for r in requests)
-
-    def verify_first(accepted: int) -> None:
-        scheduled = tuple(
-            ScheduledRequest(
-                r,
-                5 if r.request_id == first else 1,
-                4 if r.request_id == first else 0,
-                r.num_computed_tokens,
-            )
-            for r in requests
-        )
-        outputs = {r.request_id: RequestStepOutput(r.request_id, (7,)) for r in requests}
-        outputs[first] = RequestStepOutput(first, (7,) * (accepted + 1), 4, accepted)
-        driver.observe(SchedulerOutput(scheduled), Drafts(), ModelOutput(outputs, step_time=0.01))
-
     driver.plan(requests)
     assert policy.caps == {first: 4, second: 4}
-    verify_first(4)
+    verify_first(driver, requests, 4, 4)
     driver.plan(requests)
     assert policy.caps == {first: 8, second: 4}
-    verify_first(3)
+    verify_first(driver, requests, 4, 3)
     driver.plan(requests)
     assert policy.caps == {first: 4, second: 4}
-    fixed = FixedPolicy(8)
-    driver.policy = fixed
+    driver.policy = FixedPolicy(8)
     assert driver.rest is None
     assert driver.plan(requests) == {first: 8, second: 8}

@@ -12,6 +12,11 @@ verified drafts and for those that did not apart, and the garbage collector's pa
 engines' start-up heap is frozen first, as the server's is: engine/front/heap.py). It replaces
 benchmarks/step_phases.py, which timed the same phases averaged over one policy's run.
 
+--one-engine builds one engine and swaps its speculation driver per policy (one copy of the
+weights and the KV cache): engines built apart differed by build order by ~2-3% at 16 requests.
+Which policy runs first in a round still moves the ratio by a few percent (docs/benchmarks.md
+§5zc): run both orders.
+
     python benchmarks/spec_step_costs.py --model M.gguf --device cuda --dtype bfloat16 \\
         --concurrency 1 4 16 --out /tmp/costs.json
 """
@@ -19,11 +24,13 @@ benchmarks/step_phases.py, which timed the same phases averaged over one policy'
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Callable, Sequence
 from datetime import date
 from pathlib import Path
 
@@ -31,10 +38,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.engine_sweep import WORKLOADS  # noqa: E402
-from engine.config import EngineConfig  # noqa: E402
+from engine.config import EngineConfig, SpecConfig  # noqa: E402
 from engine.front.heap import CollectorPauses, collection_paused_then_frozen  # noqa: E402
 from engine.llm_engine import LLMEngine  # noqa: E402
+from engine.runner.step_timer import StepTimer  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
+from engine.speculation.build import build_spec_driver  # noqa: E402
+from engine.speculation.driver import SpecDriver  # noqa: E402
 
 PHASES = ("plan", "schedule", "propose", "execute", "update", "observe", "collect")
 
@@ -52,6 +62,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=None, help="CPU threads (engine default)")
     parser.add_argument("--data", default=str(ROOT.parent / "shared" / "data"))
+    parser.add_argument(
+        "--one-engine",
+        action="store_true",
+        help="one engine (one copy of the weights and KV cache), its speculation driver swapped "
+        "per policy: engines built apart differ by a few percent by build order",
+    )
     parser.add_argument("--out", type=Path, required=True, help="JSON; a .md is written beside")
     return parser.parse_args(argv)
 
@@ -59,13 +75,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 class StepRecorder:
     """Wraps an engine's step phases; one record per step that ran the model."""
 
-    def __init__(self, engine: LLMEngine) -> None:
+    def __init__(self, engine: LLMEngine, drivers: Sequence[SpecDriver] = ()) -> None:
+        """drivers: every speculation driver the engine may be given (default: its own)."""
         self.records: list[dict] = []
         self._current: dict = defaultdict(float)
-        owners = (engine.spec, engine.scheduler, engine.spec, engine, engine.scheduler)
-        owners += (engine.spec, engine)
-        names = ("plan", "schedule", "propose", "_execute", "update", "observe", "_collect")
-        for owner, name, phase in zip(owners, names, PHASES):
+        for driver in drivers or (engine.spec,):
+            for name in ("plan", "propose", "observe"):
+                self._wrap(driver, name, name)
+        owners = (engine.scheduler, engine, engine.scheduler, engine)
+        names = ("schedule", "_execute", "update", "_collect")
+        for owner, name, phase in zip(owners, names, ("schedule", "execute", "update", "collect")):
             self._wrap(owner, name, phase)
         self._wrap_step(engine)
 
@@ -117,6 +136,35 @@ def make_engine(policy: str, args: argparse.Namespace) -> LLMEngine:
         flat.update(speculative_proposer="ngram", spec_policy=policy)
         flat.update(num_speculative_tokens=args.k)
     return LLMEngine.from_config(EngineConfig.from_flat(flat))
+
+
+class SharedEngine:
+    """One engine for every policy: a speculation driver per policy built on its runner (`off`:
+    no proposer, as an engine built with --spec-policy off has), swapped in before each run."""
+
+    def __init__(self, policies: Sequence[str], args: argparse.Namespace) -> None:
+        speculating = next((p for p in policies if p != "off"), "off")
+        self.engine = make_engine(speculating, args)
+        config, engine = self.engine.config, self.engine
+        timer = StepTimer(engine.runner, engine.scheduler.block_manager, seed=config.model.seed)
+        self.drivers = {speculating: engine.spec}
+        for policy in policies:
+            if policy not in self.drivers:
+                spec = _spec_config(config.spec, policy)
+                self.drivers[policy] = build_spec_driver(
+                    spec, engine.runner, config.scheduler, timer
+                )
+        self.recorder = StepRecorder(engine, list(self.drivers.values()))
+
+    def use(self, policy: str) -> tuple[LLMEngine, StepRecorder]:
+        self.engine.spec = self.drivers[policy]
+        return self.engine, self.recorder
+
+
+def _spec_config(spec: SpecConfig, policy: str) -> SpecConfig:
+    if policy == "off":
+        return dataclasses.replace(spec, proposer="none", spec_policy="off")
+    return dataclasses.replace(spec, spec_policy=policy)
 
 
 def load_prompts(engine: LLMEngine, args: argparse.Namespace) -> list[list[int]]:
@@ -185,17 +233,16 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     policies = args.policies.split(",")
     with collection_paused_then_frozen():  # as the server's start-up heap is
-        engines = {policy: make_engine(policy, args) for policy in policies}
-    recorders = {policy: StepRecorder(engine) for policy, engine in engines.items()}
-    prompts = load_prompts(engines[policies[0]], args)
+        use = _engines(policies, args)
+    prompts = load_prompts(use(policies[0])[0], args)
     for policy in policies:  # warm-up: graphs, caches, the controller's first fit
-        run(engines[policy], recorders[policy], prompts, max(args.concurrency), args)
+        run(*use(policy), prompts, max(args.concurrency), args)
     cells = []
     for round_ in range(args.rounds):
         for n in args.concurrency:
             for policy in policies:
                 with CollectorPauses() as pauses:
-                    records = run(engines[policy], recorders[policy], prompts, n, args)
+                    records = run(*use(policy), prompts, n, args)
                 cell = dict(concurrency=n, policy=policy, round=round_, **summarize(records))
                 cells.append(cell | pauses.as_dict())
                 print(json.dumps(cells[-1]), flush=True)
@@ -203,6 +250,18 @@ def main(argv: list[str] | None = None) -> None:
     args.out.write_text(json.dumps(dict(meta=meta, cells=cells), indent=1))
     args.out.with_suffix(".md").write_text(markdown(cells))
     print(markdown(cells))
+
+
+def _engines(
+    policies: Sequence[str], args: argparse.Namespace
+) -> Callable[[str], tuple[LLMEngine, StepRecorder]]:
+    """policy -> (its engine, its recorder): one engine per policy, or with --one-engine one
+    engine whose driver is swapped."""
+    if args.one_engine:
+        return SharedEngine(policies, args).use
+    engines = {policy: make_engine(policy, args) for policy in policies}
+    recorders = {policy: StepRecorder(engine) for policy, engine in engines.items()}
+    return lambda policy: (engines[policy], recorders[policy])
 
 
 if __name__ == "__main__":

@@ -110,13 +110,18 @@ class OnlineLinearCostModel:
         ridge: float = 1e-3,
         min_seconds: float = 1e-6,
         refit_every: int = 1,
+        refit_share: float = 0.0,
     ) -> None:
-        """refit_every: observations between refits of the window when predicting (a refit
-        costs ~0.4 ms, a tenth of a batch-1 step on the AVX-512 kernels; the engine uses 8)."""
-        if not 0.0 < forgetting <= 1.0 or window < 1 or refit_every < 1:
+        """refit_every: observations between refits of the window when predicting;
+        refit_share: besides, the observed steps since the last refit must have lasted the
+        last refit's seconds over this share (0: no such bound). A refit costs 0.4-0.7 ms
+        between engine steps (its arrays are cold there; ~0.14 ms in a loop), a fifth of a
+        batch-1 SmolLM2 step on the AVX-512 kernels: the engine refits every 8 steps and
+        within 1% of the steps' time (docs/benchmarks.md §5zd)."""
+        if not 0.0 < forgetting <= 1.0 or window < 1 or refit_every < 1 or refit_share < 0.0:
             raise ValueError(
-                "need 0 < forgetting <= 1, window >= 1 and refit_every >= 1, got "
-                f"{forgetting}, {window}, {refit_every}"
+                "need 0 < forgetting <= 1, window >= 1, refit_every >= 1 and refit_share >= 0, "
+                f"got {forgetting}, {window}, {refit_every}, {refit_share}"
             )
         self.forgetting = forgetting
         self.ridge = ridge
@@ -136,8 +141,10 @@ class OnlineLinearCostModel:
         self._set_theta(self._prior)
         self._ever_solved = False  # the prior is not a fit
         self._seeded = False  # profiled or loaded: trust it before num_observations is large
-        self.refit_every = refit_every
+        self.refit_every, self.refit_share = refit_every, refit_share
         self._pending = 0  # observations since the last refit
+        self._pending_seconds = 0.0  # their measured seconds
+        self._refit_seconds = 0.0  # what the last refit took
 
     def _vector(self, f: StepFeatures) -> tuple[float, ...]:
         eager_rows, rows = _split_rows(f)
@@ -147,8 +154,8 @@ class OnlineLinearCostModel:
         return tuple(value / scale for value, scale in zip(raw, _SCALES, strict=True))
 
     def predict(self, features: StepFeatures) -> float:
-        if self._dirty and (self._pending >= self.refit_every or not self._ever_solved):
-            self._solve()
+        if self._dirty and self._refit_due():
+            self._refit()
         # Written out (not _vector): the policy calls this hundreds of times per step.
         c, f = self._coefficients, features
         eager_rows, rows = _split_rows(f)
@@ -170,8 +177,8 @@ class OnlineLinearCostModel:
     ) -> np.ndarray:
         """predict(base.with_drafts(d, s, p, graphs)) for arrays of d, s, p at once (the
         search's candidate plans). Equal to the scalar predictions up to float rounding."""
-        if self._dirty and (self._pending >= self.refit_every or not self._ever_solved):
-            self._solve()
+        if self._dirty and self._refit_due():
+            self._refit()
         c, f = self._coefficients, base
         drafts = np.asarray(num_draft_tokens, dtype=float)
         spec = np.asarray(num_spec_requests)
@@ -211,6 +218,21 @@ class OnlineLinearCostModel:
         lo, hi = ROW_KNOTS[segment], ROW_KNOTS[segment + 1]
         return seconds + self._ramp_sums[segment] + c[2 + segment] * (rows - lo) / (hi - lo)
 
+    def _refit_due(self) -> bool:
+        """Whether a prediction refits first: the first, and then after refit_every
+        observations that lasted at least the last refit's seconds over refit_share."""
+        if not self._ever_solved:
+            return True
+        if self._pending < self.refit_every:
+            return False
+        share = self.refit_share
+        return share == 0.0 or self._pending_seconds * share >= self._refit_seconds
+
+    def _refit(self) -> None:
+        start = time.perf_counter()
+        self._solve()
+        self._refit_seconds = time.perf_counter() - start
+
     def observe(self, features: StepFeatures, measured_seconds: float) -> None:
         if measured_seconds <= 0.0:
             return
@@ -223,6 +245,7 @@ class OnlineLinearCostModel:
         self._append(features, measured_seconds)
         self._dirty = True
         self._pending += 1
+        self._pending_seconds += measured_seconds
 
     def _append(self, features: StepFeatures, seconds: float) -> None:
         slot = self._count % len(self._y)
@@ -270,7 +293,7 @@ class OnlineLinearCostModel:
         ramps = self._coefficients[2 : 2 + _NUM_RAMPS]
         self._ramp_sums = [float(v) for v in np.concatenate([[0.0], np.cumsum(ramps)])]
         self._dirty = False
-        self._pending = 0
+        self._pending, self._pending_seconds = 0, 0.0
         self._ever_solved = True
 
     @property

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from engine.speculation.control import cost_model
 from engine.speculation.control.cost_cache import CostModelCache, cache_key
 from engine.speculation.control.cost_model import OnlineLinearCostModel
 from engine.speculation.control.step_features import StepFeatures, profile_grid
@@ -440,3 +441,30 @@ def test_a_long_step_the_model_cannot_fit_does_not_set_the_short_steps_prices():
     for k, seconds in measured.items():
         predicted = model.predict(StepFeatures.from_shapes([(300, 1, k)], draft_model=True))
         assert predicted == pytest.approx(seconds, rel=0.08), k
+
+
+def test_refits_take_at_most_their_share_of_the_observed_steps(monkeypatch):
+    """With refit_share, a prediction refits only once the steps observed since the last refit
+    lasted that refit's seconds over the share (here a refit takes 0.5 ms of a fake clock and
+    steps 1 ms: one refit per 50 steps at 1%), and still not before refit_every steps."""
+    clock = iter(i * 5e-4 for i in range(10**6))
+    monkeypatch.setattr(cost_model.time, "perf_counter", lambda: next(clock))
+    refits = {"shared": 0, "plain": 0}
+    models = {
+        "shared": OnlineLinearCostModel(refit_every=8, refit_share=0.01),
+        "plain": OnlineLinearCostModel(refit_every=8),
+    }
+    for name, model in models.items():
+        solve = model._solve
+
+        def counted(*args, _solve=solve, _name=name, **kwargs):
+            refits[_name] += 1
+            return _solve(*args, **kwargs)
+
+        model._solve = counted
+        for i in range(500):
+            f = StepFeatures.from_shapes([(100 + i, 1, i % 3)])
+            model.observe(f, 1e-3)
+            model.predict(f)
+    assert refits["plain"] == pytest.approx(500 / 8, abs=2)
+    assert refits["shared"] == pytest.approx(500 / 50, abs=2)

@@ -95,7 +95,7 @@ def main() -> None:
     for round_index in range(args.rounds):
         order = list(llms) if round_index % 2 == 0 else list(reversed(llms))
         for policy in order:
-            totals = llms[policy].engine.spec.totals
+            totals = llms[policy].engine.spec.tally.totals
             before = (totals.num_draft_tokens, totals.num_accepted_tokens)
             latency[policy].append(serve(llms[policy], prompts, params, args.rate, round_index))
             drafts = totals.num_draft_tokens - before[0]

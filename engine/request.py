@@ -58,7 +58,7 @@ class SpecCounts:
     one per verify step of a request), their tokens (tree nodes) and how many of those were
     accepted, overall and per proposer that drafted them. A request's (SpecState.counts), its
     RequestOutput's (a snapshot: DESIGN §3's per-request spec statistics) and the engine's
-    totals (SpecDriver.totals, behind EngineStats) are all SpecCounts."""
+    totals (SpecTally.totals, behind EngineStats) are all SpecCounts."""
 
     proposer: str = ""  # whose drafts: the engine's proposer ("ngram,draft" when several)
     num_drafts: int = 0

@@ -28,10 +28,12 @@ FLOORS = [
     ["engine/structured/", "engine/arg_utils.py"],
     ["engine/models/", "engine/config.py", "engine/sampling_params.py"],
 ]
-# speculation/'s own floors: the factories, the driver, control, the proposers.
+# speculation/'s own floors: the factories, the driver, what it keeps beside it (the shadow
+# checks, the tally), control, the proposers.
 SPECULATION = [
     ["engine/speculation/__init__.py", "engine/speculation/build.py"],
     ["engine/speculation/driver.py"],
+    ["engine/speculation/shadow.py", "engine/speculation/tally.py"],
     ["engine/speculation/control/"],
     ["engine/speculation/proposers/"],
 ]
@@ -120,6 +122,11 @@ def test_engine_rooms_import_only_downwards():
 
 def test_speculation_rooms_import_only_downwards():
     assert not crossings(SPECULATION)
+
+
+def test_every_speculation_file_has_a_room():
+    homeless = [m for m in import_graph("engine/speculation") if place(m, SPECULATION) is None]
+    assert not homeless, f"add these to SPECULATION: {homeless}"
 
 
 def test_speculation_speaks_to_the_runner_only_through_contracts():

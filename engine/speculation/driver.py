@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 from engine.config import SpecConfig
 from engine.outputs import Drafts, ModelOutput, ScheduledRequest, SchedulerOutput, SpecPlan
-from engine.request import Request, RequestStatus, SpecCounts
+from engine.request import Request, RequestStatus
 from engine.speculation.control.cost_model import OnlineLinearCostModel
 from engine.speculation.control.policy import SpecCandidate, SpecPolicy, SpecResult
 from engine.speculation.control.profiler import SeedReport
@@ -33,6 +33,7 @@ from engine.speculation.proposers.proposer import (
     ProposeRequest,
 )
 from engine.speculation.shadow import ShadowChecks
+from engine.speculation.tally import SpecTally
 from kernels.graph_shapes import NO_GRAPHS, GraphShapes
 
 
@@ -81,19 +82,7 @@ class SpecDriver:
         self.last_plan_time = 0.0  # seconds of the last policy.plan (part of the step's time)
         self._base = StepFeatures()
         self.rested = False
-        # The engine's totals; its proposers are listed (at zero) before they first draft.
-        names = config.proposers if self.enabled else ()
-        self.totals = SpecCounts(by_proposer={name: SpecCounts(name) for name in names})
-        self.accepted_per_position: list[int] = []  # drafts accepted at each position
-        self.last_goodput = 0.0
-
-    @property
-    def num_draft_tokens_total(self) -> int:
-        return self.totals.num_draft_tokens
-
-    @property
-    def num_accepted_tokens_total(self) -> int:
-        return self.totals.num_accepted_tokens
+        self.tally = SpecTally(config.proposers if self.enabled else ())
 
     @property
     def policy(self) -> SpecPolicy:
@@ -307,7 +296,7 @@ class SpecDriver:
         seconds = out.step_time + drafts.proposer_time
         emitted = sum(len(o.token_ids) for o in out.outputs.values())
         step_seconds = seconds + self.last_plan_time
-        self.last_goodput = emitted / step_seconds if step_seconds > 0 else 0.0
+        self.tally.step(emitted, step_seconds)
         if not self.enabled:  # nothing predicts step times: the cost model learns nothing
             return
         shapes = [
@@ -385,13 +374,13 @@ class SpecDriver:
     def _result(
         self, scheduled: ScheduledRequest, num_draft_tokens: int, num_accepted: int
     ) -> SpecResult | None:
-        """The request's outcome for its proposer's estimate, counted in the totals and in
+        """The request's outcome for its proposer's estimate, counted in the tally and in
         the request's own stats (overall and per proposer)."""
         request = scheduled.request
         name = self._proposer_of(request)
         request.spec.whole = num_draft_tokens if num_accepted == num_draft_tokens else 0
         if num_draft_tokens:
-            self._count(name, num_draft_tokens, num_accepted)
+            self.tally.count(name, num_draft_tokens, num_accepted)
             request.spec.counts.add(num_draft_tokens, num_accepted, name)
             return SpecResult(
                 request.request_id,
@@ -410,28 +399,12 @@ class SpecDriver:
             )
         return None
 
-    def _count(self, proposer: str, num_draft_tokens: int, num_accepted: int) -> None:
-        self.totals.add(num_draft_tokens, num_accepted, proposer)
-        positions = self.accepted_per_position
-        positions.extend([0] * (num_accepted - len(positions)))
-        for position in range(num_accepted):
-            positions[position] += 1
-
     def stats_fields(self) -> dict:
-        """The EngineStats fields of speculation: cumulative counters and the last step."""
-        totals = self.totals
+        """The EngineStats fields of speculation: the tally's counters, the last plan's."""
         return dict(
-            spec_num_drafts_total=totals.num_drafts,
-            spec_num_draft_tokens_total=totals.num_draft_tokens,
-            spec_num_accepted_tokens_total=totals.num_accepted_tokens,
-            spec_accepted_per_position_total=tuple(self.accepted_per_position),
-            spec_proposer_totals=tuple(
-                (name, c.num_drafts, c.num_draft_tokens, c.num_accepted_tokens)
-                for name, c in totals.by_proposer.items()
-            ),
+            **self.tally.fields(),
             last_predicted_step_time=getattr(self.policy, "last_predicted_step_time", None),
             last_plan_time=self.last_plan_time,
-            last_goodput=self.last_goodput,
             last_chosen_k=self.last_chosen_k,
         )
 

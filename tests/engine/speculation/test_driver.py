@@ -72,8 +72,8 @@ def test_goodput_varies_k_and_is_greedy_lossless(tiny_model_dir, tmp_path, refer
     assert len(set(chosen)) >= 2, f"goodput chose a single k: {set(chosen)}"
     assert any(len(set(plan.values())) >= 2 for plan in plans) or len(set(chosen)) >= 3
     # Planned slots are an upper bound: the n-gram proposer drafts only what it can match.
-    assert 0 < spec.num_draft_tokens_total <= sum(chosen)
-    assert 0 < spec.num_accepted_tokens_total < spec.num_draft_tokens_total
+    assert 0 < spec.tally.totals.num_draft_tokens <= sum(chosen)
+    assert 0 < spec.tally.totals.num_accepted_tokens < spec.tally.totals.num_draft_tokens
     # Every step was observed by the online model (profile samples + one per step).
     steps = llm.engine.stats().num_steps_total
     assert spec.cost_model.num_observations >= steps
@@ -90,7 +90,7 @@ def test_goodput_trees_plan_node_budgets_and_are_greedy_lossless(
     assert generate(llm) == reference
     budgets = {k for plan in plans for k in plan.values()}
     assert budgets and max(budgets) <= 6
-    assert llm.engine.spec.num_draft_tokens_total > 0
+    assert llm.engine.spec.tally.totals.num_draft_tokens > 0
 
 
 @pytest.mark.parametrize("policy", ["goodput", "fixed:3"])
@@ -101,7 +101,7 @@ def test_ngram_offers_bound_the_plan(tiny_model_dir, tmp_path, reference, policy
     plans = record_plans(llm)
     assert generate(llm) == reference
     planned = sum(k for plan in plans for k in plan.values())
-    assert planned > 0 and llm.engine.spec.num_draft_tokens_total == planned
+    assert planned > 0 and llm.engine.spec.tally.totals.num_draft_tokens == planned
     assert any(plan == {} for plan in plans[len(PROMPTS) :])  # steps with no match plan none
 
 
@@ -112,7 +112,7 @@ def test_fixed_policy_does_not_profile_and_is_lossless(tiny_model_dir, tmp_path,
     plans = record_plans(llm)
     assert generate(llm) == reference
     assert {k for plan in plans for k in plan.values()} <= {1, 2, 3}
-    assert llm.engine.spec.num_draft_tokens_total > 0
+    assert llm.engine.spec.tally.totals.num_draft_tokens > 0
 
 
 def test_without_a_proposer_every_call_is_a_no_op(tiny_model_dir, tmp_path, reference):
@@ -124,7 +124,7 @@ def test_without_a_proposer_every_call_is_a_no_op(tiny_model_dir, tmp_path, refe
     assert all(plan == {} for plan in plans) and plans
     assert spec.stats_fields()["spec_num_draft_tokens_total"] == 0
     assert spec.cost_model.num_observations == 0  # nothing predicts step times: none timed
-    assert spec.last_goodput > 0  # the goodput gauge still reads each step
+    assert spec.tally.last_goodput > 0  # the goodput gauge still reads each step
 
 
 def test_stats_fields_fill_engine_stats(tiny_model_dir, tmp_path):

@@ -83,6 +83,7 @@ class SpecDriver:
         self._base = StepFeatures()
         self.rested = False
         self.tally = SpecTally(config.proposers if self.enabled else ())
+        self.last_goodput = 0.0  # emitted tokens / seconds of the last step
 
     @property
     def policy(self) -> SpecPolicy:
@@ -296,7 +297,7 @@ class SpecDriver:
         seconds = out.step_time + drafts.proposer_time
         emitted = sum(len(o.token_ids) for o in out.outputs.values())
         step_seconds = seconds + self.last_plan_time
-        self.tally.step(emitted, step_seconds)
+        self.last_goodput = emitted / step_seconds if step_seconds > 0 else 0.0
         if not self.enabled:  # nothing predicts step times: the cost model learns nothing
             return
         shapes = [
@@ -400,11 +401,12 @@ class SpecDriver:
         return None
 
     def stats_fields(self) -> dict:
-        """The EngineStats fields of speculation: the tally's counters, the last plan's."""
+        """The EngineStats fields of speculation: the tally's counters, the last step's."""
         return dict(
             **self.tally.fields(),
             last_predicted_step_time=getattr(self.policy, "last_predicted_step_time", None),
             last_plan_time=self.last_plan_time,
+            last_goodput=self.last_goodput,
             last_chosen_k=self.last_chosen_k,
         )
 

@@ -1,8 +1,8 @@
-"""SpecTally: what the engine's speculation has done, as EngineStats shows it (DESIGN §3's
-metrics): verified drafts, their tokens and the accepted ones, overall and per proposer (the
-proposers listed at zero before they first draft), the drafts accepted at each position, and
-the last step's goodput. SpecDriver counts each verified draft here and reads the fields out
-with its own last plan's; pure Python."""
+"""SpecTally: what the engine's speculation has verified, as EngineStats shows it (DESIGN §3's
+metrics): drafts, their tokens and the accepted ones, overall and per proposer (the proposers
+listed at zero before they first draft), and the drafts accepted at each position. SpecDriver
+counts each verified draft here and reads the fields out beside its last step's readings;
+pure Python."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ class SpecTally:
     def __init__(self, proposers: Sequence[str] = ()) -> None:
         self.totals = SpecCounts(by_proposer={name: SpecCounts(name) for name in proposers})
         self.accepted_per_position: list[int] = []  # drafts accepted at each position
-        self.last_goodput = 0.0  # emitted tokens / seconds of the last step
 
     def count(self, proposer: str, num_draft_tokens: int, num_accepted: int) -> None:
         """One verified draft of `proposer`'s and how many of its tokens were accepted."""
@@ -25,12 +24,8 @@ class SpecTally:
         for position in range(num_accepted):
             positions[position] += 1
 
-    def step(self, emitted: int, seconds: float) -> None:
-        """A step's emitted tokens and its seconds (planning and proposing included)."""
-        self.last_goodput = emitted / seconds if seconds > 0 else 0.0
-
     def fields(self) -> dict:
-        """EngineStats's cumulative speculation counters and the last step's goodput."""
+        """EngineStats's cumulative speculation counters."""
         totals = self.totals
         return dict(
             spec_num_drafts_total=totals.num_drafts,
@@ -41,5 +36,4 @@ class SpecTally:
                 (name, c.num_drafts, c.num_draft_tokens, c.num_accepted_tokens)
                 for name, c in totals.by_proposer.items()
             ),
-            last_goodput=self.last_goodput,
         )

@@ -17,11 +17,3 @@ def test_the_tally_counts_drafts_per_proposer_and_accepted_ones_per_position():
     assert fields["spec_num_accepted_tokens_total"] == 5
     assert fields["spec_accepted_per_position_total"] == (2, 2, 1)
     assert fields["spec_proposer_totals"] == (("ngram", 2, 6, 2), ("draft", 1, 3, 3))
-
-
-def test_the_last_goodput_is_the_last_steps_tokens_per_second():
-    tally = SpecTally()
-    tally.step(12, 0.004)
-    assert tally.fields()["last_goodput"] == 3000.0
-    tally.step(3, 0.0)  # a step measured as taking no time reads as none
-    assert tally.fields()["last_goodput"] == 0.0

@@ -270,11 +270,12 @@ def _rate_ratio(pairs: list[tuple[dict, dict]]) -> float:
 
 
 def markdown(args: argparse.Namespace, rows: list[dict], command: str) -> str:
+    decoding = f"sampled at T = {args.temperature}, one seed" if args.temperature else "greedy"
     lines = [
         f"`{command}` — {datetime.now().isoformat(timespec='seconds')}, "
         f"{machine_description()}, {load_average()} at the end, "
         f"{args.threads} thread(s); target {Path(args.target).name}, draft "
-        f"{Path(args.draft).name}, weights gguf; batch 1, greedy, {args.max_tokens} new tokens, "
+        f"{Path(args.draft).name}, weights gguf; batch 1, {decoding}, {args.max_tokens} new tokens, "
         f"{args.num_prompts} prompt(s) per workload. Decode tok/s excludes prefill; "
         "acceptance = accepted / drafted; accepted/step = mean accepted drafts per verify step.",
         "",

@@ -114,7 +114,7 @@ class OnlineLinearCostModel:
     ) -> None:
         """refit_every: observations between refits of the window when predicting;
         refit_share: besides, the observed steps since the last refit must have lasted the
-        last refit's seconds over this share (0: no such bound). A refit costs 0.4-0.7 ms
+        last refit's seconds over this share (0: no such bound). A refit costs 0.4-1 ms
         between engine steps (its arrays are cold there; ~0.14 ms in a loop), a fifth of a
         batch-1 SmolLM2 step on the AVX-512 kernels: the engine refits every 8 steps and
         within 1% of the steps' time (docs/benchmarks.md §5zd)."""

@@ -10,8 +10,8 @@ accepted. So the driver rests, asking for a plan on one step in REST_EVERY only,
   planning and the drafts' extra time, and sum(emitted) / sum(step seconds) < sum(emitted -
   accepted) / (sum(step seconds) - planning - extra), i.e. sum(accepted) * sum(step seconds)
   < sum(emitted) * (planning + extra). A drafting step's extra time is its measured seconds
-  over the cost model's prediction of the step without its drafts, less the same excess on
-  the ledger's steps that drafted nothing (the model's own bias); the verify rows are then
+  over the cost model's prediction of the step without its drafts, less the model's own bias
+  (its median relative excess on the ledger's steps that drafted nothing); the verify rows are then
   paid for as measured, not as priced (at 16 chat requests on Zen 5 the model priced a draft
   row at ~0.4-0.6 ms where it cost ~1 ms, and goodput ran 0.81-0.95x off: docs/benchmarks.md
   §5zb).
@@ -103,9 +103,19 @@ class PlanningRest:
 
     def _draft_seconds(self) -> float:
         """What the ledger's drafts added to their steps: the drafting steps' excess over the
-        prediction without drafts, less the median excess of the steps that drafted nothing
-        (0 without such steps), at least 0."""
-        plain = sorted(entry[5] for entry in self._ledger if entry[4] == 0)
+        prediction without drafts, less the model's own bias there, at least 0. The bias is
+        relative: the median excess over the prediction of the steps that drafted nothing,
+        as a share of their predictions (0 without such steps). An absolute one let a new
+        request's prefill, 13 ms under its 143 ms prediction, add 13 ms to each 9 ms drafting
+        step of SmolLM2 copying, and the ledger rested copy (docs/benchmarks.md §5zd)."""
+        plain = sorted(entry[5] / _predicted(entry) for entry in self._ledger if entry[4] == 0)
         bias = plain[len(plain) // 2] if plain else 0.0
-        extra = sum(entry[5] - bias for entry in self._ledger if entry[4] > 0)
+        extra = sum(entry[5] - bias * _predicted(entry) for entry in self._ledger if entry[4] > 0)
         return max(0.0, extra)
+
+
+def _predicted(entry: tuple[int, int, float, float, int, float]) -> float:
+    """A ledger step's predicted seconds without its drafts (its step seconds less planning
+    and the excess), at least a microsecond."""
+    _, _, plan_seconds, step_seconds, _, excess_seconds = entry
+    return max(1e-6, step_seconds - plan_seconds - excess_seconds)

@@ -226,6 +226,23 @@ def test_the_cost_models_own_bias_on_steps_without_drafts_is_not_charged_to_draf
     assert not rest.pays()
 
 
+def test_a_prefill_the_model_overpriced_does_not_charge_its_error_to_the_drafts():
+    """SmolLM2 copying (§5zd): fifteen 8.9 ms steps that accepted 8 of 8 drafts, 5.5 ms over
+    the model's 3.3 ms without them, and one new request's 130 ms prefill 13 ms under its
+    prediction. The model's bias is relative (-9% there): an absolute one added 13 ms to each
+    drafting step and the ledger rested copy."""
+    rest = PlanningRest()
+    for _ in range(REST_AFTER - 1):
+        rest.observed(8, 9, 0.0001, 0.0089, drafts=8, excess_seconds=0.0055)
+    rest.observed(0, 1, 0.0, 0.130, drafts=0, excess_seconds=-0.013)
+    assert rest.pays()
+    # The same steps whose drafts were all rejected do not.
+    for _ in range(REST_AFTER - 1):
+        rest.observed(0, 1, 0.0001, 0.0089, drafts=8, excess_seconds=0.0055)
+    rest.observed(0, 1, 0.0, 0.130, drafts=0, excess_seconds=-0.013)
+    assert not rest.pays()
+
+
 class LinearSteps:
     """A fitted cost model: 10 ms a batched row."""
 

@@ -122,7 +122,11 @@ def _shadow_checks(
     if not isinstance(policy, GoodputPolicy):
         return None
     free = {name: p for name, p in _members(proposer).items() if name != DRAFT_PROPOSER}
-    return ShadowChecks(free) if free else None
+    if not free:
+        return None
+    # Checked, they need no forced probes (the estimate of a single proposer is named "").
+    policy.exploration.shadowed = frozenset(free if policy.choice else ("",))
+    return ShadowChecks(free)
 
 
 def make_policy(

@@ -8,7 +8,11 @@ it missed) are within its allowance: EXPLORE_SHARE of the idle plans' steps. A p
 settled (verified once anywhere; a draft model FIRST_PROBES times) is budgeted on every plan so
 far less what its earlier probes spent, and a draft model not yet settled does not wait out the
 interval. The clock counts plans and the steps the driver rested (control/rest.py), so idle
-requests age by steps, as a draft model's catch-up grows. Pure Python; GoodputPolicy owns one.
+requests age by steps, as a draft model's catch-up grows. A proposer whose chains are shadow-
+checked (engine/speculation/shadow.py: the model-free ones under goodput) is never probed: its
+checks feed its estimate at no verify row, where a probe costs one that every request in the
+step waits for (at four SmolLM2 chat requests 7 of 18 drafting plans were probes, which
+accepted 1 draft in 7: docs/benchmarks.md §5zd). Pure Python; GoodputPolicy owns one.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ class Exploration:
         self.proposers = tuple(estimators)
         self.lagging = lagging
         self.interval = interval
+        self.shadowed: frozenset[str] = frozenset()  # names whose chains shadow checks test
         self.clock = 0  # plans, and the steps the driver rested
         self._spent: dict[str, float] = {}  # seconds of probes before settling
 
@@ -70,6 +75,8 @@ class Exploration:
         idle = []
         for i, candidate in enumerate(candidates):
             for j, name in enumerate(self.proposers):
+                if name in self.shadowed:
+                    continue
                 # the plan that last ran it on this request (or first saw the request)
                 last = candidate.spec.last_run.setdefault(name, self.clock)
                 idle_plans = self.clock - last

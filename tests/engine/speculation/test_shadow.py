@@ -111,11 +111,31 @@ def test_a_shadow_outcome_moves_the_estimate_and_stands_in_for_a_probe_but_is_no
     assert estimator._calibration == calibration  # no plan acted on a shadow outcome
 
 
+def test_a_shadow_checked_proposer_is_never_forced_to_probe():
+    """Estimates near 0 for every proposer: only probes draft. Without checks the model-free
+    proposers are probed too (a verify row each); where they are checked, only the draft model."""
+    probed = {}
+    for request_id, shadowed in (("a", frozenset()), ("b", frozenset({"ngram", "recycle"}))):
+        policy = choice_policy(explore_interval=4)
+        policy.exploration.shadowed = shadowed
+        teach(policy, request_id, {"ngram": 0.0, "recycle": 0.0, "draft": 0.0})
+        probes = set()
+        for _ in range(24):
+            if policy.plan(candidates(request_id), decode_base(1)):
+                probes.add(spec(request_id).proposer)
+        probed[shadowed] = probes
+    assert probed[frozenset()] == {"ngram", "recycle", "draft"}
+    assert probed[frozenset({"ngram", "recycle"})] == {"draft"}
+
+
 def test_only_goodputs_chains_check_and_never_the_draft_model(tiny_model_dir, tmp_path):
     llm = make_llm(tiny_model_dir, tmp_path, speculative_proposer="ngram,recycle")
     assert set(llm.engine.spec.shadows.proposers) == {"ngram", "recycle"}
+    assert llm.engine.spec.policy.exploration.shadowed == {"ngram", "recycle"}
     off = make_llm(tiny_model_dir, tmp_path, speculative_proposer="ngram", spec_shadow_checks=False)
-    assert off.engine.spec.shadows is None
+    assert off.engine.spec.shadows is None and not off.engine.spec.policy.exploration.shadowed
+    alone = make_llm(tiny_model_dir, tmp_path, speculative_proposer="ngram")
+    assert alone.engine.spec.policy.exploration.shadowed == {""}  # a single proposer's estimate
     fixed = make_llm(tiny_model_dir, tmp_path, speculative_proposer="ngram", spec_policy="fixed:3")
     assert fixed.engine.spec.shadows is None
     tree = make_llm(tiny_model_dir, tmp_path, speculative_proposer="ngram", spec_tree_nodes=6)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import itertools
 import statistics
 import time
 from collections import deque
@@ -51,9 +52,38 @@ _SCALES += (256.0, 256.0)  # eager rows, catch-up tokens
 _NUM_RAMPS = len(ROW_KNOTS) - 1
 
 
-def row_ramps(rows: int) -> list[float]:
-    """How far `rows` has crossed each segment between consecutive knots, in [0, 1]."""
-    return [min(1.0, max(0.0, (rows - lo) / (hi - lo))) for lo, hi in zip(ROW_KNOTS, ROW_KNOTS[1:])]
+_KNOTS_LO = np.array(ROW_KNOTS[:-1], dtype=float)
+_KNOTS_WIDTH = np.diff(np.array(ROW_KNOTS, dtype=float))
+
+
+def feature_vectors(features: Sequence[StepFeatures]) -> np.ndarray:
+    """The model's scaled feature rows (FEATURE_NAMES) of many steps at once: the row terms
+    read a step's rows per _split_rows, each ramp how far they crossed its segment between
+    consecutive knots, in [0, 1]."""
+    raw = np.array(
+        [
+            (
+                f.num_batched_tokens,
+                f.num_eager_steps,
+                f.num_graph_rows,
+                f.num_requests,
+                f.num_kv_tokens,
+                f.num_draft_tokens,
+                f.num_draft_steps,
+                f.num_spec_requests,
+                f.num_catchup_tokens,
+            )
+            for f in features
+        ],
+        dtype=float,
+    ).reshape(-1, 9)
+    batched, eager, graph_rows, requests, kv, drafts, draft_steps, spec, catchup = raw.T
+    eager_rows = np.where(eager > 0, batched, 0.0)
+    rows = np.where(eager > 0, 0.0, np.where(graph_rows > 0, graph_rows, batched))
+    ramps = np.clip((rows[:, None] - _KNOTS_LO) / _KNOTS_WIDTH, 0.0, 1.0)
+    columns = (requests, kv, drafts, draft_steps, spec, eager, eager_rows, catchup)
+    x = np.column_stack([np.ones(len(rows)), rows, ramps, *columns])
+    return x / np.array(_SCALES)
 
 
 def _replayed(
@@ -128,11 +158,12 @@ class OnlineLinearCostModel:
         self.min_seconds = min_seconds
         self.num_observations = 0
         self._samples: deque[tuple[StepFeatures, float]] = deque(maxlen=window)
-        # The same window as a ring buffer: slot i holds observation i mod window.
+        # The same window as a ring buffer: slot i holds observation i mod window, written at
+        # the refit that first reads it (_write_ring: one array op, not one per step).
         self._x = np.zeros((window, len(FEATURE_NAMES)))  # scaled features
         self._y = np.zeros(window)  # seconds
-        self._robust = np.ones(window)  # outlier weights, refreshed at every refit
-        self._count = 0  # observations ever written to the ring
+        self._count = 0  # observations ever taken into the window
+        self._written = 0  # of them, those written to the ring
         self._errors: deque[float] = deque(maxlen=64)  # relative, for accuracy()
         self._prior = np.zeros(len(FEATURE_NAMES))
         self._anchors: list[tuple[StepFeatures, float]] = []  # the profile's samples
@@ -146,17 +177,10 @@ class OnlineLinearCostModel:
         self._pending_seconds = 0.0  # their measured seconds
         self._refit_seconds = 0.0  # what the last refit took
 
-    def _vector(self, f: StepFeatures) -> tuple[float, ...]:
-        eager_rows, rows = _split_rows(f)
-        raw = (1, rows, *row_ramps(rows), f.num_requests, f.num_kv_tokens)
-        raw += (f.num_draft_tokens, f.num_draft_steps, f.num_spec_requests, f.num_eager_steps)
-        raw += (eager_rows, f.num_catchup_tokens)
-        return tuple(value / scale for value, scale in zip(raw, _SCALES, strict=True))
-
     def predict(self, features: StepFeatures) -> float:
         if self._dirty and self._refit_due():
             self._refit()
-        # Written out (not _vector): the policy calls this hundreds of times per step.
+        # Written out (not feature_vectors): the policy calls this hundreds of times a step.
         c, f = self._coefficients, features
         eager_rows, rows = _split_rows(f)
         seconds = self._row_seconds(rows)
@@ -248,17 +272,31 @@ class OnlineLinearCostModel:
         self._pending_seconds += measured_seconds
 
     def _append(self, features: StepFeatures, seconds: float) -> None:
-        slot = self._count % len(self._y)
         self._samples.append((features, seconds))
-        self._x[slot], self._y[slot], self._robust[slot] = self._vector(features), seconds, 1.0
         self._count += 1
         self.num_observations += 1
+
+    def _write_ring(self) -> None:
+        """The observations since the last write into the ring, as one array: turning a
+        step into its feature row one at a time cost ~0.025 ms of every observed step, a
+        quarter of what a resting driver spent on a 4.6 ms SmolLM2 step (docs/benchmarks.md
+        §5ze)."""
+        window = len(self._y)
+        new = min(self._count - self._written, window)
+        if new == 0:
+            return
+        recent = list(itertools.islice(self._samples, len(self._samples) - new, None))
+        slots = np.arange(self._count - new, self._count) % window
+        self._x[slots] = feature_vectors([features for features, _ in recent])
+        self._y[slots] = [seconds for _, seconds in recent]
+        self._written = self._count
 
     def _solve(self, passes: int = 1, fresh: bool = False) -> None:
         """Refit the window. Each pass first re-derives the outlier weights from the current
         fit (Huber-style, on the log error around its median, so a constant misfit is corrected
         rather than mistaken for outliers), then solves; one pass per step amortises IRLS.
         fresh: no fit to derive weights from yet, so the first pass is unweighted."""
+        self._write_ring()
         n = min(self._count, len(self._y))
         if n == 0:
             return self._set_theta(self._prior)
@@ -275,14 +313,13 @@ class OnlineLinearCostModel:
                 deviations = np.abs(log_errors - np.median(log_errors))
                 bound = OUTLIER_FACTOR * max(float(np.median(deviations)), 0.01)
                 robust = np.minimum(1.0, bound / np.maximum(deviations, 1e-12))
-                self._robust[:n] = robust[:n]
             theta = _nonnegative_ridge(x, y, base * robust, self.ridge, self._prior)
         self._set_theta(theta)
 
     def _set_samples(self, samples: Iterable[tuple[StepFeatures, float]]) -> None:
         samples = list(samples)
         self._samples.clear()
-        self._count = self.num_observations = 0
+        self._count = self._written = self.num_observations = 0
         for features, seconds in samples:
             self._append(features, seconds)
         self._dirty = True
@@ -363,9 +400,7 @@ class OnlineLinearCostModel:
 
     def _set_anchors(self, samples: Sequence[tuple[StepFeatures, float]]) -> None:
         self._anchors = list(samples)
-        self._anchor_x = np.array([self._vector(f) for f, _ in samples]).reshape(
-            len(samples), len(FEATURE_NAMES)
-        )
+        self._anchor_x = feature_vectors([f for f, _ in samples])
         self._anchor_y = np.array([seconds for _, seconds in samples], dtype=float)
 
     def to_params(self) -> dict[str, Any]:

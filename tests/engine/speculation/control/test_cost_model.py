@@ -468,3 +468,36 @@ def test_refits_take_at_most_their_share_of_the_observed_steps(monkeypatch):
             model.predict(f)
     assert refits["plain"] == pytest.approx(500 / 8, abs=2)
     assert refits["shared"] == pytest.approx(500 / 50, abs=2)
+
+
+def test_the_fitted_rows_price_every_step_as_predict_does():
+    """feature_vectors (the rows a refit solves over) and predict (written out per feature)
+    are one model: a fitted theta dotted with a step's row is its prediction, with eager
+    steps, replayed graphs, prefill chunks and every row ramp among the steps."""
+    rng = random.Random(5)
+    steps = [random_features(rng) for _ in range(300)]
+    steps += [StepFeatures.from_shapes([(9, rows, 0)]) for rows in (1, 2, 5, 6, 7, 2048, 4000)]
+    model = OnlineLinearCostModel()
+    model.fit([(f, true_seconds(f) * (1 + 0.3 * rng.random())) for f in steps])
+    rows = cost_model.feature_vectors(steps)
+    assert rows.shape == (len(steps), len(cost_model.FEATURE_NAMES))
+    want = [model.predict(f) for f in steps]
+    assert (rows @ model._theta).tolist() == pytest.approx(want, rel=1e-9, abs=1e-12)
+
+
+def test_the_ring_holds_the_same_rows_written_late_as_written_every_step():
+    """Observations reach the ring at the refit that reads them; past a full window of
+    them, the ring holds what it would have held written one step at a time, slot for slot."""
+    rng = random.Random(8)
+    every, late = OnlineLinearCostModel(window=32), OnlineLinearCostModel(window=32)
+    for i in range(100):
+        f = random_features(rng)
+        seconds = true_seconds(f)
+        every.observe(f, seconds)
+        late.observe(f, seconds)
+        every._solve()
+        if i in (10, 50):  # late's refits: a partial window, then 40 written over 32 slots
+            late._solve()
+    late._solve()
+    assert late._x.tolist() == every._x.tolist()
+    assert late._y.tolist() == every._y.tolist()

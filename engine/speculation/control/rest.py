@@ -3,7 +3,8 @@
 Planning is not free: the proposers' offers, the candidates and the policy's search cost
 0.2-4 ms a step at 1-64 requests on the 2-core VM (docs/benchmarks.md §5y, §5z), a larger share
 of a GPU's 2-5 ms decode step. A plan pays for itself only through the drafts it gets
-accepted. So the driver rests, asking for a plan on one step in REST_EVERY only, while either
+accepted. So the driver rests, asking for a plan REST_EVERY steps into the rest, then after twice
+as many steps each time, up to REST_DEEPEST apart, while either
 - the last REST_AFTER plans drafted nothing (chat under load: every offer priced out), or
 - over the last REST_AFTER planning steps, speculation lowered goodput: the same steps
   without their drafts and plans would have emitted the tokens not accepted in the time less
@@ -19,8 +20,10 @@ accepted. So the driver rests, asking for a plan on one step in REST_EVERY only,
 The steps between draft nothing and plan nothing. Open shadow checks are still fed and the
 cost model still observes every step (new checks start on the planning steps only). The
 planning steps keep the ledger, so the rest ends as soon as drafts come to pay again (a
-request that comes to pay waits at most REST_EVERY - 1 steps for its drafts). Pure Python;
-the driver (SpecDriver.plan, observe) feeds it.
+request that comes to pay waits at most REST_DEEPEST - 1 steps for its drafts). One plan in
+four had cost ~3% of four SmolLM2 chat requests' steps, where drafts never paid; one in sixteen
+costs a quarter of that (docs/benchmarks.md §5ze). Pure Python; the driver (SpecDriver.plan,
+observe) feeds it.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ from __future__ import annotations
 from collections import deque
 
 REST_AFTER = 16  # plans (or planning steps) a rest looks back over
-REST_EVERY = 4  # resting, one step in this many plans
+REST_EVERY = 4  # resting, the steps to the first plan; each plan that rests on doubles them
+REST_DEEPEST = 16  # up to this many
 # Chains past this many drafts only while drafts pay, and up to twice the request's last chain
 # if that was accepted whole (chain_cap).
 SHORT_CHAIN = 4
@@ -39,18 +43,26 @@ class PlanningRest:
 
     def __init__(self) -> None:
         self._idle_plans = 0  # plans in a row that drafted nothing
-        self._turn = 0  # steps since the last plan while resting
+        self._every = REST_EVERY  # resting, the steps from one plan to the next
+        self._wait = REST_EVERY  # resting, the steps left to the next plan
         # per planning step observed: (drafts accepted, tokens emitted, plan s, step s, drafts
         # run, step s over the cost model's prediction of the step without its drafts)
         self._ledger: deque[tuple[int, int, float, float, int, float]] = deque(maxlen=REST_AFTER)
         self._paid: bool | None = None  # pays(), kept until the ledger changes
 
     def skips(self) -> bool:
-        """Whether this step rests (no offers, no plan); counts the turn while resting."""
+        """Whether this step rests (no offers, no plan). Resting, the steps between plans
+        double from REST_EVERY to REST_DEEPEST while each plan finds the rest's reason still
+        there; a rest that ends starts the next at REST_EVERY."""
         if self._idle_plans < REST_AFTER and self.pays():
+            self._every = self._wait = REST_EVERY
             return False
-        self._turn = (self._turn + 1) % REST_EVERY
-        return self._turn != 0
+        self._wait -= 1
+        if self._wait > 0:
+            return True
+        self._every = min(REST_DEEPEST, 2 * self._every)
+        self._wait = self._every
+        return False
 
     def planned(self, drafted: bool) -> None:
         """A plan ran; whether it drafted anything."""

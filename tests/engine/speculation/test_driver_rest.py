@@ -1,8 +1,8 @@
 """SpecDriver rests (engine/speculation/control/rest.py): a policy that prices drafts
 (goodput) whose last REST_AFTER plans drafted nothing, or whose accepted drafts over the last
 REST_AFTER planning steps were worth less than planning and the drafts' measured extra time, is
-asked for a plan on one step in REST_EVERY; a plan that drafts, or a ledger that pays again,
-ends the rest; fixed:k never rests. Pure Python: stub policy and proposer, factory
+asked for a plan REST_EVERY steps into the rest, then after twice as many, up to REST_DEEPEST
+steps apart; a plan that drafts, or a ledger that pays again, ends the rest; fixed:k never rests. Pure Python: stub policy and proposer, factory
 requests."""
 
 from __future__ import annotations
@@ -18,7 +18,13 @@ from engine.outputs import (
 from engine.request import RequestStatus
 from engine.speculation.control.cost_model import OnlineLinearCostModel
 from engine.speculation.control.policy import FixedPolicy, SpecPolicy
-from engine.speculation.control.rest import REST_AFTER, REST_EVERY, SHORT_CHAIN, PlanningRest
+from engine.speculation.control.rest import (
+    REST_AFTER,
+    REST_DEEPEST,
+    REST_EVERY,
+    SHORT_CHAIN,
+    PlanningRest,
+)
 from engine.speculation.driver import SpecDriver
 from tests.engine.factories import make_requests
 
@@ -81,15 +87,27 @@ def plans(driver: SpecDriver, requests, steps: int) -> list[dict[str, int]]:
     return [driver.plan(requests) for _ in range(steps)]
 
 
+def resting_plans(steps: int) -> int:
+    """The plans in a rest's first `steps` steps: REST_EVERY steps in, then twice as many
+    steps later each time, up to REST_DEEPEST apart (4, 12, 28, 44, ...)."""
+    count, gap, at = 0, REST_EVERY, REST_EVERY
+    while at <= steps:
+        count, gap = count + 1, min(REST_DEEPEST, 2 * gap)
+        at += gap
+    return count
+
+
 def test_after_rest_after_idle_plans_only_one_step_in_rest_every_plans():
     policy, requests = CountingPolicy(), caught_up_requests()
     driver = driver_with(policy)
     assert plans(driver, requests, REST_AFTER) == [{}] * REST_AFTER
     assert policy.calls == REST_AFTER  # every step while not yet idle for REST_AFTER plans
-    steps = 5 * REST_EVERY
+    steps = 15 * REST_EVERY
     assert plans(driver, requests, steps) == [{}] * steps
-    assert policy.calls == REST_AFTER + 5  # the other steps rested: no offers, no plan
-    assert policy.rested == steps - 5  # and the policy was told (its exploration clock)
+    resting = resting_plans(steps)
+    assert resting == 5  # at steps 4, 12, 28, 44, 60 of the rest
+    assert policy.calls == REST_AFTER + resting  # the other steps rested: no offers, no plan
+    assert policy.rested == steps - resting  # and the policy was told (its exploration clock)
     assert driver.last_chosen_k == () and driver.last_plan_time >= 0.0
 
 
@@ -100,11 +118,17 @@ def test_a_plan_that_drafts_ends_the_rest():
     before = policy.calls
     assert before == REST_AFTER + 1  # resting
     policy.answer = {requests[0].request_id: 2}
-    planned = plans(driver, requests, 2 * REST_EVERY)
-    # The next planning step drafts; from then on every step plans again.
+    planned = plans(driver, requests, 3 * REST_EVERY)
+    # The next planning step (twice REST_EVERY after the first) drafts; from then on every
+    # step plans again.
     first = next(i for i, plan in enumerate(planned) if plan)
-    assert first < REST_EVERY and all(planned[first:])
-    assert policy.calls == before + 1 + (2 * REST_EVERY - first - 1)
+    assert first == 2 * REST_EVERY - 1 and all(planned[first:])
+    assert policy.calls == before + 1 + (3 * REST_EVERY - first - 1)
+    # A later rest starts again REST_EVERY steps apart.
+    policy.answer = {}
+    plans(driver, requests, REST_AFTER)
+    assert [bool(p) for p in plans(driver, requests, REST_EVERY)] == [False] * REST_EVERY
+    assert policy.calls == before + 1 + (3 * REST_EVERY - first - 1) + REST_AFTER + 1
 
 
 def test_fixed_policies_plan_every_step():
@@ -125,7 +149,7 @@ def test_while_resting_shadow_checks_start_only_on_the_planning_steps():
     for _ in range(steps):
         driver.plan(requests)
         driver.propose(SchedulerOutput(scheduled=()))
-    assert shadows.starts == REST_AFTER + 4
+    assert shadows.starts == REST_AFTER + resting_plans(4 * REST_EVERY)
 
 
 def ledger_steps(rest: PlanningRest, accepted: int, emitted: int, plan_s: float, step_s: float):
@@ -149,10 +173,21 @@ def test_the_ledger_pays_until_it_is_full_then_compares_token_and_time_shares():
     # 2 accepted of 18 emitted: 2/16 = 12.5% more tokens against 10% of the time: pays.
     ledger_steps(rest, 2, 18, 0.01, 0.1)
     assert rest.pays() and skipped(rest, 3 * REST_EVERY) == 0
-    # 1 accepted of 17: 1/16 = 6.25% against 10%: rests, planning one step in REST_EVERY.
+    # 1 accepted of 17: 1/16 = 6.25% against 10%: rests.
     ledger_steps(rest, 1, 17, 0.01, 0.1)
     assert not rest.pays()
-    assert skipped(rest, 5 * REST_EVERY) == 5 * (REST_EVERY - 1)
+    assert skipped(rest, 15 * REST_EVERY) == 15 * REST_EVERY - resting_plans(15 * REST_EVERY)
+
+
+def test_a_rest_doubles_the_steps_between_its_plans_up_to_rest_deepest():
+    """While each plan finds drafts still not paying, the steps to the next plan double:
+    at four SmolLM2 chat requests, where drafts never paid, a plan one step in four cost
+    ~3% of the steps' time (docs/benchmarks.md §5ze)."""
+    rest = PlanningRest()
+    ledger_steps(rest, 0, 16, 0.01, 0.1)
+    planned = [i + 1 for i in range(64) if not rest.skips()]
+    assert planned == [4, 12, 28, 44, 60]
+    assert REST_EVERY == 4 and REST_DEEPEST == 16
 
 
 def test_a_planning_step_that_pays_again_ends_the_ledger_rest():
@@ -187,8 +222,8 @@ def test_the_driver_rests_where_accepted_drafts_do_not_pay_for_planning():
             observe_step(driver, requests, accepted, 0.09)
         before = policy.calls
         plans(driver, requests, 4 * REST_EVERY)
-        # 0 accepted rests (4 plans in 16 steps); 2 of 6 emitted (2/4 = 50%) pays.
-        assert policy.calls - before == (4 if rests else 4 * REST_EVERY)
+        # 0 accepted rests; 2 of 6 emitted (2/4 = 50%) pays.
+        assert policy.calls - before == (resting_plans(4 * REST_EVERY) if rests else 4 * REST_EVERY)
 
 
 def test_drafts_whose_measured_extra_time_outweighs_their_tokens_rest():
@@ -202,7 +237,8 @@ def test_drafts_whose_measured_extra_time_outweighs_their_tokens_rest():
     assert rest.pays()
     for _ in range(REST_AFTER):
         rest.observed(2, 18, 0.001, 0.1, drafts=4, excess_seconds=0.03)
-    assert not rest.pays() and skipped(rest, 2 * REST_EVERY) == 2 * (REST_EVERY - 1)
+    assert not rest.pays()
+    assert skipped(rest, 2 * REST_EVERY) == 2 * REST_EVERY - resting_plans(2 * REST_EVERY)
 
 
 def test_the_cost_models_own_bias_on_steps_without_drafts_is_not_charged_to_drafts():
@@ -287,7 +323,7 @@ def test_the_driver_charges_drafts_their_measured_seconds_over_the_plain_predict
             verify_first(driver, requests, 2, 1, step_s)
         before = policy.calls
         plans(driver, requests, 4 * REST_EVERY)
-        assert policy.calls - before == (4 if rests else 4 * REST_EVERY)
+        assert policy.calls - before == (resting_plans(4 * REST_EVERY) if rests else 4 * REST_EVERY)
 
 
 def test_a_policy_set_on_the_driver_brings_its_own_rest():

@@ -105,8 +105,9 @@ class SpecDriver:
 
     # ---- 1. plan -------------------------------------------------------------------------
     def plan(self, running: Sequence[Request], waiting: Sequence[Request] = ()) -> SpecPlan:
-        """num_draft_tokens per caught-up running request; the step's base features are what
-        it will run: decodes, prefill chunks clipped to the token budget in order, and the
+        """num_draft_tokens per caught-up running request; the policy sees every decode of
+        the step (a cap of 0 where it cannot draft) and the step's base features, what it
+        will run: decodes, prefill chunks clipped to the token budget in order, and the
         waiting requests the scheduler will admit (while seats and budget last). While a
         resting policy's plans do not pay, most steps skip the offers and the plan (rest.py)."""
         if not self.enabled:
@@ -128,21 +129,22 @@ class SpecDriver:
             if caught_up and max_draft_tokens > 0:
                 max_draft_tokens, kind, offers = self._offer(request, max_draft_tokens)
             request.spec.kind = kind
-            if caught_up and max_draft_tokens > 0:
+            if caught_up:  # a decode: a candidate, or (cap 0) a token every plan emits
+                drafts = max(0, max_draft_tokens)
                 candidates.append(
                     SpecCandidate(
                         request.request_id,
                         num_tokens,
-                        max_draft_tokens,
+                        drafts,
                         request.spec,
-                        self._catchup_tokens(request) if self.draft_model else 0,
+                        self._catchup_tokens(request) if self.draft_model and drafts else 0,
                         kind,
                         offers,
                         remaining,
                     )
                 )
         plan = {}
-        if candidates:
+        if any(c.max_draft_tokens for c in candidates):
             shapes = self._step_shapes(running, waiting)
             self._base = StepFeatures.from_shapes(shapes, self.draft_model, self.graphs)
             plan = self.policy.plan(candidates, self._base)

@@ -68,7 +68,8 @@ DRAFT_MARGIN = 0.03
 class GoodputPolicy(SpecPolicy):
     """Per-request speculation lengths maximising predicted goodput.
 
-    Non-candidate requests in `base` (prefill chunks) are counted as emitting nothing. Until
+    The plan's goodput counts every decode in the step (those that cannot draft emit their
+    one token); prefill chunks in `base` are counted as emitting nothing, their seconds sunk. Until
     the cost model is fitted, k cycles through 0..max_draft_tokens so the model sees the draft direction.
     A request that has not speculated for `explore_interval` plans may be given one draft (one
     such request per plan), so an acceptance estimate that fell to ~0 can recover.
@@ -261,15 +262,25 @@ class GoodputPolicy(SpecPolicy):
         whole = self._catchup_seconds(candidate) if draft else 0.0
         return whole + self.propose_seconds.get(option.proposer, 0.0)
 
-    def plan(self, candidates: Sequence[SpecCandidate], base: StepFeatures) -> SpecPlan:
+    def plan(self, decoding: Sequence[SpecCandidate], base: StepFeatures) -> SpecPlan:
+        """`decoding`: every request decoding this step; those with a cap of 0 cannot draft,
+        and their tokens and seconds count in every plan's goodput (SearchProblem.other_tokens)."""
+        candidates = [c for c in decoding if c.max_draft_tokens > 0]
+        if not candidates:
+            return {}
         start = time.perf_counter()
-        plan = self._plan(candidates, base)
+        plan = self._plan(candidates, decoding, base)
         seconds = time.perf_counter() - start
         old = self.plan_seconds
         self.plan_seconds = seconds if old == 0.0 else PLAN_DECAY * old + (1 - PLAN_DECAY) * seconds
         return plan
 
-    def _plan(self, candidates: Sequence[SpecCandidate], base: StepFeatures) -> SpecPlan:
+    def _plan(
+        self,
+        candidates: Sequence[SpecCandidate],
+        decoding: Sequence[SpecCandidate],
+        base: StepFeatures,
+    ) -> SpecPlan:
         self.exploration.tick()
         if self.draft_model or DRAFT_PROPOSER in self.proposers:
             self._price_catchup()
@@ -289,8 +300,9 @@ class GoodputPolicy(SpecPolicy):
                 self.graphs,
                 self.token_budget,
                 self.plan_seconds,
-                self._sunk_seconds(candidates, base),
+                self._sunk_seconds(decoding, base),
                 caps_first=self._caps_last,
+                other_tokens=len(decoding) - len(candidates),
             )
             result = _worth_drafting(problem, best_plan(problem, DRAFT_MARGIN))
             ks, chosen = result.ks, problem.chosen(result.picks)
@@ -315,11 +327,11 @@ class GoodputPolicy(SpecPolicy):
                 self._record(candidate, name, slot.gains[:k])
         return plan
 
-    def _sunk_seconds(self, candidates: Sequence[SpecCandidate], base: StepFeatures) -> float:
-        """The predicted seconds of the step's work beyond the candidates' decoding (prefill
-        chunks, other decodes): it emits nothing the search counts, and runs anyway."""
-        decoding = [(c.context_len - 1, 1, 0) for c in candidates]
-        alone = self.cost_model.predict(StepFeatures.from_shapes(decoding, False, self.graphs))
+    def _sunk_seconds(self, decoding: Sequence[SpecCandidate], base: StepFeatures) -> float:
+        """The predicted seconds of the step's work beyond its decodes (prefill chunks): it
+        emits nothing, and runs whatever the plan."""
+        decodes = [(c.context_len - 1, 1, 0) for c in decoding]
+        alone = self.cost_model.predict(StepFeatures.from_shapes(decodes, False, self.graphs))
         return max(0.0, self.cost_model.predict(base) - alone)
 
     # ---- between searches: best responses at the last search's prices -------------------

@@ -91,7 +91,7 @@ def _by_longest(
             break  # each K's plan is its requests' best responses at its own goodput
         chosen = ks, picks
         slots = np.arange(ks.shape[1])
-        emitted = (1.0 + table.cumulative[slots, picks, ks]).sum(axis=1)
+        emitted = (1.0 + table.cumulative[slots, picks, ks]).sum(axis=1) + problem.other_tokens
         cpu = np.where(ks > 0, table.seconds[slots, picks], 0.0).sum(axis=1)
         seconds = fixed + per_token * ks.sum(axis=1) + per_request * (ks > 0).sum(axis=1) + cpu
         levels = emitted / (seconds + problem.extra_seconds)

@@ -23,7 +23,8 @@ from engine.speculation.control.step_features import StepFeatures
 
 @dataclass(frozen=True)
 class SpecCandidate:
-    """One running, caught-up request that could speculate this step."""
+    """One running, caught-up request: it decodes this step, and may draft up to
+    max_draft_tokens (0: it cannot; a policy still counts the token it emits)."""
 
     request_id: str
     context_len: int  # tokens already in the KV cache

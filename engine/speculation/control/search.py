@@ -241,7 +241,7 @@ def _one_request(problem: SearchProblem) -> SearchResult:
     more here and finds the same plan."""
     best = None
     for pick, option in enumerate(problem.options[0]):
-        most = 1.0 + option.cumulative[option.cap]  # no longer draft of it emits more
+        most = problem.other_tokens + 1.0 + option.cumulative[option.cap]  # no more from longer
         for k in range(option.floor, option.cap + 1):
             if not problem.fits((k,)):
                 break

@@ -61,6 +61,12 @@ class SearchProblem:
     # are priced at the goodput of the speculating requests' own decoding. Counted in, a long
     # prefill chunk made any draft look cheap beside it (docs/benchmarks.md §5l).
     sunk_seconds: float = 0.0
+    # Tokens the step emits whatever the plan: the decodes that cannot draft this step. Counted
+    # in, with their seconds, so drafts are priced at the goodput of every decode in the step;
+    # left out, a lone candidate among four SmolLM2 decodes was priced at its own batch-1
+    # goodput (a third of the step's), and one-draft chains at ~0.45 acceptance looked paying
+    # where a draft row cost ~0.8 of a token's time (docs/benchmarks.md §5ze).
+    other_tokens: float = 0.0
     # Try "every request at its cap" first (search._caps_if_best): the policy sets it when its
     # last plan was that, so a search that would not find it there pays nothing for trying.
     caps_first: bool = False
@@ -142,7 +148,7 @@ class SearchProblem:
         last = self._last_totals
         if last and last[0] == key:  # a round's marginal costs, then its plan evaluated
             return last[1]
-        emitted = cpu = 0.0
+        emitted, cpu = self.other_tokens, 0.0
         drafts = spec = passes = longest = 0
         for options, flags, p, k in zip(self.options, self.draft_flags, picks, ks):
             slot = options[p]

@@ -42,7 +42,7 @@ def best_uniform(
     sets, rows = np.arange(len(picks))[:, None], np.arange(n)
     cumulative, depths, floors, caps, cpu, draft = _picked(problem.table, np.array(picks))
     at_floor = cumulative[sets, rows, floors], depths[sets, rows, floors]
-    initial = _uniform_start(*at_floor, floors, cpu, draft)
+    initial = _uniform_start(*at_floor, floors, cpu, draft, problem.other_tokens)
     order = np.argsort(-cumulative[sets, rows, np.minimum(1, caps)], axis=1, kind="stable")
     # By rank from here: each set's requests in the order they join.
     cumulative, depths, floors, caps, cpu, draft = (
@@ -96,14 +96,15 @@ def _picked(table: OptionTable, picks: np.ndarray) -> tuple[np.ndarray, ...]:
     )
 
 
-def _uniform_start(at_floor, depths, floors, cpu, draft) -> tuple[np.ndarray, ...]:
+def _uniform_start(at_floor, depths, floors, cpu, draft, other_tokens) -> tuple[np.ndarray, ...]:
     """Per pick set, the uniform plans' totals before any request joins (each at its floor):
-    tokens emitted, drafts, speculating requests, proposing seconds, draft-model passes.
-    `at_floor`, `depths`: each request's cumulative gain and passes at its floor. The sums
-    sequential (cumsum), in request order, as the plans add."""
+    tokens emitted (from the step's `other_tokens`), drafts, speculating requests, proposing
+    seconds, draft-model passes. `at_floor`, `depths`: each request's cumulative gain and
+    passes at its floor. The sums sequential (cumsum), in request order, as the plans add."""
     spec = floors > 0
+    emitted = np.concatenate([np.full((len(floors), 1), float(other_tokens)), 1.0 + at_floor], 1)
     return (
-        np.cumsum(1.0 + at_floor, axis=1)[:, -1],
+        np.cumsum(emitted, axis=1)[:, -1],
         floors.sum(axis=1),
         spec.sum(axis=1),
         np.cumsum(np.where(spec, cpu, 0.0), axis=1)[:, -1],

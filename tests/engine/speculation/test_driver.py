@@ -185,3 +185,25 @@ def test_candidates_carry_the_tokens_their_request_has_left(tiny_model_dir, tmp_
     left = [n for _, n in seen]
     assert left and left[0] <= GREEDY.max_tokens - 1 and left == sorted(left, reverse=True)
     assert min(left) >= 1
+
+
+def test_the_policy_sees_every_decode_with_a_cap_of_0_where_it_cannot_draft(
+    tiny_model_dir, tmp_path
+):
+    """A request the n-gram proposer has no match for still decodes: the policy gets it at a
+    cap of 0 (its token and its row count in every plan's goodput), so a plan always sees
+    the step's whole batch of decodes."""
+    llm = make_llm(tiny_model_dir, tmp_path, speculative_proposer="ngram")
+    calls = []
+    policy = llm.engine.spec.policy
+    original = policy.plan
+
+    def plan(candidates, base):
+        calls.append(sorted(c.max_draft_tokens for c in candidates))
+        return original(candidates, base)
+
+    policy.plan = plan
+    llm.engine.spec.rest = None  # plan every step
+    llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    assert calls and all(any(caps) for caps in calls)  # asked only where some may draft
+    assert any(caps[0] == 0 for caps in calls if len(caps) == len(PROMPTS))

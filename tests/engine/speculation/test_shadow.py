@@ -177,8 +177,8 @@ def prefix_match(draft: tuple[int, ...], emitted: list[int]) -> int:
 @pytest.mark.parametrize(
     "params",
     [
-        SamplingParams(max_tokens=40, temperature=0, ignore_eos=True),
-        SamplingParams(max_tokens=40, temperature=1.0, top_k=2, seed=7, ignore_eos=True),
+        SamplingParams(max_tokens=64, temperature=0, ignore_eos=True),
+        SamplingParams(max_tokens=64, temperature=1.0, top_k=2, seed=7, ignore_eos=True),
     ],
     ids=["greedy", "sampled"],  # top-k 2: the tiny model's flat rows would match no chain
 )

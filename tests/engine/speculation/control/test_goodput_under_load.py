@@ -93,3 +93,19 @@ def test_a_prefill_chunk_does_not_make_drafts_look_cheap(acceptance, drafts):
     planning = policy.plan_seconds  # the search's overhead; updated after the plan
     policy.plan(batch, base)
     assert policy.last_predicted_step_time == pytest.approx(predicted + planning)
+
+
+@pytest.mark.parametrize("acceptance, drafts", [(0.45, False), (0.85, True)])
+def test_a_lone_candidate_is_priced_at_the_goodput_of_every_decode_in_the_step(acceptance, drafts):
+    """Four decodes at 2 ms + 0.8 ms a row (SmolLM2 at four chat requests on Zen 5: ~2.6
+    ms alone, ~4.3 ms for four, a draft row ~0.8 ms), one of them able to draft: a draft
+    pays where its gain beats 0.8 ms at the four decodes' 4 tokens / 5.2 ms (a > ~0.62),
+    not at the lone request's own 1 token / 2.8 ms (a > ~0.29), which drafted one-token
+    chains at ~0.45 that never came (docs/benchmarks.md §5ze)."""
+    policy = GoodputPolicy(LinearCost(intercept=2e-3, per_token=0.8e-3), max_draft_tokens=1)
+    policy.explore_interval = 1000
+    teach(policy, "r", acceptance, rounds=400)
+    others = [candidate(f"other-{i}", 0) for i in range(3)]
+    plan = policy.plan([candidate("r", 1), *others], decode_base(4))
+    assert bool(plan) is drafts and set(plan) <= {"r"}
+    assert policy.plan(others, decode_base(4)) == {}  # nobody can draft: no plan

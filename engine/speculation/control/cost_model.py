@@ -42,7 +42,6 @@ from engine.speculation.control.step_features import (
     FEATURE_NAMES,
     ROW_KNOTS,
     StepFeatures,
-    profile_grid,
 )
 from kernels.graph_shapes import NO_GRAPHS, GraphShapes
 
@@ -345,47 +344,6 @@ class OnlineLinearCostModel:
         if self._dirty:
             self._solve()
         return dict(zip(FEATURE_NAMES, self._coefficients, strict=True))
-
-    def profile(
-        self,
-        run_step: Callable[[StepFeatures], float],
-        budget_seconds: float,
-        grid: Sequence[StepFeatures] | None = None,
-        min_steps: int = 0,
-    ) -> int:
-        """Seed the fit by timing synthetic steps; returns the number of steps measured.
-
-        `run_step` executes a dummy batch of the given shape and returns its seconds. The grid
-        is visited in its order (profile_grid shuffles it, so that a short budget still spans
-        every feature); its first `min_steps` points are measured even past the budget (the
-        shapes the policy cannot price without); past them a point runs only while the budget
-        lasts and its rows at the cheapest seconds per row measured so far fit in what is left
-        (a 256-row prefill of the Qwen 1.5B, ~4 s, had stretched a 3 s profile to 8 s). The fit
-        becomes the ridge prior.
-        """
-        grid = list(grid) if grid is not None else profile_grid()
-        if budget_seconds <= 0:
-            return 0
-        run_step(grid[0])  # warm-up (allocator, thread pool, caches); not measured
-        samples: list[tuple[StepFeatures, float]] = []
-        deadline = time.perf_counter() + budget_seconds
-        per_row = 0.0  # the cheapest seconds per batched row measured so far
-        for visit in range(4 * len(grid)):
-            features = grid[visit % len(grid)]
-            if len(samples) >= min_steps:
-                left = deadline - time.perf_counter()
-                if left <= 0:
-                    break
-                if features.num_batched_tokens * per_row > left:
-                    continue
-            seconds = run_step(features)
-            samples.append((features, seconds))
-            rate = seconds / max(1, features.num_batched_tokens)
-            per_row = rate if len(samples) == 1 else min(per_row, rate)
-        if not samples:
-            return 0  # no time to measure anything: stay unfitted and learn online
-        self.fit(samples)
-        return len(samples)
 
     def fit(self, samples: Sequence[tuple[StepFeatures, float]]) -> None:
         """Refit on `samples` (replacing the window); the fit becomes the prior."""

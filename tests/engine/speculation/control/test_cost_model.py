@@ -13,6 +13,7 @@ import pytest
 from engine.speculation.control import cost_model
 from engine.speculation.control.cost_cache import CostModelCache, cache_key
 from engine.speculation.control.cost_model import OnlineLinearCostModel
+from engine.speculation.control.profiler import profile
 from engine.speculation.control.step_features import StepFeatures, profile_grid
 from kernels.graph_shapes import NO_GRAPHS, GraphShapes
 
@@ -219,7 +220,7 @@ def test_profile_seeds_the_fit_with_its_jumps():
         max_num_batched_tokens=512, max_num_seqs=64, max_draft_tokens=4, draft_model=True
     )
     model = OnlineLinearCostModel()
-    measured = model.profile(true_seconds, budget_seconds=5.0, grid=grid)
+    measured = profile(model, true_seconds, budget_seconds=5.0, grid=grid)
     assert measured == 4 * len(grid)  # the synthetic step is instant: the grid bound stops it
     assert model.fitted
     f = StepFeatures.from_shapes([(300, 1, 3)] * 40, draft_model=True)
@@ -235,11 +236,11 @@ def test_profile_respects_its_time_budget():
         return true_seconds(f)
 
     started = time.perf_counter()
-    measured = OnlineLinearCostModel().profile(slow_step, budget_seconds=0.05)
+    measured = profile(OnlineLinearCostModel(), slow_step, budget_seconds=0.05)
     assert 1 <= measured <= 8
     assert time.perf_counter() - started < 0.5
     unprofiled = OnlineLinearCostModel()
-    assert unprofiled.profile(slow_step, budget_seconds=0.0) == 0 and not unprofiled.fitted
+    assert profile(unprofiled, slow_step, budget_seconds=0.0) == 0 and not unprofiled.fitted
 
 
 def test_profile_measures_its_first_min_steps_past_the_budget():
@@ -254,7 +255,7 @@ def test_profile_measures_its_first_min_steps_past_the_budget():
         return true_seconds(f)
 
     assert (
-        OnlineLinearCostModel().profile(slow_step, budget_seconds=0.001, grid=grid, min_steps=6)
+        profile(OnlineLinearCostModel(), slow_step, budget_seconds=0.001, grid=grid, min_steps=6)
         == 6
     )
     assert seen[1:] == grid[:6]  # seen[0] is the warm-up
@@ -275,7 +276,7 @@ def test_profile_skips_a_step_that_would_overrun_its_budget():
         return seconds
 
     started = time.perf_counter()
-    measured = OnlineLinearCostModel().profile(sleepy_step, budget_seconds=0.25, grid=grid)
+    measured = profile(OnlineLinearCostModel(), sleepy_step, budget_seconds=0.25, grid=grid)
     assert measured > len(decodes) and prefill not in ran
     assert time.perf_counter() - started < 0.25 + 0.1
 

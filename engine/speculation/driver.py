@@ -23,7 +23,7 @@ from engine.request import Request, RequestStatus
 from engine.speculation.control.cost_model import OnlineLinearCostModel
 from engine.speculation.control.policy import SpecCandidate, SpecPolicy, SpecResult
 from engine.speculation.control.profiler import SeedReport
-from engine.speculation.control.rest import PlanningRest
+from engine.speculation.control.rest import PlanningRest, batch_class
 from engine.speculation.control.step_features import StepFeatures
 from engine.speculation.control.tree_shape import TreeShapeEstimator, accepted_path
 from engine.speculation.proposers.proposer import (
@@ -93,10 +93,13 @@ class SpecDriver:
     def policy(self, policy: SpecPolicy) -> None:
         """A policy that rests (goodput) is asked for a plan only now and then while its plans
         do not pay (control/rest.py; `rested`: this step's plan was skipped); a new policy
-        starts a new rest, or none where it does not rest."""
+        starts new rests, or none where it does not rest. One rest per batch class
+        (rest.batch_class): whether drafts pay depends on the batch, and a rest carried from
+        16 copying requests to one held it to a plan in 16 steps where drafts paid 2.5x."""
         self._policy = policy
         rests = getattr(policy, "rests", False) and self.enabled
-        self.rest: PlanningRest | None = PlanningRest() if rests else None
+        self._rests: dict[int, PlanningRest] = {}
+        self.rest: PlanningRest | None = self._rest_for(1) if rests else None
 
     @property
     def proposer_name(self) -> str | None:
@@ -112,6 +115,8 @@ class SpecDriver:
         resting policy's plans do not pay, most steps skip the offers and the plan (rest.py)."""
         if not self.enabled:
             return {}
+        if self.rest is not None:
+            self.rest = self._rest_for(len(running))
         self.rested = self.rest is not None and self.rest.skips()
         if self.rested:
             self.last_plan_time, self.last_chosen_k = 0.0, ()
@@ -153,6 +158,14 @@ class SpecDriver:
         if self.rest is not None:
             self.rest.planned(bool(plan))
         return plan
+
+    def _rest_for(self, num_running: int) -> PlanningRest:
+        """The rest of this batch's class (its ledger and turn), a fresh one the first time."""
+        cls = batch_class(num_running)
+        rest = self._rests.get(cls)
+        if rest is None:
+            rest = self._rests[cls] = PlanningRest()
+        return rest
 
     def _offer(
         self, request: Request, max_draft_tokens: int

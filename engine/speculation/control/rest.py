@@ -22,8 +22,9 @@ cost model still observes every step (new checks start on the planning steps onl
 planning steps keep the ledger, so the rest ends as soon as drafts come to pay again (a
 request that comes to pay waits at most REST_DEEPEST - 1 steps for its drafts). One plan in
 four had cost ~3% of four SmolLM2 chat requests' steps, where drafts never paid; one in sixteen
-costs a quarter of that (docs/benchmarks.md §5ze). Pure Python; the driver (SpecDriver.plan,
-observe) feeds it.
+costs a quarter of that (docs/benchmarks.md §5ze). The driver keeps one rest per batch class
+(batch_class: 1, 2-3, 4-7, ... running requests), each with its own ledger. Pure Python; the
+driver (SpecDriver.plan, observe) feeds it.
 """
 
 from __future__ import annotations
@@ -36,6 +37,14 @@ REST_DEEPEST = 16  # up to this many
 # Chains past this many drafts only while drafts pay, and up to twice the request's last chain
 # if that was accepted whole (chain_cap).
 SHORT_CHAIN = 4
+
+
+def batch_class(num_requests: int) -> int:
+    """The class of a batch of this many running requests, for which one rest's ledger holds:
+    1, 2-3, 4-7, 8-15, ... (a token's worth in seconds, and a draft row's cost, change with
+    the batch; between 16 SmolLM2 copying requests, where drafts did not pay, and one, where
+    they paid 2.5x, a shared ledger rested the one: docs/benchmarks.md §5ze)."""
+    return max(1, num_requests).bit_length()
 
 
 class PlanningRest:

@@ -24,6 +24,7 @@ from engine.speculation.control.rest import (
     REST_EVERY,
     SHORT_CHAIN,
     PlanningRest,
+    batch_class,
 )
 from engine.speculation.driver import SpecDriver
 from tests.engine.factories import make_requests
@@ -129,6 +130,23 @@ def test_a_plan_that_drafts_ends_the_rest():
     plans(driver, requests, REST_AFTER)
     assert [bool(p) for p in plans(driver, requests, REST_EVERY)] == [False] * REST_EVERY
     assert policy.calls == before + 1 + (3 * REST_EVERY - first - 1) + REST_AFTER + 1
+
+
+def test_each_batch_class_rests_on_its_own_ledger():
+    """Four requests rest after REST_AFTER idle plans; one request alone starts its own rest
+    (planning every step), and the four's rest is still there when they come back."""
+    policy = CountingPolicy()
+    driver = driver_with(policy)
+    four, one = caught_up_requests(4), caught_up_requests(1)
+    plans(driver, four, REST_AFTER + REST_EVERY)
+    assert policy.calls == REST_AFTER + 1  # resting
+    before = policy.calls
+    plans(driver, one, REST_EVERY)
+    assert policy.calls == before + REST_EVERY  # a batch of one: a plan every step
+    before = policy.calls
+    plans(driver, four, 2 * REST_EVERY)
+    assert policy.calls == before + 1  # the four's rest went on: its next plan 8 steps on
+    assert [batch_class(n) for n in (0, 1, 2, 3, 4, 7, 8, 16, 64)] == [1, 1, 2, 2, 3, 3, 4, 5, 7]
 
 
 def test_fixed_policies_plan_every_step():

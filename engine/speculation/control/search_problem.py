@@ -56,10 +56,10 @@ class SearchProblem:
     graphs: GraphShapes = NO_GRAPHS
     token_budget: int | None = None
     overhead_seconds: float = 0.0  # paid by every plan: the planning itself
-    # The step's work that emits nothing this step and runs whatever the plan (prefill chunks,
-    # decodes that cannot speculate): left out of the seconds the ratio divides by, so drafts
-    # are priced at the goodput of the speculating requests' own decoding. Counted in, a long
-    # prefill chunk made any draft look cheap beside it (docs/benchmarks.md §5l).
+    # The step's work that emits nothing this step and runs whatever the plan (prefill
+    # chunks): left out of the seconds the ratio divides by, so drafts are priced at the
+    # goodput of the step's decodes. Counted in, a long prefill chunk made any draft look
+    # cheap beside it (docs/benchmarks.md §5l).
     sunk_seconds: float = 0.0
     # Tokens the step emits whatever the plan: the decodes that cannot draft this step. Counted
     # in, with their seconds, so drafts are priced at the goodput of every decode in the step;

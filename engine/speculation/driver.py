@@ -325,9 +325,7 @@ class SpecDriver:
             self.rest.observed(
                 accepted, emitted, self.last_plan_time, step_seconds, num_drafts, excess
             )
-        features = dataclasses.replace(
-            self._features(sched, shapes, drafts), num_catchup_tokens=drafts.num_catchup_tokens
-        )
+        features = self._features(sched, shapes, drafts)
         # Choice: model-free proposing is priced per request apart from the cost model, and
         # planning by the policy's own term (GoodputPolicy.plan_seconds), not by the model.
         model_seconds = seconds - (self.proposer.free_seconds if self.choice else 0.0)
@@ -374,9 +372,10 @@ class SpecDriver:
     ) -> StepFeatures:
         """The step's features; with proposer choice the draft model ran as many passes as
         the longest draft of the requests it drafted for, not of every request."""
+        catchup = drafts.num_catchup_tokens
         if not self.choice:
-            return StepFeatures.from_shapes(shapes, self.draft_model, self.graphs)
-        features = StepFeatures.from_shapes(shapes, False, self.graphs)
+            return StepFeatures.from_shapes(shapes, self.draft_model, self.graphs, catchup)
+        features = StepFeatures.from_shapes(shapes, False, self.graphs, catchup)
         passes = max(
             (
                 drafts.num_draft_tokens(s.request_id)
@@ -393,8 +392,10 @@ class SpecDriver:
         """The request's outcome for its proposer's estimate, counted in the tally and in
         the request's own stats (overall and per proposer)."""
         request = scheduled.request
-        name = self._proposer_of(request)
         request.spec.whole = num_draft_tokens if num_accepted == num_draft_tokens else 0
+        if not num_draft_tokens and not scheduled.num_draft_tokens:
+            return None
+        name = self._proposer_of(request)
         if num_draft_tokens:
             self.tally.count(name, num_draft_tokens, num_accepted)
             request.spec.counts.add(num_draft_tokens, num_accepted, name)
@@ -406,14 +407,10 @@ class SpecDriver:
                 spec=request.spec,
                 kind=request.spec.kind,
             )
-        if scheduled.num_draft_tokens:
-            # Planned, but the proposer found nothing: speculation bought nothing this
-            # step, which the estimate must see (as one rejected draft), or it would keep
-            # reserving slots for a request that never gets drafts.
-            return SpecResult(
-                request.request_id, 1, 0, name, spec=request.spec, kind=request.spec.kind
-            )
-        return None
+        # Planned, but the proposer found nothing: speculation bought nothing this step,
+        # which the estimate must see (as one rejected draft), or it would keep reserving
+        # slots for a request that never gets drafts.
+        return SpecResult(request.request_id, 1, 0, name, spec=request.spec, kind=request.spec.kind)
 
     def stats_fields(self) -> dict:
         """The EngineStats fields of speculation: the tally's counters, the last step's."""

@@ -168,9 +168,9 @@ class OnlineLinearCostModel:
         self._anchors: list[tuple[StepFeatures, float]] = []  # the profile's samples
         self._anchor_x = np.zeros((0, len(FEATURE_NAMES)))
         self._anchor_y = np.zeros(0)
+        self._seeded = False  # profiled or loaded: trust it before num_observations is large
         self._set_theta(self._prior)
         self._ever_solved = False  # the prior is not a fit
-        self._seeded = False  # profiled or loaded: trust it before num_observations is large
         self.refit_every, self.refit_share = refit_every, refit_share
         self._pending = 0  # observations since the last refit
         self._pending_seconds = 0.0  # their measured seconds
@@ -253,18 +253,31 @@ class OnlineLinearCostModel:
 
     def _refit(self) -> None:
         start = time.perf_counter()
+        self._write_ring()
+        self._take_errors()
         self._solve()
         self._refit_seconds = time.perf_counter() - start
 
+    def _take_errors(self) -> None:
+        """accuracy()'s samples: the relative errors of the observations since the last fit
+        under that fit (what predict gave for such steps: out of sample), one array op, where
+        that fit was trusted. Taken here, not per observed step, where it cost a resting
+        driver a prediction (and every 16th step a refit) it had no other use for."""
+        if not (self._fit_trusted or self._seeded):
+            return
+        new = min(self._pending, len(self._y), self._errors.maxlen or 0)
+        if new == 0:
+            return
+        slots = np.arange(self._count - new, self._count) % len(self._y)
+        seconds = self._y[slots]
+        predicted = np.maximum(self._x[slots] @ np.asarray(self._theta), self.min_seconds)
+        self._errors.extend((np.abs(predicted - seconds) / seconds).tolist())
+
     def observe(self, features: StepFeatures, measured_seconds: float) -> None:
+        """Take a step in: appended only (its row is written, and its error under the fit it
+        was predicted by is taken, at the next refit: _refit)."""
         if measured_seconds <= 0.0:
             return
-        # Out-of-sample error, predicted before this observation is used. With speculation off
-        # nothing else predicts, and a refit per step cost ~1.3 ms of a 23 ms batch-1 step: then
-        # only every 16th observation pays for one.
-        if self.fitted and (not self._dirty or self._count % 16 == 0):
-            error = abs(self.predict(features) - measured_seconds) / measured_seconds
-            self._errors.append(error)
         self._append(features, measured_seconds)
         self._dirty = True
         self._pending += 1
@@ -331,6 +344,7 @@ class OnlineLinearCostModel:
         self._dirty = False
         self._pending, self._pending_seconds = 0, 0.0
         self._ever_solved = True
+        self._fit_trusted = self.fitted  # its predictions' errors count in accuracy()
 
     @property
     def fitted(self) -> bool:

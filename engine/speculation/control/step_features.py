@@ -62,6 +62,7 @@ class StepFeatures:
         shapes: Iterable[tuple[int, int, int]],
         draft_model: bool = False,
         graphs: GraphShapes = NO_GRAPHS,
+        num_catchup_tokens: int = 0,
     ) -> StepFeatures:
         """Build from (context_len, num_new_tokens, k) per request.
 
@@ -69,22 +70,33 @@ class StepFeatures:
         k: draft tokens (tree nodes). A draft model drafts chains in lock-step and expands one
         tree node per request per pass, so it runs max(k) passes. graphs: the step shapes the
         runner replays (a tree proposer passes graphs.decode_only()); any other is eager.
+        One pass over the shapes: the driver builds a step's features every step.
         """
-        shapes = list(shapes)
-        ks = [k for _, _, k in shapes]
-        query_lens = [new + k for _, new, k in shapes]
+        rows = kv = drafts = longest_k = spec = longest = num = 0
+        query_lens = []
+        for context, new, k in shapes:
+            query = new + k
+            rows += query
+            kv += context + query
+            num += 1
+            if k:
+                drafts += k
+                spec += 1
+                longest_k = max(longest_k, k)
+            longest = max(longest, query)
+            query_lens.append(query)
         eager = graphs.enabled and not graphs.replays(query_lens)
-        longest = max(query_lens, default=0)
         return cls(
-            num_batched_tokens=sum(new + k for _, new, k in shapes),
-            num_requests=len(shapes),
-            num_kv_tokens=sum(context + new + k for context, new, k in shapes),
-            num_draft_tokens=sum(ks),
-            num_draft_steps=max(ks, default=0) if draft_model else 0,
-            num_spec_requests=sum(1 for k in ks if k > 0),
+            num_batched_tokens=rows,
+            num_requests=num,
+            num_kv_tokens=kv,
+            num_draft_tokens=drafts,
+            num_draft_steps=longest_k if draft_model else 0,
+            num_spec_requests=spec,
             num_eager_steps=int(eager),
+            num_catchup_tokens=num_catchup_tokens,
             max_query_len=longest,
-            num_graph_rows=graph_rows(graphs, len(shapes), longest, eager),
+            num_graph_rows=graph_rows(graphs, num, longest, eager),
         )
 
     def with_drafts(

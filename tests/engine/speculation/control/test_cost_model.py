@@ -147,8 +147,10 @@ def test_with_drafts_adds_tokens_and_keeps_the_largest_draft_step_count():
 def test_recovers_known_costs_from_noisy_observations():
     rng = random.Random(0)
     model = OnlineLinearCostModel()
-    for _ in range(600):
+    for i in range(600):
         f = random_features(rng)
+        if i % 8 == 0:
+            model.predict(f)  # as the policy's plans do: the refits that accuracy() reads
         model.observe(f, true_seconds(f) * rng.gauss(1.0, 0.02))
     fitted = model.coefficients()
     # Requests are nearly collinear with rows in decode batches, and a first speculating
@@ -163,6 +165,22 @@ def test_recovers_known_costs_from_noisy_observations():
     errors = [abs(model.predict(f) - true_seconds(f)) / true_seconds(f) for f in held_out]
     assert statistics.median(errors) < 0.02
     assert model.accuracy() is not None and model.accuracy() < 0.05  # noise is 2%
+
+
+def test_accuracy_is_each_refits_error_on_the_steps_observed_under_the_fit_before():
+    rng = random.Random(7)
+    model = OnlineLinearCostModel(refit_every=8)
+    model.fit([(f, true_seconds(f)) for f in (random_features(rng) for _ in range(64))])
+    errors = []
+    for _ in range(8):
+        f = random_features(rng)
+        seconds = true_seconds(f) * rng.uniform(0.7, 1.3)
+        predicted = model.predict(f)  # no refit: fewer than refit_every observations pending
+        errors.append(abs(predicted - seconds) / seconds)
+        model.observe(f, seconds)
+    assert model.accuracy() is None  # taken at the refit, not per observed step
+    model.predict(random_features(rng))  # refits: the eight steps' errors under the old fit
+    assert model.accuracy() == pytest.approx(statistics.median(errors), rel=1e-9)
 
 
 def test_stalled_steps_do_not_drag_the_fit():

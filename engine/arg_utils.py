@@ -56,7 +56,11 @@ _FLAGS: tuple[tuple[str, type, str], ...] = (
         "how the draft model's weights run (default auto: as --weights, with int8 activations "
         "on a GGUF's blocks); any --weights value",
     ),
-    ("--num-speculative-tokens", int, "maximum draft tokens per step (default 8)"),
+    (
+        "--num-speculative-tokens",
+        int,
+        "maximum draft tokens per step (default 16 on the CPU, 8 on a GPU)",
+    ),
     ("--spec-tree-nodes", int, "tree node budget (0 = chains)"),
     ("--spec-policy", str, "off | fixed:K | goodput (default goodput when a proposer is set)"),
     ("--spec-profile-seconds", float, "goodput: start-up cost-model profile (default 3; 0 = off)"),

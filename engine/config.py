@@ -121,13 +121,24 @@ class SchedulerConfig:
         _check(self.max_num_seqs >= 1, f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
 
 
+# The default chain caps. On a CPU a verified chain's rows cost little more than their share of
+# the weights' read, and code editing's copied spans accept whole chains: at one request a cap
+# of 16 gave the Qwen 1.5B 1.04-1.05x the goodput of a cap of 8 (the rest's chain_cap grows a
+# chain past 4 only from a whole one; docs/benchmarks.md §5zf). On a GPU chain verification is
+# graph-captured up to 8 drafts (engine/runner/graphs.py), and a longer chain runs eagerly.
+CHAIN_CAP_CPU = 16
+CHAIN_CAP_GPU = 8
+
+
 @dataclass(frozen=True)
 class SpecConfig:
     # none | ngram | recycle | draft, or several chosen per request by goodput: a comma list
     # (ngram,recycle,draft) or auto (ngram, recycle, and draft when draft_model is set)
     proposer: str = "none"
     draft_model: str | None = None
-    num_speculative_tokens: int = 8  # chains: max_draft_tokens, the cap on num_draft_tokens
+    # Chains: the cap on num_draft_tokens; None: the device's (EngineConfig: CHAIN_CAP_CPU or
+    # CHAIN_CAP_GPU), or CHAIN_CAP_CPU where no device is known (a SpecConfig alone).
+    num_speculative_tokens: int | None = None
     spec_tree_nodes: int = 0  # 0: chains; > 0: trees of at most this many nodes
     spec_policy: str | None = None  # off | fixed:K | goodput; None: goodput if a proposer is set
     ngram_max: int = 4
@@ -153,7 +164,7 @@ class SpecConfig:
     def __post_init__(self) -> None:
         self._check_proposers()
         _check(
-            0 <= self.num_speculative_tokens <= 64,
+            self.num_speculative_tokens is None or 0 <= self.num_speculative_tokens <= 64,
             f"num_speculative_tokens must be in 0..64, got {self.num_speculative_tokens}",
         )
         _check(
@@ -183,6 +194,12 @@ class SpecConfig:
             self.spec_cost_cache is None or isinstance(self.spec_cost_cache, str),
             f"spec_cost_cache must be a file path or 'none', got {self.spec_cost_cache!r}",
         )
+
+    @property
+    def chain_cap(self) -> int:
+        """The cap on a chain's drafts: num_speculative_tokens, CHAIN_CAP_CPU if unset."""
+        cap = self.num_speculative_tokens
+        return CHAIN_CAP_CPU if cap is None else cap
 
     def _check_proposers(self) -> None:
         names = self.proposers
@@ -270,6 +287,13 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     spec: SpecConfig = field(default_factory=SpecConfig)
     device: DeviceConfig = field(default_factory=DeviceConfig)
+
+    def __post_init__(self) -> None:
+        """An unset chain cap becomes the device's (CHAIN_CAP_CPU, CHAIN_CAP_GPU)."""
+        if self.spec.num_speculative_tokens is None:
+            cap = CHAIN_CAP_CPU if self.device.device == "cpu" else CHAIN_CAP_GPU
+            spec = dataclasses.replace(self.spec, num_speculative_tokens=cap)
+            object.__setattr__(self, "spec", spec)
 
     @classmethod
     def from_flat(cls, values: dict[str, Any]) -> EngineConfig:

@@ -64,6 +64,6 @@ def graph_shapes(config: EngineConfig) -> GraphShapes:
 
     spec = config.spec
     chains = spec.proposers and spec.spec_tree_nodes == 0 and spec.policy != "off"
-    drafts = spec.num_speculative_tokens if chains else 0
+    drafts = spec.chain_cap if chains else 0
     max_query_len = 1 + drafts if drafts <= MAX_GRAPHED_DRAFTS else 1
     return GraphShapes(graph_batch_sizes(config.scheduler.max_num_seqs), max_query_len)

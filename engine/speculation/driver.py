@@ -39,7 +39,7 @@ from kernels.graph_shapes import NO_GRAPHS, GraphShapes
 
 def max_draft_tokens(config: SpecConfig) -> int:
     """The engine's cap: tree nodes for trees, tokens for chains."""
-    return config.spec_tree_nodes if config.spec_tree_nodes > 0 else config.num_speculative_tokens
+    return config.spec_tree_nodes if config.spec_tree_nodes > 0 else config.chain_cap
 
 
 def speculates(config: SpecConfig, proposer: Proposer | None) -> bool:

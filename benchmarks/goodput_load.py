@@ -1,10 +1,13 @@
-"""Goodput vs no speculation under Poisson load, in one process: each policy's engine serves
-the same arrivals (one seed per round), the policies taking turns round by round, so a
-machine that drifts between rounds hits them alike; prints each round's mean latency (arrival
-to last token) and its ratio to `off`, and the drafts each speculating engine verified.
+"""Goodput vs no speculation under Poisson load, in one process: one engine serves the same
+arrivals (one seed per round) under each policy, its speculation driver swapped between them,
+the policies taking turns round by round, so a machine that drifts between rounds hits them
+alike; prints each round's mean latency (arrival to last token) and its ratio to `off`, and the
+drafts each speculating policy verified.
 
-The server sweep (spec_sweep.py) restarts a server per cell and its cells vary by +-10% on this
-2-core VM; this removes HTTP and process starts, so a 3% effect shows in a few rounds.
+One engine, not one per policy: two engines in one process differ by where their weights and
+KV cache landed, and code of identical behaviour moved the ratio by ~0.02 from process to
+process (docs/benchmarks.md §5zf), more than the effects this measures. The server sweep
+(spec_sweep.py) restarts a server per cell and its cells vary by +-10% on this 2-core VM.
 
     .venv/bin/python benchmarks/goodput_load.py --rate 9.5 --rounds 6 --threads 1
 """
@@ -16,13 +19,17 @@ import json
 import random
 import statistics
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
 from engine.config import EngineConfig
 from engine.front.llm import LLM
+from engine.runner.step_timer import StepTimer
 from engine.sampling_params import SamplingParams
+from engine.speculation.build import build_spec_driver
+from engine.speculation.driver import SpecDriver
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "workload_chat.jsonl"
 
@@ -43,7 +50,7 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def build(policy: str, args: argparse.Namespace) -> LLM:
+def engine_config(policy: str, args: argparse.Namespace) -> EngineConfig:
     """`policy`: a --spec-policy value; `goodput+probes`: goodput without shadow checks."""
     policy, _, variant = policy.partition("+")
     proposer = "none" if policy == "off" else args.proposer  # off with a list would not build
@@ -52,7 +59,22 @@ def build(policy: str, args: argparse.Namespace) -> LLM:
     flat.update(num_speculative_tokens=5, enable_prefix_caching=False)
     if args.model:
         flat.update(model=args.model)
-    return LLM(config=EngineConfig.from_flat(flat))
+    return EngineConfig.from_flat(flat)
+
+
+def build(policies: Sequence[str], args: argparse.Namespace) -> tuple[LLM, dict[str, SpecDriver]]:
+    """One LLM, built for the first speculating policy, and a speculation driver per policy on
+    its runner (`off`'s without a proposer, as an engine built with --spec-policy off has)."""
+    first = next((p for p in policies if not p.startswith("off")), policies[0])
+    llm = LLM(config=engine_config(first, args))
+    engine = llm.engine
+    timer = StepTimer(engine.runner, engine.scheduler.block_manager, seed=engine.config.model.seed)
+    drivers = {first: engine.spec}
+    for policy in policies:
+        if policy not in drivers:
+            spec = engine_config(policy, args).spec
+            drivers[policy] = build_spec_driver(spec, engine.runner, engine.config.scheduler, timer)
+    return llm, drivers
 
 
 def serve(llm: LLM, prompts: list[list[int]], params: SamplingParams, rate: float, seed: int):
@@ -81,23 +103,24 @@ def serve(llm: LLM, prompts: list[list[int]], params: SamplingParams, rate: floa
 def main() -> None:
     args = parse_args()
     torch.set_num_threads(args.threads)
-    llms = {policy: build(policy, args) for policy in args.policies}
-    tokenizer = next(iter(llms.values())).tokenizer
+    llm, drivers = build(args.policies, args)
     lines = Path(args.dataset).read_text().splitlines()[: args.num_prompts]
     prompts = [
-        tokenizer.apply_chat_template([{"role": "user", "content": json.loads(line)["prompt"]}])
+        llm.tokenizer.apply_chat_template([{"role": "user", "content": json.loads(line)["prompt"]}])
         for line in lines
     ]
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
-    for llm in llms.values():  # warm-up: allocator, thread pool, caches
+    for driver in drivers.values():  # warm-up: allocator, thread pool, caches, first fits
+        llm.engine.spec = driver
         llm.generate(prompts[:4], params, use_tqdm=False)
-    latency: dict[str, list[float]] = {policy: [] for policy in llms}
+    latency: dict[str, list[float]] = {policy: [] for policy in drivers}
     for round_index in range(args.rounds):
-        order = list(llms) if round_index % 2 == 0 else list(reversed(llms))
+        order = list(drivers) if round_index % 2 == 0 else list(reversed(drivers))
         for policy in order:
-            totals = llms[policy].engine.spec.tally.totals
+            llm.engine.spec = drivers[policy]
+            totals = drivers[policy].tally.totals
             before = (totals.num_draft_tokens, totals.num_accepted_tokens)
-            latency[policy].append(serve(llms[policy], prompts, params, args.rate, round_index))
+            latency[policy].append(serve(llm, prompts, params, args.rate, round_index))
             drafts = totals.num_draft_tokens - before[0]
             accepted = totals.num_accepted_tokens - before[1]
             print(

@@ -30,9 +30,9 @@ from server.protocol import (
 )
 from server.protocol_messages import check_messages
 from server.responses import ModelCard, ModelList
-from server.serving import ServingContext, parse_body
-from server.serving_chat import create_chat_completion
-from server.serving_completions import create_completion
+from server.serving import ServingContext, parse_body, serve
+from server.serving_chat import CHAT
+from server.serving_completions import COMPLETIONS
 from server.settings import ServerSettings
 
 
@@ -132,12 +132,12 @@ def _add_generation_routes(app: FastAPI, ctx: ServingContext) -> None:
     @app.post("/v1/completions", openapi_extra=json_body(CompletionRequest))
     async def completions(request: Request) -> Response:
         body = await parse_body(request, CompletionRequest)
-        return await create_completion(ctx, body, request)
+        return await serve(ctx, request, body, COMPLETIONS)
 
     @app.post("/v1/chat/completions", openapi_extra=json_body(ChatCompletionRequest))
     async def chat_completions(request: Request) -> Response:
         body = await parse_body(request, ChatCompletionRequest)
-        return await create_chat_completion(ctx, body, request)
+        return await serve(ctx, request, body, CHAT)
 
     @app.post("/tokenize", openapi_extra=json_body(TokenizeRequest))
     async def tokenize(request: Request) -> dict[str, Any]:

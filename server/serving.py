@@ -1,5 +1,6 @@
 """What every route handler shares: settings, model-name checks, the per-request caps,
-admission.
+admission, and the generation routes' pipeline (serve: prepare -> admit -> reply, streamed or
+collected; each route says only what differs: GenerationRoute).
 
 Admission ends when the engine first schedules the request (RequestStream.started): only then
 does a route answer, so a streamed request's 200 and headers mean "running", not "queued". A
@@ -20,7 +21,7 @@ import time
 import uuid
 from asyncio import FIRST_COMPLETED
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 from fastapi import Request
 from fastapi.responses import Response
@@ -267,23 +268,65 @@ class ServingContext:
         return APIError(503, message, headers={"Retry-After": str(self.settings.retry_after_s)})
 
 
-async def respond(
-    ctx: ServingContext,
-    raw: Request,
-    stream: bool,
-    events: Callable[[], AsyncIterator[bytes]],
-    collect: Callable[[], Awaitable[BaseModel]],
-    close: Callable[[], None],
-) -> Response:
-    """The last step of every generation route, once its requests are admitted: stream the
-    events as SSE, or collect the whole response (cancelled if the client hangs up); `close`
-    aborts whatever has not finished when the client goes away."""
-    if stream:
-        return SSEResponse(with_error_events(events(), raw.scope), on_close=close)
+class Prepared(NamedTuple):
+    """What a generation route admits: one engine request per prompt, with these params, and
+    whatever else its reply needs (`state`: the route's own)."""
+
+    prompts: list[list[int]]
+    params: SamplingParams
+    state: Any = None
+
+
+class Admitted(NamedTuple):
+    """The request once the engine took it: its id, the model named, one stream per prompt."""
+
+    request_id: str
+    model: str
+    streams: list[RequestStream]
+
+
+class Reply(NamedTuple):
+    """A route's answer to an admitted request: its SSE events, its whole response (each
+    called at most once), and the abort of whatever has not finished."""
+
+    events: Callable[[], AsyncIterator[bytes]]
+    collect: Callable[[], Awaitable[BaseModel]]
+    close: Callable[[], None]
+
+
+class GenerationRoute(Protocol):
+    """One generation endpoint's part of serve(): what differs between /v1/completions and
+    /v1/chat/completions."""
+
+    id_prefix: str  # of the engine request id (new_request_id)
+    prompt_field: str  # the body field an engine refusal of a prompt is named by
+
+    async def prepare(self, ctx: ServingContext, body: Any) -> Prepared: ...
+
+    async def reply(
+        self, ctx: ServingContext, body: Any, prepared: Prepared, admitted: Admitted
+    ) -> Reply: ...
+
+
+async def serve(ctx: ServingContext, raw: Request, body: Any, route: GenerationRoute) -> Response:
+    """Every generation route, in order: the request's id, the body's own rules, the model
+    it names, the route's prompts and params, admission (all prompts or none, until the
+    engine schedules them), then the route's reply, streamed as SSE or collected whole
+    (cancelled if the client hangs up), its requests aborted when the client goes away."""
+    request_id = new_request_id(raw, route.id_prefix)
+    body.check_api_rules()
+    model = ctx.check_model(body.model)
+    prepared = await route.prepare(ctx, body)
+    streams = await ctx.admit(
+        request_id, prepared.prompts, prepared.params, body.guided_field, route.prompt_field, raw
+    )
+    reply = await route.reply(ctx, body, prepared, Admitted(request_id, model, streams))
+    if body.stream:
+        return SSEResponse(with_error_events(reply.events(), raw.scope), on_close=reply.close)
     try:
-        result = await until_disconnected(raw, collect(), ctx.settings.disconnect_poll_s)
+        result = await until_disconnected(raw, reply.collect(), ctx.settings.disconnect_poll_s)
     finally:
-        close()
+        reply.close()
     return Response(result.model_dump_json(), media_type="application/json")
 
 

@@ -13,9 +13,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from functools import partial
 
-from fastapi import Request
-from fastapi.responses import Response
-
 from engine.front.async_engine import RequestStream
 from engine.outputs import RequestOutput, TokenLogprobs
 from engine.request import SpecCounts
@@ -34,7 +31,7 @@ from server.responses import (
     ToolCallOut,
     UsageInfo,
 )
-from server.serving import ServingContext, new_request_id, respond
+from server.serving import Admitted, Prepared, Reply, ServingContext
 from server.streaming import ChunkTemplate, raise_if_failed, sse_event
 from server.tool_formats import WholeReplyStream, call_stream, parse_calls
 from server.tool_parser import ParsedCall, ToolCallStream
@@ -52,21 +49,39 @@ class _ChatJob:
     created: int = field(default_factory=lambda: int(time.time()))
 
 
-async def create_chat_completion(
-    ctx: ServingContext, body: ChatCompletionRequest, raw: Request
-) -> Response:
-    request_id = new_request_id(raw, "chatcmpl")
-    body.check_api_rules()
-    model = ctx.check_model(body.model)
-    tools = tool_setup(body.tools, body.tool_choice, body.parallel_tool_calls, ctx.tool_format)
-    params = body.sampling_params(ctx.engine.vocab_size, tools)
-    messages = [m.as_template_dict() for m in body.messages]
-    add_generation_prompt = body.add_generation_prompt is not False
-    prompt = await ctx.apply_chat_template(messages, add_generation_prompt, tools.template_tools)
-    (stream,) = await ctx.admit(request_id, [prompt], params, body.guided_field, "messages", raw)
-    job = _ChatJob(request_id, model, body, len(prompt), stream, tools)
-    events, collect = partial(_stream, ctx, job), partial(_collect, ctx, job)
-    return await respond(ctx, raw, bool(body.stream), events, collect, stream.close)
+class ChatRoute:
+    """POST /v1/chat/completions in serving.serve: messages rendered by the chat template into
+    one prompt (n choices of it), tool calls parsed from the reply."""
+
+    id_prefix = "chatcmpl"
+    prompt_field = "messages"
+
+    async def prepare(self, ctx: ServingContext, body: ChatCompletionRequest) -> Prepared:
+        tools = tool_setup(body.tools, body.tool_choice, body.parallel_tool_calls, ctx.tool_format)
+        params = body.sampling_params(ctx.engine.vocab_size, tools)
+        messages = [m.as_template_dict() for m in body.messages]
+        add_generation_prompt = body.add_generation_prompt is not False
+        prompt = await ctx.apply_chat_template(
+            messages, add_generation_prompt, tools.template_tools
+        )
+        return Prepared([prompt], params, tools)
+
+    async def reply(
+        self,
+        ctx: ServingContext,
+        body: ChatCompletionRequest,
+        prepared: Prepared,
+        admitted: Admitted,
+    ) -> Reply:
+        (stream,) = admitted.streams
+        num_prompt_tokens = len(prepared.prompts[0])
+        job = _ChatJob(
+            admitted.request_id, admitted.model, body, num_prompt_tokens, stream, prepared.state
+        )
+        return Reply(partial(_stream, ctx, job), partial(_collect, ctx, job), stream.close)
+
+
+CHAT = ChatRoute()
 
 
 def _logprobs(

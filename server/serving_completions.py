@@ -12,16 +12,13 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from functools import partial
 
-from fastapi import Request
-from fastapi.responses import Response
-
 from engine.front.async_engine import RequestStream
 from engine.outputs import RequestOutput, TokenLogprobs
 from engine.request import SpecCounts
 from server.logprobs import completion_logprobs, generated_positions, prompt_positions
 from server.protocol import CompletionRequest
 from server.responses import CompletionChoice, CompletionResponse, UsageInfo
-from server.serving import ServingContext, new_request_id, respond
+from server.serving import Admitted, Prepared, Reply, ServingContext
 from server.streaming import (
     ChunkTemplate,
     merge_streams,
@@ -56,22 +53,31 @@ class _Job:
             stream.close()
 
 
-async def create_completion(ctx: ServingContext, body: CompletionRequest, raw: Request) -> Response:
-    request_id = new_request_id(raw, "cmpl")
-    body.check_api_rules()
-    model = ctx.check_model(body.model)
-    params = body.sampling_params(ctx.engine.vocab_size)
-    prompts = [await _to_prompt(ctx, p) for p in body.prompt_list()]
-    prompt_ids = [p.token_ids for p in prompts]
-    streams = await ctx.admit(request_id, prompt_ids, params, body.guided_field, raw=raw)
-    job = _Job(request_id, model, body, prompts, streams)
-    try:
-        await _decode_token_prompts(ctx, prompts)
-    except BaseException:
-        job.close()
-        raise
-    events, collect = partial(_stream, ctx, job), partial(_collect, ctx, job)
-    return await respond(ctx, raw, bool(body.stream), events, collect, job.close)
+class CompletionRoute:
+    """POST /v1/completions in serving.serve: prompts (text or token ids, one or a batch), one
+    engine request each; prompts sent as ids are decoded once admitted (for `echo`)."""
+
+    id_prefix = "cmpl"
+    prompt_field = "prompt"
+
+    async def prepare(self, ctx: ServingContext, body: CompletionRequest) -> Prepared:
+        params = body.sampling_params(ctx.engine.vocab_size)
+        prompts = [await _to_prompt(ctx, p) for p in body.prompt_list()]
+        return Prepared([p.token_ids for p in prompts], params, prompts)
+
+    async def reply(
+        self, ctx: ServingContext, body: CompletionRequest, prepared: Prepared, admitted: Admitted
+    ) -> Reply:
+        job = _Job(admitted.request_id, admitted.model, body, prepared.state, admitted.streams)
+        try:
+            await _decode_token_prompts(ctx, job.prompts)
+        except BaseException:
+            job.close()
+            raise
+        return Reply(partial(_stream, ctx, job), partial(_collect, ctx, job), job.close)
+
+
+COMPLETIONS = CompletionRoute()
 
 
 async def _to_prompt(ctx: ServingContext, prompt: str | list[int]) -> _Prompt:

@@ -4,10 +4,11 @@ the policies taking turns round by round, so a machine that drifts between round
 alike; prints each round's mean latency (arrival to last token) and its ratio to `off`, and the
 drafts each speculating policy verified.
 
-One engine, not one per policy: two engines in one process differ by where their weights and
-KV cache landed, and code of identical behaviour moved the ratio by ~0.02 from process to
-process (docs/benchmarks.md §5zf), more than the effects this measures. The server sweep
-(spec_sweep.py) restarts a server per cell and its cells vary by +-10% on this 2-core VM.
+One engine, as spec_step_costs.py --one-engine: with an engine per policy, trees of identical
+behaviour moved the ratio by ~0.02 from run set to run set, and each policy's own weights and KV
+cache were one suspect. One engine did not narrow the rounds' spread (s.d. ~0.04 on the 2-core
+VM: docs/benchmarks.md §5zf), so take five or more runs. The server sweep (spec_sweep.py)
+restarts a server per cell and its cells vary by +-10% on this 2-core VM.
 
     .venv/bin/python benchmarks/goodput_load.py --rate 9.5 --rounds 6 --threads 1
 """
@@ -18,18 +19,21 @@ import argparse
 import json
 import random
 import statistics
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
-from engine.config import EngineConfig
-from engine.front.llm import LLM
-from engine.runner.step_timer import StepTimer
-from engine.sampling_params import SamplingParams
-from engine.speculation.build import build_spec_driver
-from engine.speculation.driver import SpecDriver
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.spec_step_costs import drivers_on  # noqa: E402
+from engine.config import EngineConfig  # noqa: E402
+from engine.front.llm import LLM  # noqa: E402
+from engine.sampling_params import SamplingParams  # noqa: E402
+from engine.speculation.driver import SpecDriver  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "workload_chat.jsonl"
 
@@ -67,14 +71,8 @@ def build(policies: Sequence[str], args: argparse.Namespace) -> tuple[LLM, dict[
     its runner (`off`'s without a proposer, as an engine built with --spec-policy off has)."""
     first = next((p for p in policies if not p.startswith("off")), policies[0])
     llm = LLM(config=engine_config(first, args))
-    engine = llm.engine
-    timer = StepTimer(engine.runner, engine.scheduler.block_manager, seed=engine.config.model.seed)
-    drivers = {first: engine.spec}
-    for policy in policies:
-        if policy not in drivers:
-            spec = engine_config(policy, args).spec
-            drivers[policy] = build_spec_driver(spec, engine.runner, engine.config.scheduler, timer)
-    return llm, drivers
+    specs = {policy: engine_config(policy, args).spec for policy in policies}
+    return llm, drivers_on(llm.engine, first, specs)
 
 
 def serve(llm: LLM, prompts: list[list[int]], params: SamplingParams, rate: float, seed: int):

@@ -145,20 +145,26 @@ class SharedEngine:
     def __init__(self, policies: Sequence[str], args: argparse.Namespace) -> None:
         speculating = next((p for p in policies if p != "off"), "off")
         self.engine = make_engine(speculating, args)
-        config, engine = self.engine.config, self.engine
-        timer = StepTimer(engine.runner, engine.scheduler.block_manager, seed=config.model.seed)
-        self.drivers = {speculating: engine.spec}
-        for policy in policies:
-            if policy not in self.drivers:
-                spec = _spec_config(config.spec, policy)
-                self.drivers[policy] = build_spec_driver(
-                    spec, engine.runner, config.scheduler, timer
-                )
-        self.recorder = StepRecorder(engine, list(self.drivers.values()))
+        specs = {policy: _spec_config(self.engine.config.spec, policy) for policy in policies}
+        self.drivers = drivers_on(self.engine, speculating, specs)
+        self.recorder = StepRecorder(self.engine, list(self.drivers.values()))
 
     def use(self, policy: str) -> tuple[LLMEngine, StepRecorder]:
         self.engine.spec = self.drivers[policy]
         return self.engine, self.recorder
+
+
+def drivers_on(engine: LLMEngine, own: str, specs: dict[str, SpecConfig]) -> dict[str, SpecDriver]:
+    """A speculation driver per name on `engine`'s runner, to swap in as `engine.spec`: the
+    engine's own under `own`, one built from its SpecConfig for each other name (a goodput
+    one seeded by its own start-up profile, timed on the engine's runner)."""
+    config = engine.config
+    timer = StepTimer(engine.runner, engine.scheduler.block_manager, seed=config.model.seed)
+    drivers = {own: engine.spec}
+    for name, spec in specs.items():
+        if name not in drivers:
+            drivers[name] = build_spec_driver(spec, engine.runner, config.scheduler, timer)
+    return drivers
 
 
 def _spec_config(spec: SpecConfig, policy: str) -> SpecConfig:

@@ -17,6 +17,10 @@ as many steps each time, up to REST_DEEPEST apart, while either
   row at ~0.4-0.6 ms where it cost ~1 ms, and goodput ran 0.81-0.95x off: docs/benchmarks.md
   §5zb).
 
+Neither rests where planning is cheap (under REST_MIN_SHARE of the steps) while the longer
+ledger of the last REST_HORIZON planning steps says speculation paid (paid_long): accepted
+drafts come in runs far apart, and a rest begun between two delays the next.
+
 The steps between draft nothing and plan nothing. Open shadow checks are still fed and the
 cost model still observes every step (new checks start on the planning steps only). The
 planning steps keep the ledger, so the rest ends as soon as drafts come to pay again (a
@@ -30,10 +34,19 @@ driver (SpecDriver.plan, observe) feeds it.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
+
+# A planning step in a ledger: (drafts accepted, tokens emitted, plan s, step s, drafts run,
+# step s over the cost model's prediction of the step without its drafts)
+Entry = tuple[int, int, float, float, int, float]
 
 REST_AFTER = 16  # plans (or planning steps) a rest looks back over
 REST_EVERY = 4  # resting, the steps to the first plan; each plan that rests on doubles them
 REST_DEEPEST = 16  # up to this many
+# Planning steps the long ledger holds: where planning is cheap (under REST_MIN_SHARE of the
+# steps), no rest while speculation paid over them (PlanningRest.paid_long).
+REST_HORIZON = 256
+REST_MIN_SHARE = 0.015
 # Chains past this many drafts only while drafts pay, and up to twice the request's last chain
 # if that was accepted whole (chain_cap).
 SHORT_CHAIN = 4
@@ -54,16 +67,18 @@ class PlanningRest:
         self._idle_plans = 0  # plans in a row that drafted nothing
         self._every = REST_EVERY  # resting, the steps from one plan to the next
         self._wait = REST_EVERY  # resting, the steps left to the next plan
-        # per planning step observed: (drafts accepted, tokens emitted, plan s, step s, drafts
-        # run, step s over the cost model's prediction of the step without its drafts)
-        self._ledger: deque[tuple[int, int, float, float, int, float]] = deque(maxlen=REST_AFTER)
+        # per planning step observed (Entry)
+        self._ledger: deque[Entry] = deque(maxlen=REST_AFTER)
         self._paid: bool | None = None  # pays(), kept until the ledger changes
+        self._long: deque[Entry] = deque(maxlen=REST_HORIZON)  # the same, further back
+        self._long_paid = False  # paid_long(), re-read every REST_AFTER entries
+        self._long_new = 0  # entries since
 
     def skips(self) -> bool:
         """Whether this step rests (no offers, no plan). Resting, the steps between plans
         double from REST_EVERY to REST_DEEPEST while each plan finds the rest's reason still
         there; a rest that ends starts the next at REST_EVERY."""
-        if self._idle_plans < REST_AFTER and self.pays():
+        if (self._idle_plans < REST_AFTER and self.pays()) or self.paid_long():
             self._every = self._wait = REST_EVERY
             return False
         self._wait -= 1
@@ -92,6 +107,8 @@ class PlanningRest:
         entry = (accepted, emitted, plan_seconds, step_seconds, drafts, excess_seconds)
         self._ledger.append(entry)
         self._paid = None
+        self._long.append(entry)
+        self._long_new += 1
 
     def pays(self) -> bool:
         """Whether planning and drafting paid over the last REST_AFTER planning steps (True
@@ -99,8 +116,24 @@ class PlanningRest:
         if len(self._ledger) < REST_AFTER:
             return True
         if self._paid is None:
-            self._paid = self._ledger_pays()
+            self._paid = _paid(self._ledger)
         return self._paid
+
+    def paid_long(self) -> bool:
+        """Whether planning and drafting paid over the last REST_HORIZON planning steps (False
+        until they hold more than REST_AFTER: the short ledger speaks alone until then).
+        Only where planning is cheap (_cheap): elsewhere a rest saves more than it delays.
+        Accepted drafts come in runs far apart: code editing copies a span, then writes new
+        text for 16 or more steps where nothing is offered or a stray draft fails; a rest
+        that began there delayed the next span by up to REST_DEEPEST - 1 steps, into the next
+        request. On the Qwen 1.5B at one request this rule ran code editing 1.03-1.07x
+        faster (docs/benchmarks.md §5zg). Re-read every REST_AFTER entries (a verdict over
+        256 steps moves slowly)."""
+        if self._long_new >= REST_AFTER:
+            self._long_new = 0
+            long = self._long
+            self._long_paid = len(long) > REST_AFTER and _cheap(long) and _paid(long)
+        return self._long_paid
 
     def chain_cap(self, cap: int, whole: int) -> int:
         """A request's chain cap under a resting policy: past SHORT_CHAIN drafts only while the
@@ -115,27 +148,43 @@ class PlanningRest:
             return SHORT_CHAIN
         return min(cap, max(SHORT_CHAIN, 2 * whole))
 
-    def _ledger_pays(self) -> bool:
-        accepted = sum(entry[0] for entry in self._ledger)
-        emitted = sum(entry[1] for entry in self._ledger)
-        planning = sum(entry[2] for entry in self._ledger)
-        seconds = sum(entry[3] for entry in self._ledger)
-        return accepted * seconds >= emitted * (planning + self._draft_seconds())
 
-    def _draft_seconds(self) -> float:
-        """What the ledger's drafts added to their steps: the drafting steps' excess over the
-        prediction without drafts, less the model's own bias there, at least 0. The bias is
-        relative: the median excess over the prediction of the steps that drafted nothing,
-        as a share of their predictions (0 without such steps). An absolute one let a new
-        request's prefill, 13 ms under its 143 ms prediction, add 13 ms to each 9 ms drafting
-        step of SmolLM2 copying, and the ledger rested copy (docs/benchmarks.md §5zd)."""
-        plain = sorted(entry[5] / _predicted(entry) for entry in self._ledger if entry[4] == 0)
-        bias = plain[len(plain) // 2] if plain else 0.0
-        extra = sum(entry[5] - bias * _predicted(entry) for entry in self._ledger if entry[4] > 0)
-        return max(0.0, extra)
+def _paid(ledger: Sequence[Entry]) -> bool:
+    """Whether the ledger's accepted drafts were worth its planning and its drafts' extra
+    time: sum(accepted) * sum(step seconds) >= sum(emitted) * (planning + extra)."""
+    accepted = sum(entry[0] for entry in ledger)
+    emitted = sum(entry[1] for entry in ledger)
+    planning = sum(entry[2] for entry in ledger)
+    seconds = sum(entry[3] for entry in ledger)
+    return accepted * seconds >= emitted * (planning + _draft_seconds(ledger))
 
 
-def _predicted(entry: tuple[int, int, float, float, int, float]) -> float:
+def _cheap(ledger: Sequence[Entry]) -> bool:
+    """Whether the ledger's planning took under REST_MIN_SHARE of its steps, taken as a
+    typical step's seconds (the median) times their number, so that prefills among them do
+    not dilute the share: a rest could save no more than that. The n-gram proposer's plans
+    took 0.7-1.0% of the Qwen 1.5B's 19 ms steps at one request, and 2.4-3.7% of SmolLM2's
+    (chat, copy), where without this bound the long ledger cost chat 0.92x and copy 0.85x
+    their rates at one request (docs/benchmarks.md §5zg)."""
+    steps = sorted(entry[3] for entry in ledger)
+    planning = sum(entry[2] for entry in ledger)
+    return planning < REST_MIN_SHARE * steps[len(steps) // 2] * len(steps)
+
+
+def _draft_seconds(ledger: Sequence[Entry]) -> float:
+    """What the ledger's drafts added to their steps: the drafting steps' excess over the
+    prediction without drafts, less the model's own bias there, at least 0. The bias is
+    relative: the median excess over the prediction of the steps that drafted nothing, as a
+    share of their predictions (0 without such steps). An absolute one let a new request's
+    prefill, 13 ms under its 143 ms prediction, add 13 ms to each 9 ms drafting step of
+    SmolLM2 copying, and the ledger rested copy (docs/benchmarks.md §5zd)."""
+    plain = sorted(entry[5] / _predicted(entry) for entry in ledger if entry[4] == 0)
+    bias = plain[len(plain) // 2] if plain else 0.0
+    extra = sum(entry[5] - bias * _predicted(entry) for entry in ledger if entry[4] > 0)
+    return max(0.0, extra)
+
+
+def _predicted(entry: Entry) -> float:
     """A ledger step's predicted seconds without its drafts (its step seconds less planning
     and the excess), at least a microsecond."""
     _, _, plan_seconds, step_seconds, _, excess_seconds = entry

@@ -22,6 +22,8 @@ from engine.speculation.control.rest import (
     REST_AFTER,
     REST_DEEPEST,
     REST_EVERY,
+    REST_HORIZON,
+    REST_MIN_SHARE,
     SHORT_CHAIN,
     PlanningRest,
     batch_class,
@@ -217,6 +219,69 @@ def test_a_planning_step_that_pays_again_ends_the_ledger_rest():
         rest.planned(True)
         rest.observed(6, 70, 0.004, 0.1)
     assert rest.pays() and skipped(rest, 2 * REST_EVERY) == 0
+
+
+def copy_then_write(rest: PlanningRest, spans: int) -> None:
+    """Code editing at one request: a copied span (8 planning steps accepting 6 drafts each of
+    a 20 ms step) and then REST_AFTER steps of new text where nothing is offered (idle plans,
+    0.1 ms of planning each), `spans` times."""
+    for _ in range(spans):
+        for _ in range(8):
+            rest.planned(True)
+            rest.observed(6, 7, 0.0002, 0.025, drafts=6, excess_seconds=0.005)
+        for _ in range(REST_AFTER):
+            rest.planned(False)
+            rest.observed(0, 1, 0.0001, 0.02)
+
+
+def test_no_rest_between_runs_of_accepted_drafts_while_the_long_ledger_pays():
+    """After a copied span, REST_AFTER idle plans rest on the short ledger alone; the long
+    ledger, holding the span too, says speculation paid: no rest, so the next span is drafted
+    on its first step. A ledger of idle plans alone (no more than the short one) rests."""
+    assert REST_HORIZON == 256
+    rest = PlanningRest()
+    copy_then_write(rest, 1)
+    assert not rest.pays() and rest.paid_long()
+    assert skipped(rest, 4 * REST_DEEPEST) == 0
+    idle = PlanningRest()
+    ledger_steps(idle, 0, 1, 0.0001, 0.02)
+    assert not idle.pays() and not idle.paid_long()
+    assert skipped(idle, REST_EVERY) == REST_EVERY - 1
+
+
+def test_where_planning_costs_a_share_of_the_step_the_short_ledger_rests_alone():
+    """SmolLM2 at one request: plans of 0.2 ms on 3.3 ms steps (6%). Speculation paid over the
+    long ledger, not over the short one: a rest saves 6% of the steps, so it rests."""
+    assert REST_MIN_SHARE == 0.015
+    rest = PlanningRest()
+    for _ in range(8):
+        rest.planned(True)
+        rest.observed(6, 7, 0.0002, 0.005, drafts=6, excess_seconds=0.001)
+    ledger_steps(rest, 0, 1, 0.0002, 0.0033)
+    assert not rest.pays() and not rest.paid_long()
+    assert skipped(rest, REST_EVERY) == REST_EVERY - 1
+
+
+def test_the_long_ledger_rests_where_drafts_never_paid():
+    """Chat under load: every planning step's drafts rejected, over the whole horizon."""
+    rest = PlanningRest()
+    for _ in range(REST_HORIZON):
+        rest.planned(True)
+        rest.observed(0, 16, 0.001, 0.02, drafts=4, excess_seconds=0.002)
+    assert not rest.pays() and not rest.paid_long()
+    assert skipped(rest, 4 * REST_DEEPEST) == 4 * REST_DEEPEST - resting_plans(4 * REST_DEEPEST)
+
+
+def test_the_long_verdict_is_reread_every_rest_after_entries():
+    rest = PlanningRest()
+    copy_then_write(rest, 2)
+    assert rest.paid_long()
+    for _ in range(REST_AFTER - 1):  # drafts that lose, not yet re-read
+        rest.observed(0, 16, 0.01, 0.02, drafts=8, excess_seconds=0.02)
+    assert rest.paid_long()
+    for _ in range(REST_HORIZON - REST_AFTER + 1):
+        rest.observed(0, 16, 0.01, 0.02, drafts=8, excess_seconds=0.02)
+    assert not rest.paid_long()
 
 
 def observe_step(driver: SpecDriver, requests, accepted: int, step_s: float) -> None:

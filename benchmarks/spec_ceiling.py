@@ -30,18 +30,12 @@ import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
+from engine.speculation.control.acceptance import expected_emitted
+
 PAIR = Path("~/.cache/goodspeed/models/qwen-pair").expanduser()
 TARGET = PAIR / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
 DRAFT = PAIR / "qwen2.5-coder-0.5b-instruct-awq-q4_k_m.gguf"
 ACCEPTANCES = (0.8, 0.9, 0.95, 1.0)
-
-
-def expected_tokens(k: int, acceptance: float) -> float:
-    """Tokens a step verifying a chain of k drafts emits on average (the bonus token counted),
-    each draft accepted with probability `acceptance` once the ones before it were."""
-    if acceptance >= 1.0:
-        return k + 1.0
-    return (1.0 - acceptance ** (k + 1)) / (1.0 - acceptance)
 
 
 def best_chain(verify: Sequence[float], draft_pass: float, acceptance: float) -> tuple[int, float]:
@@ -50,7 +44,7 @@ def best_chain(verify: Sequence[float], draft_pass: float, acceptance: float) ->
     it (0: free drafts). k = 0 (no speculation) is 1.0 by definition."""
     best = (0, 1.0)
     for k in range(1, len(verify)):
-        speedup = expected_tokens(k, acceptance) / (verify[k] + k * draft_pass)
+        speedup = expected_emitted(acceptance, k) / (verify[k] + k * draft_pass)
         if speedup > best[1]:
             best = (k, speedup)
     return best

@@ -2,13 +2,7 @@
 
 import pytest
 
-from benchmarks.spec_ceiling import best_chain, expected_tokens, report
-
-
-def test_expected_tokens_is_the_geometric_sum_and_k_plus_one_at_full_acceptance():
-    assert expected_tokens(0, 0.5) == pytest.approx(1.0)
-    assert expected_tokens(3, 0.5) == pytest.approx(1 + 0.5 + 0.25 + 0.125)
-    assert expected_tokens(4, 1.0) == 5.0
+from benchmarks.spec_ceiling import best_chain, report
 
 
 def test_free_drafts_and_free_rows_take_the_longest_chain():

@@ -67,10 +67,10 @@ class PlanningRest:
         self._idle_plans = 0  # plans in a row that drafted nothing
         self._every = REST_EVERY  # resting, the steps from one plan to the next
         self._wait = REST_EVERY  # resting, the steps left to the next plan
-        # per planning step observed (Entry)
-        self._ledger: deque[Entry] = deque(maxlen=REST_AFTER)
+        # per planning step observed (Entry), the last REST_HORIZON; the ledger proper is
+        # the last REST_AFTER of them (_recent)
+        self._long: deque[Entry] = deque(maxlen=REST_HORIZON)
         self._paid: bool | None = None  # pays(), kept until the ledger changes
-        self._long: deque[Entry] = deque(maxlen=REST_HORIZON)  # the same, further back
         self._long_paid = False  # paid_long(), re-read every REST_AFTER entries
         self._long_new = 0  # entries since
 
@@ -105,19 +105,22 @@ class PlanningRest:
         and the whole step's (plan included), the drafts it ran and its seconds over the
         predicted step without them (0: no prediction)."""
         entry = (accepted, emitted, plan_seconds, step_seconds, drafts, excess_seconds)
-        self._ledger.append(entry)
-        self._paid = None
         self._long.append(entry)
+        self._paid = None
         self._long_new += 1
 
     def pays(self) -> bool:
         """Whether planning and drafting paid over the last REST_AFTER planning steps (True
         until that many were observed)."""
-        if len(self._ledger) < REST_AFTER:
+        if len(self._long) < REST_AFTER:
             return True
         if self._paid is None:
-            self._paid = _paid(self._ledger)
+            self._paid = _paid(self._recent())
         return self._paid
+
+    def _recent(self) -> list[Entry]:
+        """The ledger: the last REST_AFTER planning steps."""
+        return [self._long[i] for i in range(-min(REST_AFTER, len(self._long)), 0)]
 
     def paid_long(self) -> bool:
         """Whether planning and drafting paid over the last REST_HORIZON planning steps (False

@@ -197,7 +197,9 @@ def test_every_outcome_is_the_prefix_the_emitted_tokens_match_and_output_is_unch
         emitted = tokens[request_id][start : start + len(draft)]
         assert len(emitted) == len(draft) or matched < len(emitted)  # resolved by real tokens
         assert matched == prefix_match(draft, emitted), (request_id, start, draft)
-    assert {matched > 0 for *_, matched in records} == {True, False}
+    # Not vacuous: some check matched drafts and then ended at a differing one. (Which steps are
+    # checked follows the controller's timed plans, so no one position's outcome is fixed.)
+    assert any(0 < matched < len(draft) for *_, draft, matched in records)
 
 
 def test_at_most_the_budget_starts_per_step_the_longest_unchecked_first():

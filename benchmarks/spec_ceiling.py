@@ -8,10 +8,10 @@ passes, D(k), where a draft model proposes (0 for the n-gram proposer). Its spee
 decoding is E(k) T / (V(k + 1) + D(k)), T the one-row step. The best k at a = 1 is the
 ceiling: no proposer of that draft cost, however accurate, gets above it on this machine and
 these kernels. The last column prices verification at one row's cost whatever its rows (no
-kernel can do better), so what it leaves is the draft model's own bound. The costs are measured here, in one process, the shapes taking turns, medians:
-the target's synthetic step (engine/runner/step_timer.py) over 1..K rows at one context, and
-the same steps with the draft model's passes (its own KV and catch-up excluded: every pass
-reads one token).
+kernel can do better), so what it leaves is the draft model's own bound. The costs are
+measured here, in one process, the shapes taking turns, medians: the target's synthetic step
+(engine/runner/step_timer.py) over 1..K rows at one context, and the same steps with the draft
+model's passes (its own KV and catch-up excluded: every pass reads one token).
 
     .venv/bin/python benchmarks/spec_ceiling.py --rounds 5
     .venv/bin/python benchmarks/spec_ceiling.py --weights gguf-int8   # int8 activations

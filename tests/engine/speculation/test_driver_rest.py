@@ -2,8 +2,9 @@
 (goodput) whose last REST_AFTER plans drafted nothing, or whose accepted drafts over the last
 REST_AFTER planning steps were worth less than planning and the drafts' measured extra time, is
 asked for a plan REST_EVERY steps into the rest, then after twice as many, up to REST_DEEPEST
-steps apart; a plan that drafts, or a ledger that pays again, ends the rest; fixed:k never rests. Pure Python: stub policy and proposer, factory
-requests."""
+steps apart; a plan that drafts, or a ledger that pays again, ends the rest; none starts where
+planning is cheap and the long ledger (REST_HORIZON planning steps) says speculation paid;
+fixed:k never rests. Pure Python: stub policy and proposer, factory requests."""
 
 from __future__ import annotations
 

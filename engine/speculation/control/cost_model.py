@@ -46,9 +46,11 @@ from engine.speculation.control.step_features import (
 from kernels.graph_shapes import NO_GRAPHS, GraphShapes
 
 # Fixed feature scales keep the normal equations well conditioned; coefficients() undoes them.
+# Powers of two, so scaling and unscaling are exact.
 _SCALES = (1.0, 256.0, *(1.0,) * (len(ROW_KNOTS) - 1), 16.0, 16384.0, 64.0, 4.0, 16.0, 1.0)
 _SCALES += (256.0, 256.0)  # eager rows, catch-up tokens
 _NUM_RAMPS = len(ROW_KNOTS) - 1
+_INVERSE_SCALES = 1.0 / np.array(_SCALES)
 
 
 _KNOTS_LO = np.array(ROW_KNOTS[:-1], dtype=float)
@@ -58,7 +60,8 @@ _KNOTS_WIDTH = np.diff(np.array(ROW_KNOTS, dtype=float))
 def feature_vectors(features: Sequence[StepFeatures]) -> np.ndarray:
     """The model's scaled feature rows (FEATURE_NAMES) of many steps at once: the row terms
     read a step's rows per _split_rows, each ramp how far they crossed its segment between
-    consecutive knots, in [0, 1]."""
+    consecutive knots, in [0, 1]. Written column by column into one array: a refit runs
+    between engine steps, where every numpy call is cold (docs/benchmarks.md §5zi)."""
     raw = np.array(
         [
             (
@@ -76,13 +79,20 @@ def feature_vectors(features: Sequence[StepFeatures]) -> np.ndarray:
         ],
         dtype=float,
     ).reshape(-1, 9)
-    batched, eager, graph_rows, requests, kv, drafts, draft_steps, spec, catchup = raw.T
-    eager_rows = np.where(eager > 0, batched, 0.0)
-    rows = np.where(eager > 0, 0.0, np.where(graph_rows > 0, graph_rows, batched))
-    ramps = np.clip((rows[:, None] - _KNOTS_LO) / _KNOTS_WIDTH, 0.0, 1.0)
-    columns = (requests, kv, drafts, draft_steps, spec, eager, eager_rows, catchup)
-    x = np.column_stack([np.ones(len(rows)), rows, ramps, *columns])
-    return x / np.array(_SCALES)
+    batched, eager, graph_rows = raw[:, 0], raw[:, 1] > 0, raw[:, 2]
+    rows = np.where(eager, 0.0, np.where(graph_rows > 0, graph_rows, batched))
+    x = np.empty((len(raw), len(FEATURE_NAMES)))
+    x[:, 0] = 1.0
+    x[:, 1] = rows
+    ramps = x[:, 2 : 2 + _NUM_RAMPS]
+    np.clip((rows[:, None] - _KNOTS_LO) / _KNOTS_WIDTH, 0.0, 1.0, out=ramps)
+    tail = 2 + _NUM_RAMPS
+    x[:, tail : tail + 5] = raw[:, 3:8]  # requests, kv, drafts, draft steps, spec requests
+    x[:, tail + 5] = eager
+    x[:, tail + 6] = np.where(eager, batched, 0.0)  # eager rows
+    x[:, tail + 7] = raw[:, 8]  # catch-up tokens
+    x *= _INVERSE_SCALES
+    return x
 
 
 def _replayed(
@@ -143,10 +153,11 @@ class OnlineLinearCostModel:
     ) -> None:
         """refit_every: observations between refits of the window when predicting;
         refit_share: besides, the observed steps since the last refit must have lasted the
-        last refit's seconds over this share (0: no such bound). A refit costs 0.4-1 ms
-        between engine steps (its arrays are cold there; ~0.14 ms in a loop), a fifth of a
-        batch-1 SmolLM2 step on the AVX-512 kernels: the engine refits every 8 steps and
-        within 1% of the steps' time (docs/benchmarks.md §5zd)."""
+        last refit's seconds over this share (0: no such bound). A refit costs 0.3-0.6 ms
+        between engine steps (its arrays and numpy's code are cold there; ~0.15 ms in a
+        loop), a tenth of a batch-1 SmolLM2 step on the AVX-512 kernels: the engine refits
+        at most every 8 steps and within 0.25% of the steps' time (docs/benchmarks.md §5zd,
+        §5zi: near saturation every such share comes out several times over in latency)."""
         if not 0.0 < forgetting <= 1.0 or window < 1 or refit_every < 1 or refit_share < 0.0:
             raise ValueError(
                 "need 0 < forgetting <= 1, window >= 1, refit_every >= 1 and refit_share >= 0, "
@@ -322,8 +333,8 @@ class OnlineLinearCostModel:
         for i in range(passes):
             if self.fitted and not (fresh and i == 0):
                 log_errors = np.log(y / np.maximum(x @ theta, self.min_seconds))
-                deviations = np.abs(log_errors - np.median(log_errors))
-                bound = OUTLIER_FACTOR * max(float(np.median(deviations)), 0.01)
+                deviations = np.abs(log_errors - _median(log_errors))
+                bound = OUTLIER_FACTOR * max(_median(deviations), 0.01)
                 robust = np.minimum(1.0, bound / np.maximum(deviations, 1e-12))
             theta = _nonnegative_ridge(x, y, base * robust, self.ridge, self._prior)
         self._set_theta(theta)
@@ -337,10 +348,11 @@ class OnlineLinearCostModel:
         self._dirty = True
 
     def _set_theta(self, theta: np.ndarray) -> None:
-        self._theta = tuple(float(v) for v in theta)  # in scaled feature units
-        self._coefficients = tuple(v / scale for v, scale in zip(self._theta, _SCALES, strict=True))
-        ramps = self._coefficients[2 : 2 + _NUM_RAMPS]
-        self._ramp_sums = [float(v) for v in np.concatenate([[0.0], np.cumsum(ramps)])]
+        theta = np.asarray(theta, dtype=float)
+        self._theta = tuple(theta.tolist())  # in scaled feature units
+        coefficients = theta * _INVERSE_SCALES  # exact: the scales are powers of two
+        self._coefficients = tuple(coefficients.tolist())
+        self._ramp_sums = [0.0, *np.cumsum(coefficients[2 : 2 + _NUM_RAMPS]).tolist()]
         self._dirty = False
         self._pending, self._pending_seconds = 0, 0.0
         self._ever_solved = True
@@ -421,7 +433,18 @@ def _relative_weights(seconds: np.ndarray, min_seconds: float) -> np.ndarray:
     the fit; on the Qwen pair a 1.3 s catch-up sample priced a first draft (pass and row) at
     0 and a second at 36 ms, measured 16 and 21 (docs/benchmarks.md §5l)."""
     seconds = np.maximum(seconds, min_seconds)
-    return (float(np.median(seconds)) / seconds) ** 2
+    return (_median(seconds) / seconds) ** 2
+
+
+def _median(values: np.ndarray) -> float:
+    """np.median of a 1-d array by a partial sort: a quarter of np.median's time on a
+    window's few hundred values (its checks and copies dominate there)."""
+    n = len(values)
+    half = n // 2
+    if n % 2:
+        return float(np.partition(values, half)[half])
+    lower, upper = np.partition(values, (half - 1, half))[half - 1 : half + 1]
+    return 0.5 * float(lower + upper)
 
 
 def _nonnegative_ridge(
@@ -429,14 +452,15 @@ def _nonnegative_ridge(
 ) -> np.ndarray:
     """argmin sum w (x.theta - y)^2 + ridge |theta - prior|^2 with theta >= 0, by a small
     active-set pass: drop negative coefficients and re-solve (exact NNLS is not needed here)."""
-    hessian = x.T @ (weights[:, None] * x) + ridge * np.eye(x.shape[1])
+    hessian = x.T @ (weights[:, None] * x)
+    hessian.flat[:: x.shape[1] + 1] += ridge  # + ridge * identity
     target = x.T @ (weights * y) + ridge * prior
+    theta = np.linalg.solve(hessian, target)  # every coefficient free: no index copies
     free = np.ones(x.shape[1], dtype=bool)
-    theta = np.zeros(x.shape[1])
-    for _ in range(x.shape[1]):
-        theta[:] = 0.0
-        theta[free] = np.linalg.solve(hessian[np.ix_(free, free)], target[free])
+    for _ in range(x.shape[1] - 1):
         if (theta >= 0.0).all():
             break
         free &= theta > 0.0
+        theta = np.zeros(x.shape[1])
+        theta[free] = np.linalg.solve(hessian[np.ix_(free, free)], target[free])
     return np.maximum(theta, 0.0)

@@ -8,6 +8,7 @@ import random
 import statistics
 import time
 
+import numpy as np
 import pytest
 
 from engine.speculation.control import cost_model
@@ -502,6 +503,16 @@ def test_the_fitted_rows_price_every_step_as_predict_does():
     assert rows.shape == (len(steps), len(cost_model.FEATURE_NAMES))
     want = [model.predict(f) for f in steps]
     assert (rows @ model._theta).tolist() == pytest.approx(want, rel=1e-9, abs=1e-12)
+
+
+def test_the_refits_median_is_numpys():
+    """The refit's medians (relative weights, outlier bounds) by a partial sort: np.median's
+    value, odd and even lengths alike."""
+    rng = np.random.default_rng(2)
+    for n in (1, 2, 3, 4, 255, 256, 317):
+        values = rng.random(n)
+        assert cost_model._median(values) == np.median(values)
+        assert cost_model._median(np.full(n, 0.5)) == 0.5
 
 
 def test_the_ring_holds_the_same_rows_written_late_as_written_every_step():

@@ -81,7 +81,8 @@ def make_spec_driver(
     the runner replays as CUDA graphs (trees never replay)."""
     tree = config.spec_tree_nodes > 0
     graphs = graphs.decode_only() if tree else graphs
-    cost_model = OnlineLinearCostModel(refit_every=8, refit_share=0.01)
+    # refits within a quarter percent of the steps' time: docs/benchmarks.md §5zi
+    cost_model = OnlineLinearCostModel(refit_every=8, refit_share=0.0025)
     # Trees: the shape learned from verified trees, for the proposers and the policy.
     tree_shape = TreeShapeEstimator() if tree else None
     choice = len(config.proposers) > 1  # proposer is a ProposerSet

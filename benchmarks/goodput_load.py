@@ -10,6 +10,11 @@ cache were one suspect. One engine did not narrow the rounds' spread (s.d. ~0.04
 VM: docs/benchmarks.md §5zf), so take five or more runs. The server sweep (spec_sweep.py)
 restarts a server per cell and its cells vary by +-10% on this 2-core VM.
 
+The start-up heap is frozen, as the server's is (engine/front/heap.py): unfrozen, the collector's
+full passes walked it for ~0.1 s each, two or so per 16 rounds under goodput, whose n-gram
+indexes allocate, and about none under off, whose steps barely do (docs/benchmarks.md §5zi).
+Each policy's collector passes are printed beside its latency.
+
     .venv/bin/python benchmarks/goodput_load.py --rate 9.5 --rounds 6 --threads 1
 """
 
@@ -31,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.spec_step_costs import drivers_on  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
+from engine.front.heap import CollectorPauses, collection_paused_then_frozen  # noqa: E402
 from engine.front.llm import LLM  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
 from engine.speculation.driver import SpecDriver  # noqa: E402
@@ -70,9 +76,10 @@ def build(policies: Sequence[str], args: argparse.Namespace) -> tuple[LLM, dict[
     """One LLM, built for the first speculating policy, and a speculation driver per policy on
     its runner (`off`'s without a proposer, as an engine built with --spec-policy off has)."""
     first = next((p for p in policies if not p.startswith("off")), policies[0])
-    llm = LLM(config=engine_config(first, args))
-    specs = {policy: engine_config(policy, args).spec for policy in policies}
-    return llm, drivers_on(llm.engine, first, specs)
+    with collection_paused_then_frozen():  # as the server's start-up heap is
+        llm = LLM(config=engine_config(first, args))
+        specs = {policy: engine_config(policy, args).spec for policy in policies}
+        return llm, drivers_on(llm.engine, first, specs)
 
 
 def serve(llm: LLM, prompts: list[list[int]], params: SamplingParams, rate: float, seed: int):
@@ -118,12 +125,14 @@ def main() -> None:
             llm.engine.spec = drivers[policy]
             totals = drivers[policy].tally.totals
             before = (totals.num_draft_tokens, totals.num_accepted_tokens)
-            latency[policy].append(serve(llm, prompts, params, args.rate, round_index))
+            with CollectorPauses() as pauses:
+                latency[policy].append(serve(llm, prompts, params, args.rate, round_index))
             drafts = totals.num_draft_tokens - before[0]
             accepted = totals.num_accepted_tokens - before[1]
             print(
                 f"round {round_index} {policy}: mean latency {latency[policy][-1]:.2f} s, "
-                f"{drafts} drafts verified, {accepted} accepted",
+                f"{drafts} drafts verified, {accepted} accepted, {pauses.count} collector "
+                f"passes ({pauses.full_count} full) {1e3 * pauses.seconds:.1f} ms",
                 flush=True,
             )
     if "off" not in latency:

@@ -39,10 +39,13 @@ def _run(llm: LLM, cap: int | None):
 
 @pytest.mark.parametrize("policy", ["fixed:4", "goodput"])
 def test_request_caps_its_own_speculation(tiny_model_dir, tmp_path, policy):
-    llm = _llm(tiny_model_dir, tmp_path, policy)
-    free, free_plans = _run(llm, None)
-    off, off_plans = _run(llm, 0)
-    one, one_plans = _run(llm, 1)
+    """Each cap on an engine of its own (the profile cached by the first): on one engine,
+    goodput's planning rest carried over from the capped-off run, whose plans all drafted
+    nothing, into the next, which then planned once in 4-16 steps, and on CI's clean clone
+    none of those plans drafted."""
+    free, free_plans = _run(_llm(tiny_model_dir, tmp_path, policy), None)
+    off, off_plans = _run(_llm(tiny_model_dir, tmp_path, policy), 0)
+    one, one_plans = _run(_llm(tiny_model_dir, tmp_path, policy), 1)
     tokens = [o.output_token_ids for o in free]
     assert [o.output_token_ids for o in off] == tokens == [o.output_token_ids for o in one]
     assert max(k for p in free_plans for k in p.values()) > 1

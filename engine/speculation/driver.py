@@ -18,7 +18,14 @@ import time
 from collections.abc import Sequence
 
 from engine.config import SpecConfig
-from engine.outputs import Drafts, ModelOutput, ScheduledRequest, SchedulerOutput, SpecPlan
+from engine.outputs import (
+    Drafts,
+    DraftTree,
+    ModelOutput,
+    ScheduledRequest,
+    SchedulerOutput,
+    SpecPlan,
+)
 from engine.request import Request, RequestStatus
 from engine.speculation.control.cost_model import OnlineLinearCostModel
 from engine.speculation.control.policy import SpecCandidate, SpecPolicy, SpecResult
@@ -308,17 +315,14 @@ class SpecDriver:
     def observe(self, sched: SchedulerOutput, drafts: Drafts, out: ModelOutput) -> None:
         if sched.is_empty:
             return
-        results = self._observe_requests(sched, drafts, out) if self.proposer is not None else []
         seconds = out.step_time + drafts.proposer_time
-        emitted = sum(len(o.token_ids) for o in out.outputs.values())
-        step_seconds = seconds + self.last_plan_time
-        self.last_goodput = emitted / step_seconds if step_seconds > 0 else 0.0
+        if self.proposer is None:  # nothing proposes: the step's goodput (metrics) only
+            self._step_goodput(sum(len(o.token_ids) for o in out.outputs.values()), seconds)
+            return
+        results, shapes, emitted = self._observe_requests(sched, drafts, out)
+        step_seconds = self._step_goodput(emitted, seconds)
         if not self.enabled:  # nothing predicts step times: the cost model learns nothing
             return
-        shapes = [
-            (s.start, s.num_new_tokens - s.num_draft_tokens, drafts.num_draft_tokens(s.request_id))
-            for s in sched.scheduled
-        ]
         if self.rest is not None and not self.rested:
             accepted = sum(o.num_accepted_tokens for o in out.outputs.values())
             num_drafts, excess = self._draft_excess(shapes, seconds)
@@ -331,28 +335,50 @@ class SpecDriver:
         model_seconds = seconds - (self.proposer.free_seconds if self.choice else 0.0)
         self.policy.observe(results, features, model_seconds)
 
+    def _step_goodput(self, emitted: int, seconds: float) -> float:
+        """The step's seconds with its plan's, and its emitted tokens per second of them."""
+        step_seconds = seconds + self.last_plan_time
+        self.last_goodput = emitted / step_seconds if step_seconds > 0 else 0.0
+        return step_seconds
+
     def _observe_requests(
         self, sched: SchedulerOutput, drafts: Drafts, out: ModelOutput
-    ) -> list[SpecResult]:
-        """Each verified request to the proposer (and the tree shape); its outcome counted."""
-        results, observations = [], []
+    ) -> tuple[list[SpecResult], list[tuple[int, int, int]], int]:
+        """Each verified request to the proposer (where it `observes`) and the tree shape;
+        its outcome counted. One pass over the step's requests, which also gives the step's
+        shapes (context, new tokens, drafts) for the cost model and its emitted tokens: on a
+        step without drafts this pass is most of the driver's work (docs/benchmarks.md
+        §5zi). Returns (results, shapes, emitted)."""
+        drafted = bool(drafts.chains or drafts.trees)
+        observes = getattr(self.proposer, "observes", True)
+        results, observations, shapes, emitted = [], [], [], 0
         for scheduled in sched.scheduled:
-            step = out.outputs.get(scheduled.request_id)
+            request_id = scheduled.request_id
+            new_tokens = scheduled.num_new_tokens - scheduled.num_draft_tokens
+            num_drafts = drafts.num_draft_tokens(request_id) if drafted else 0
+            shapes.append((scheduled.start, new_tokens, num_drafts))
+            step = out.outputs.get(request_id)
             if step is None or not step.token_ids:
                 continue
-            memos = scheduled.request.spec.memos
-            observations.append(Observation(step, drafts.draft_ids(step.request_id), memos))
-            tree = drafts.trees.get(scheduled.request_id)
-            if tree is not None and self.tree_shape is not None:
-                self.tree_shape.observe(tree, accepted_path(tree, step.token_ids))
+            emitted += len(step.token_ids)
+            if observes:
+                memos = scheduled.request.spec.memos
+                observations.append(Observation(step, drafts.draft_ids(request_id), memos))
+            if drafted:
+                self._observe_tree(drafts.trees.get(request_id), step.token_ids)
             result = self._result(scheduled, step.num_draft_tokens, step.num_accepted_tokens)
             if result is not None:
                 results.append(result)
-            if self.shadows is not None:
+            if self.shadows is not None and scheduled.request.spec.shadows:
                 results.extend(self.shadows.check(scheduled.request, step.token_ids))
         if observations:
             self.proposer.observe(observations)
-        return results
+        return results, shapes, emitted
+
+    def _observe_tree(self, tree: DraftTree | None, token_ids: Sequence[int]) -> None:
+        """A verified tree's accepted path, to the tree shape estimator."""
+        if tree is not None and self.tree_shape is not None:
+            self.tree_shape.observe(tree, accepted_path(tree, token_ids))
 
     def _draft_excess(
         self, shapes: list[tuple[int, int, int]], seconds: float

@@ -79,6 +79,7 @@ class _RequestView:
 class DraftModelProposer:
     name = "draft"
     target_topk = 0  # needs none of the target's top ids
+    observes = False  # observe() does nothing: the next catch-up syncs from the token ids
 
     def __init__(self, runner: DraftRunner) -> None:
         self.runner = runner

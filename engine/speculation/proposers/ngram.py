@@ -111,6 +111,7 @@ class NgramProposer:
 
     name = "ngram"
     target_topk = 0  # needs none of the target's top ids
+    observes = False  # observe() does nothing: the index syncs from ProposeRequest.token_ids
 
     def __init__(
         self,

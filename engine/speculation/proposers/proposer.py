@@ -75,7 +75,10 @@ class Proposer(Protocol):
         ...
 
     def observe(self, observations: Sequence[Observation]) -> None:
-        """The step's verified tokens, one Observation per request that got any."""
+        """The step's verified tokens, one Observation per request that got any. A proposer
+        whose observe() does nothing says so with `observes = False` (optional, True when
+        absent): the driver then builds no Observations for it, a fifth of its work on a
+        step without drafts (docs/benchmarks.md §5zi)."""
         ...
 
 

@@ -34,6 +34,7 @@ class ProposerSet:
         self.proposers = dict(proposers)
         self.name = ",".join(self.proposers)
         self.target_topk = max(p.target_topk for p in self.proposers.values())
+        self.observes = any(getattr(p, "observes", True) for p in self.proposers.values())
         self.seconds_per_request: dict[str, float] = {}  # model-free proposers only
         self.free_seconds = 0.0  # model-free proposing time of the last propose()
 
@@ -87,4 +88,5 @@ class ProposerSet:
 
     def observe(self, observations: Sequence[Observation]) -> None:
         for proposer in self.proposers.values():
-            proposer.observe(observations)
+            if getattr(proposer, "observes", True):
+                proposer.observe(observations)

@@ -207,3 +207,35 @@ def test_the_policy_sees_every_decode_with_a_cap_of_0_where_it_cannot_draft(
     llm.generate(PROMPTS, GREEDY, use_tqdm=False)
     assert calls and all(any(caps) for caps in calls)  # asked only where some may draft
     assert any(caps[0] == 0 for caps in calls if len(caps) == len(PROMPTS))
+
+
+@pytest.mark.parametrize(
+    "proposers, policy",
+    [("ngram", "fixed:2"), ("recycle", "fixed:2"), ("ngram,recycle", "goodput")],
+)
+def test_observations_reach_only_proposers_that_observe(
+    tiny_model_dir, tmp_path, reference, proposers, policy
+):
+    """The driver builds Observations only for a proposer that observes: the n-gram proposer
+    (observes = False, its observe() does nothing) is never handed any, alone or in a set;
+    recycle, alone or in a set, gets one per request for every step that emitted tokens.
+    Outputs stay greedy-identical."""
+    llm = make_llm(tiny_model_dir, tmp_path, speculative_proposer=proposers, spec_policy=policy)
+    proposer = llm.engine.spec.proposer
+    members = getattr(proposer, "proposers", {proposer.name: proposer})
+    calls: dict[str, int] = {name: 0 for name in members}
+
+    def counted(name, original):
+        def observe(observations):
+            assert observations
+            calls[name] += len(observations)
+            original(observations)
+
+        return observe
+
+    for name, member in members.items():
+        member.observe = counted(name, member.observe)
+    assert generate(llm) == reference
+    assert calls.get("ngram", 0) == 0
+    if "recycle" in calls:  # every emitted token's step, each request's: at least its outputs
+        assert calls["recycle"] >= len(PROMPTS) * GREEDY.max_tokens // (1 + 2)

@@ -38,6 +38,7 @@ from engine.speculation.proposers.proposer import (
     Observation,
     Proposer,
     ProposeRequest,
+    observes,
 )
 from engine.speculation.shadow import ShadowChecks
 from engine.speculation.tally import SpecTally
@@ -350,7 +351,7 @@ class SpecDriver:
         step without drafts this pass is most of the driver's work (docs/benchmarks.md
         §5zi). Returns (results, shapes, emitted)."""
         drafted = bool(drafts.chains or drafts.trees)
-        observes = getattr(self.proposer, "observes", True)
+        learns = observes(self.proposer)
         results, observations, shapes, emitted = [], [], [], 0
         for scheduled in sched.scheduled:
             request_id = scheduled.request_id
@@ -361,7 +362,7 @@ class SpecDriver:
             if step is None or not step.token_ids:
                 continue
             emitted += len(step.token_ids)
-            if observes:
+            if learns:
                 memos = scheduled.request.spec.memos
                 observations.append(Observation(step, drafts.draft_ids(request_id), memos))
             if drafted:

@@ -77,9 +77,14 @@ class Proposer(Protocol):
     def observe(self, observations: Sequence[Observation]) -> None:
         """The step's verified tokens, one Observation per request that got any. A proposer
         whose observe() does nothing says so with `observes = False` (optional, True when
-        absent): the driver then builds no Observations for it, a fifth of its work on a
+        absent): the driver then builds no Observations for it, a sixth of its work on a
         step without drafts (docs/benchmarks.md §5zi)."""
         ...
+
+
+def observes(proposer: Proposer) -> bool:
+    """Whether the proposer learns from observe() (`observes`, True when absent)."""
+    return getattr(proposer, "observes", True)
 
 
 def collect_drafts(

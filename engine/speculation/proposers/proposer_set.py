@@ -22,6 +22,7 @@ from engine.speculation.proposers.proposer import (
     Observation,
     Proposer,
     ProposeRequest,
+    observes,
 )
 
 SECONDS_DECAY = 0.9  # weight of the previous CPU-time estimate
@@ -34,7 +35,7 @@ class ProposerSet:
         self.proposers = dict(proposers)
         self.name = ",".join(self.proposers)
         self.target_topk = max(p.target_topk for p in self.proposers.values())
-        self.observes = any(getattr(p, "observes", True) for p in self.proposers.values())
+        self.observes = any(map(observes, self.proposers.values()))
         self.seconds_per_request: dict[str, float] = {}  # model-free proposers only
         self.free_seconds = 0.0  # model-free proposing time of the last propose()
 
@@ -88,5 +89,5 @@ class ProposerSet:
 
     def observe(self, observations: Sequence[Observation]) -> None:
         for proposer in self.proposers.values():
-            if getattr(proposer, "observes", True):
+            if observes(proposer):
                 proposer.observe(observations)

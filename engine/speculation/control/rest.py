@@ -26,13 +26,19 @@ cost model still observes every step (new checks start on the planning steps onl
 planning steps keep the ledger, so the rest ends as soon as drafts come to pay again (a
 request that comes to pay waits at most REST_DEEPEST - 1 steps for its drafts). One plan in
 four had cost ~3% of four SmolLM2 chat requests' steps, where drafts never paid; one in sixteen
-costs a quarter of that (docs/benchmarks.md §5ze). The driver keeps one rest per batch class
+costs a quarter of that (docs/benchmarks.md §5ze). The steps between plans stop doubling at
+REST_NEAR where the ledger returned at least REST_FAR of what its planning and drafts cost, and
+at REST_DEEPEST where it returned less (`far`): under Poisson arrivals of SmolLM2 chat near
+saturation, where the ledger returned a median 0.38 of its cost when resting, one plan in 16
+cost ~2% of the mean latency against one in 64; 16 copying requests, whose resting ledger
+returned a median 0.94, ran 1.07x off with plans 16 apart and 1.02x with 64 (§5zj). The driver keeps one rest per batch class
 (batch_class: 1, 2-3, 4-7, ... running requests), each with its own ledger. Pure Python; the
 driver (SpecDriver.plan, observe) feeds it.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Sequence
 
@@ -42,7 +48,9 @@ Entry = tuple[int, int, float, float, int, float]
 
 REST_AFTER = 16  # plans (or planning steps) a rest looks back over
 REST_EVERY = 4  # resting, the steps to the first plan; each plan that rests on doubles them
-REST_DEEPEST = 16  # up to this many
+REST_NEAR = 16  # up to this many while the ledger is near paying,
+REST_DEEPEST = 64  # and up to this many while it is far from it:
+REST_FAR = 0.75  # it returned under this share of its planning and drafts' cost
 # Planning steps the long ledger holds: where planning is cheap (under REST_MIN_SHARE of the
 # steps), no rest while speculation paid over them (PlanningRest.paid_long).
 REST_HORIZON = 256
@@ -70,21 +78,23 @@ class PlanningRest:
         # per planning step observed (Entry), the last REST_HORIZON; the ledger proper is
         # the last REST_AFTER of them (_recent)
         self._long: deque[Entry] = deque(maxlen=REST_HORIZON)
-        self._paid: bool | None = None  # pays(), kept until the ledger changes
+        self._return: float | None = None  # the ledger's return share (_returned), kept
+        # until the ledger changes
         self._long_paid = False  # paid_long(), re-read every REST_AFTER entries
         self._long_new = 0  # entries since
 
     def skips(self) -> bool:
         """Whether this step rests (no offers, no plan). Resting, the steps between plans
-        double from REST_EVERY to REST_DEEPEST while each plan finds the rest's reason still
-        there; a rest that ends starts the next at REST_EVERY."""
+        double from REST_EVERY to REST_NEAR, or to REST_DEEPEST while the ledger is far from
+        paying, while each plan finds the rest's reason still there; a rest that ends starts
+        the next at REST_EVERY."""
         if (self._idle_plans < REST_AFTER and self.pays()) or self.paid_long():
             self._every = self._wait = REST_EVERY
             return False
         self._wait -= 1
         if self._wait > 0:
             return True
-        self._every = min(REST_DEEPEST, 2 * self._every)
+        self._every = min(REST_DEEPEST if self.far() else REST_NEAR, 2 * self._every)
         self._wait = self._every
         return False
 
@@ -106,17 +116,24 @@ class PlanningRest:
         predicted step without them (0: no prediction)."""
         entry = (accepted, emitted, plan_seconds, step_seconds, drafts, excess_seconds)
         self._long.append(entry)
-        self._paid = None
+        self._return = None
         self._long_new += 1
 
     def pays(self) -> bool:
         """Whether planning and drafting paid over the last REST_AFTER planning steps (True
         until that many were observed)."""
-        if len(self._long) < REST_AFTER:
-            return True
-        if self._paid is None:
-            self._paid = _paid(self._recent())
-        return self._paid
+        return len(self._long) < REST_AFTER or self._returned() >= 1.0
+
+    def far(self) -> bool:
+        """Whether the last REST_AFTER planning steps returned under REST_FAR of what their
+        planning and drafts cost (False until that many were observed)."""
+        return len(self._long) >= REST_AFTER and self._returned() < REST_FAR
+
+    def _returned(self) -> float:
+        """The ledger's return share (_return_share), kept until the ledger changes."""
+        if self._return is None:
+            self._return = _return_share(self._recent())
+        return self._return
 
     def _recent(self) -> list[Entry]:
         """The ledger: the last REST_AFTER planning steps."""
@@ -135,7 +152,7 @@ class PlanningRest:
         if self._long_new >= REST_AFTER:
             self._long_new = 0
             long = self._long
-            self._long_paid = len(long) > REST_AFTER and _cheap(long) and _paid(long)
+            self._long_paid = len(long) > REST_AFTER and _cheap(long) and _return_share(long) >= 1.0
         return self._long_paid
 
     def chain_cap(self, cap: int, whole: int) -> int:
@@ -152,14 +169,16 @@ class PlanningRest:
         return min(cap, max(SHORT_CHAIN, 2 * whole))
 
 
-def _paid(ledger: Sequence[Entry]) -> bool:
-    """Whether the ledger's accepted drafts were worth its planning and its drafts' extra
-    time: sum(accepted) * sum(step seconds) >= sum(emitted) * (planning + extra)."""
+def _return_share(ledger: Sequence[Entry]) -> float:
+    """What the ledger's accepted drafts returned as a share of what its planning and its
+    drafts' extra time cost: sum(accepted) * sum(step seconds) / (sum(emitted) * (planning +
+    extra)); they paid where it is at least 1 (inf where they cost nothing)."""
     accepted = sum(entry[0] for entry in ledger)
     emitted = sum(entry[1] for entry in ledger)
     planning = sum(entry[2] for entry in ledger)
     seconds = sum(entry[3] for entry in ledger)
-    return accepted * seconds >= emitted * (planning + _draft_seconds(ledger))
+    cost = emitted * (planning + _draft_seconds(ledger))
+    return accepted * seconds / cost if cost > 0 else math.inf
 
 
 def _cheap(ledger: Sequence[Entry]) -> bool:

@@ -206,8 +206,8 @@ def test_the_ledger_pays_until_it_is_full_then_compares_token_and_time_shares():
 def test_a_rest_far_from_paying_doubles_the_steps_between_its_plans_up_to_rest_deepest():
     """While each plan finds drafts still not paying, the steps to the next plan double:
     at four SmolLM2 chat requests, where drafts never paid, a plan one step in four cost
-    ~3% of the steps' time (docs/benchmarks.md §5ze), and near saturation one in 16 ~2% of
-    the mean latency against one in 64 (§5zj)."""
+    ~3% of the steps' time (docs/benchmarks.md §5ze); near saturation, plans up to 64 apart
+    halved the plans (§5zj)."""
     rest = PlanningRest()
     ledger_steps(rest, 0, 16, 0.01, 0.1)
     assert rest.far()

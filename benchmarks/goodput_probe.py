@@ -5,6 +5,9 @@ its predicted step time for uniform batches (b requests x k drafts each), then r
 copy prompts alone and as one batch, logging every step: its features, the measured seconds,
 the seconds predicted for it just before, and the drafts planned. Summaries group steps by
 (batch size, drafts in the step > 0): mean measured vs predicted. Written to --out as JSON.
+With --phases each step also carries the runner's phases (benchmarks/runner_phases.py, synced
+on a GPU) and the summary the drafting steps' phases at the largest batch, first of their
+token count against repeats, with the slowest steps.
 
     python benchmarks/goodput_probe.py --model M.gguf --device cuda --dtype bfloat16 --out p.json
 """
@@ -21,6 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.runner_phases import RunnerPhases, phase_summary  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.front.llm import LLM  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
@@ -38,6 +42,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--data", default=str(ROOT.parent / "shared" / "data"))
+    parser.add_argument("--phases", action="store_true", help="time the runner's phases")
     parser.add_argument("--out", type=Path, required=True)
     return parser.parse_args()
 
@@ -62,8 +67,9 @@ def predictions(driver, k_max: int) -> dict:
     return table
 
 
-def record_steps(llm: LLM) -> list[dict]:
-    """Wrap the cost model's observe: every step's features, measured and predicted seconds."""
+def record_steps(llm: LLM, phases: RunnerPhases | None = None) -> list[dict]:
+    """Wrap the cost model's observe: every step's features, measured and predicted seconds
+    (and with `phases` the runner's phases of the step)."""
     model, steps = llm.engine.spec.cost_model, []
     observe = model.observe
 
@@ -76,6 +82,7 @@ def record_steps(llm: LLM) -> list[dict]:
                 eager=features.num_eager_steps,
                 measured=seconds,
                 predicted=model.predict(features),
+                **(phases.take() if phases is not None else {}),
             )
         )
         observe(features, seconds)
@@ -115,7 +122,8 @@ def main() -> None:
         coefficients=driver.cost_model.coefficients(),
         predicted_before=predictions(driver, args.k),
     )
-    steps = record_steps(llm)
+    phases = RunnerPhases(llm.engine.runner).install() if args.phases else None
+    steps = record_steps(llm, phases)
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
     for workload in ("chat", "copy"):
         batch = prompts(llm, workload, args.batch, args.data)
@@ -127,6 +135,7 @@ def main() -> None:
         coefficients_after=driver.cost_model.coefficients(),
         predicted_after=predictions(driver, args.k),
         summary=summary(steps),
+        phases=phase_summary(steps),
         steps=steps,
     )
     args.out.write_text(json.dumps(result, indent=1))

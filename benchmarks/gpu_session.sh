@@ -7,6 +7,7 @@
 #   bash benchmarks/gpu_session.sh b   # carry .gpu/m.part2 (call a left m.part1 in /tmp)
 #       SmolLM2 in bfloat16: batch-1 speculation (goodput and fixed), the decode harness,
 #       engine throughput, the in-process policy sweep, step costs by phase, the goodput probe
+#       (also with the runner's phases timed)
 # ONLY="name ..." runs only those parts, SKIP="name ..." all but those; ENGINE_ROUNDS=3 runs the
 # engine throughput (this checkout, then the base's) three times; SWEEP_SEEDS="0 1" runs
 # the policy sweep once per seed, SWEEP_POLICIES="off,goodput" with those policies, and
@@ -124,5 +125,9 @@ else
         --out "$R/graph_step_phases.json"
     part probe 90 python3 benchmarks/goodput_probe.py --model "$MODEL" --device cuda \
         --dtype bfloat16 "${DATA[@]}" --out "$R/goodput_probe.json"
+    # The same with the runner's phases synced per step: which part stalls on the first
+    # drafting steps of a token count at 16 requests (docs/benchmarks.md §4j)
+    part probe-phases 90 python3 benchmarks/goodput_probe.py --model "$MODEL" --device cuda \
+        --dtype bfloat16 "${DATA[@]}" --phases --out "$R/goodput_probe_phases.json"
 fi
 echo "done $(date -u +%T)"

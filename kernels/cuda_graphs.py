@@ -18,7 +18,7 @@ sync with the host nor allocate shapes that depend on data.
 
 The engine's ModelRunner captures these at start-up when the backend is FlashInfer on CUDA
 (DeviceConfig.cuda_graphs; `--enforce-eager` turns it off). Padding and staging are tested on
-CPU with an emulated FlashInfer (tests/kernels/test_cuda_graphs_cpu.py), capture and replay by
+CPU with an emulated FlashInfer (tests/kernels/test_flashinfer_backend_cpu.py), capture and replay by
 the gpu-marked tests.
 """
 
@@ -122,6 +122,12 @@ class StepGraphRunner:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
                 output = self.model_step(self._ids(n), self._positions(n))
+            # PyTorch's capture instantiates the graph but does not upload it, and CUDA uploads
+            # an executable graph at its first launch. Replaying it here, on the dummy batch
+            # just staged and planned (its rows write only the pad block), moves that upload
+            # to start-up, out of the first real step of each shape. Not yet timed on a GPU:
+            # it may be the 2.5-4.5 ms first-of-a-kind stalls of docs/benchmarks.md §4j.
+            graph.replay()
             self._graphs[(batch, q_len)] = graph
             self._outputs[(batch, q_len)] = output
         if self.device.type == "cuda":

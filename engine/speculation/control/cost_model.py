@@ -5,8 +5,9 @@ arXiv 2406.14066), so a prediction must be positive, cheap (hundreds per step) a
 The model is linear in a few shape features plus a piecewise-linear term in batched rows (one
 ramp per segment between the knots of step_features.ROW_KNOTS, so a measured jump between two
 row counts, or the change from memory-bound to compute-bound matmuls, is representable), fixed
-costs per speculating request, per draft-model pass and per eager (non-graph) step, a term per
-token a draft model feeds to catch up (apart from its passes), refitted on the last `window` steps by weighted ridge least squares:
+costs per speculating request, per draft-model pass, per eager (non-graph) step and per step
+that verifies any drafts, a term per token a draft model feeds to catch up (apart from its
+passes), refitted on the last `window` steps by weighted ridge least squares:
 
     theta = argmin  sum_t w_t (x_t . theta - seconds_t)^2 + ridge |theta - prior|^2,  theta >= 0
 
@@ -48,7 +49,7 @@ from kernels.graph_shapes import NO_GRAPHS, GraphShapes
 # Fixed feature scales keep the normal equations well conditioned; coefficients() undoes them.
 # Powers of two, so scaling and unscaling are exact.
 _SCALES = (1.0, 256.0, *(1.0,) * (len(ROW_KNOTS) - 1), 16.0, 16384.0, 64.0, 4.0, 16.0, 1.0)
-_SCALES += (256.0, 256.0)  # eager rows, catch-up tokens
+_SCALES += (256.0, 256.0, 1.0)  # eager rows, catch-up tokens, verify steps
 _NUM_RAMPS = len(ROW_KNOTS) - 1
 _INVERSE_SCALES = 1.0 / np.array(_SCALES)
 
@@ -91,6 +92,7 @@ def feature_vectors(features: Sequence[StepFeatures]) -> np.ndarray:
     x[:, tail + 5] = eager
     x[:, tail + 6] = np.where(eager, batched, 0.0)  # eager rows
     x[:, tail + 7] = raw[:, 8]  # catch-up tokens
+    x[:, tail + 8] = raw[:, 7] > 0  # verify steps: any speculating request
     x *= _INVERSE_SCALES
     return x
 
@@ -199,6 +201,8 @@ class OnlineLinearCostModel:
         seconds += tail[2] * f.num_draft_tokens + tail[3] * f.num_draft_steps
         seconds += tail[4] * f.num_spec_requests + tail[5] * f.num_eager_steps
         seconds += tail[6] * eager_rows + tail[7] * f.num_catchup_tokens
+        if f.num_spec_requests:
+            seconds += tail[8]
         return max(self.min_seconds, seconds)
 
     def predict_drafts(
@@ -237,7 +241,7 @@ class OnlineLinearCostModel:
         seconds += tail[4] * (f.num_spec_requests + spec)
         if eager_terms:
             seconds += tail[5] * eager + tail[6] * np.where(eager, rows, 0.0)
-        seconds += tail[7] * f.num_catchup_tokens
+        seconds += tail[7] * f.num_catchup_tokens + tail[8] * (f.num_spec_requests + spec > 0)
         return np.maximum(self.min_seconds, seconds)
 
     def _row_seconds(self, rows: int) -> float:

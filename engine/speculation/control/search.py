@@ -167,7 +167,12 @@ def _floors_are_best(problem: SearchProblem, floors: SearchResult) -> bool:
     seconds = predict(features)
     token = _least_draft_seconds(problem, floors, features, seconds)
     one_more = features.with_drafts(1, 0)
-    request = max(0.0, predict(one_more.with_drafts(0, 1)) - predict(one_more))
+    first = one_more.with_drafts(0, 1)
+    # A request's own fixed seconds: the smaller of a first and a second speculating
+    # request's. Where verifying at all costs a step more than its requests do (the cost
+    # model's verify_steps), every drafting request shares that, and none need pay it alone.
+    request = predict(first) - predict(one_more)
+    request = max(0.0, min(request, predict(first.with_drafts(0, 1)) - predict(first)))
     level = floors.goodput
     for options, floor_k in zip(problem.options, floors.ks):
         for slot in options:
@@ -184,11 +189,14 @@ def _caps_if_best(problem: SearchProblem) -> SearchResult | None:
     on a GPU replaying graphs, the common answer), else None; one pass, as _floors_are_best.
     Only with one option per request and no draft model, so that the step time is g(D) +
     beta * S (D drafts, S speculating requests; every StepFeatures-based model here is of
-    that form). Any other plan drops m drafts and s requests: it saves at most m times the
-    most an average dropped draft saves (over every m: on each linear piece of g that is
-    largest at an end, so the row knots and the ends suffice) plus s * beta, and it loses the
+    that form, plus a cost v of verifying at all). Any other plan drops m drafts and s
+    requests: it saves at most m times the most an average dropped draft saves (over every m:
+    on each linear piece of g that is largest at an end, so the row knots and the ends
+    suffice) plus s * beta, and v where it drops every drafting request, and it loses the
     dropped drafts' gains. If each request's lost gains exceed the cap plan's goodput L times
-    its share of that bound, for every lower k, no plan reaches L."""
+    its share of that bound, for every lower k, no plan that still verifies reaches L; the
+    one plan that does not (every request at its floor, when every floor is 0) is compared
+    as it is."""
     if problem.any_draft or any(len(options) > 1 for options in problem.options):
         return None
     slots = [options[0] for options in problem.options]
@@ -207,6 +215,9 @@ def _caps_if_best(problem: SearchProblem) -> SearchResult | None:
             saved = (slot.cap - k) * token + ((request + slot.propose_seconds) if k == 0 else 0.0)
             if top - slot.cumulative[k] < level * saved:
                 return None
+    floors = [slot.floor for slot in slots]
+    if not any(floors) and problem.evaluate(floors).goodput > level:
+        return None
     return result
 
 
@@ -268,7 +279,7 @@ def _dinkelbach(problem: SearchProblem, cap: int, start: SearchResult) -> Search
     at_start = (ks, picks)
     level, best = start.goodput, None
     for _ in range(MAX_ROUNDS):
-        costs = _marginal_costs(problem, ks, picks, cap)
+        costs = _marginal_costs(problem, ks, picks, cap, share_verify=True)
         new_ks, new_picks = _best_options(problem.table, cap, level, costs)
         result = problem.evaluate(new_ks, new_picks)
         if result.goodput > (start.goodput if best is None else best.goodput):
@@ -300,10 +311,18 @@ class _Costs:
 
 
 def _marginal_costs(
-    problem: SearchProblem, ks: Sequence[int], picks: Sequence[int], cap: int
+    problem: SearchProblem,
+    ks: Sequence[int],
+    picks: Sequence[int],
+    cap: int,
+    share_verify: bool = False,
 ) -> _Costs:
     """Seconds of one more draft on a speculating request, and the extra fixed seconds of a
-    request's first draft (with the passes of a cap-deep chain paid once when any speculates)."""
+    request's first draft (with the passes of a cap-deep chain paid once when any speculates).
+    share_verify: where nobody speculates yet, a first draft is not charged what verifying at
+    all adds to the step (_verify_seconds), which the drafting requests share: a search round
+    then finds plans that pay for it together and keeps them only where their goodput, which
+    pays it, is higher. Held prices (prices_at) charge it to a lone request."""
     predict, graphs = problem.cost_model.predict, problem.graphs
     features = problem.features(ks, picks)
     seconds = predict(features)
@@ -313,13 +332,25 @@ def _marginal_costs(
     # batch's fixed costs (passes, an eager step) land on the first request, not on every token;
     # the uniform plans in best_lengths cover sharing them across requests.
     per_token = max(0.0, predict(first.with_drafts(1, 0, passes, graphs)) - predict(first))
-    per_request = max(0.0, predict(first) - seconds - per_token)
+    shared = _verify_seconds(predict, features) if share_verify else 0.0
+    per_request = max(0.0, predict(first) - seconds - per_token - shared)
     per_request_free = per_request
     if passes and problem.any_free:
         per_request_free = max(
-            0.0, predict(features.with_drafts(1, 1, 0, graphs)) - seconds - per_token
+            0.0, predict(features.with_drafts(1, 1, 0, graphs)) - seconds - per_token - shared
         )
     return _Costs(per_token, per_request, per_request_free)
+
+
+def _verify_seconds(predict, features: StepFeatures) -> float:
+    """What a first speculating request adds to a step of `features` beyond what a second
+    one adds: the cost of verifying at all (the cost model's verify_steps). 0 where somebody
+    already speculates (it is paid) or the model has no such cost."""
+    if features.num_spec_requests:
+        return 0.0
+    one = features.with_drafts(0, 1)
+    two = one.with_drafts(0, 1)
+    return max(0.0, 2.0 * predict(one) - predict(features) - predict(two))
 
 
 def _best_options(

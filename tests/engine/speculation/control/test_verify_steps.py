@@ -1,0 +1,118 @@
+"""A step that verifies any drafts pays a fixed cost besides its drafts and speculating
+requests (on an H200 at 16 requests 0.46 ms over a 2.3 ms plain step, however few drafts:
+docs/benchmarks.md §4j). The cost model fits it as its own term (verify_steps) and the search
+pays it once per step."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from engine.speculation.control.acceptance import expected_emitted
+from engine.speculation.control.cost_model import OnlineLinearCostModel
+from engine.speculation.control.search import SearchProblem, SearchSlot, best_lengths
+from engine.speculation.control.step_features import StepFeatures
+from tests.engine.speculation.control.test_cost_model import TRUE, VERIFY_16, true_seconds
+from tests.engine.speculation.control.test_goodput import LinearCost, decode_base
+
+VERIFY_COST = TRUE | {"verify_steps": 6e-3}
+
+
+def with_verify(f: StepFeatures) -> float:
+    """TRUE's step plus VERIFY_COST's fixed cost where any request verifies drafts."""
+    return true_seconds(f) + VERIFY_COST["verify_steps"] * (f.num_spec_requests > 0)
+
+
+def replayed_steps(rng: random.Random) -> StepFeatures:
+    """Decode batches of 1-16 requests replaying verification graphs, some requests drafting."""
+    shapes = []
+    for _ in range(rng.randint(1, 16)):
+        k = rng.choice([0, 0, 0, rng.randint(1, 4)])
+        shapes.append((rng.randint(16, 2048), 1, k))
+    return StepFeatures.from_shapes(shapes, graphs=VERIFY_16)
+
+
+def fitted(seconds, seed: int) -> OnlineLinearCostModel:
+    rng = random.Random(seed)
+    model = OnlineLinearCostModel()
+    for i in range(600):
+        f = replayed_steps(rng)
+        if i % 8 == 0:
+            model.predict(f)
+        model.observe(f, seconds(f) * rng.gauss(1.0, 0.02))
+    return model
+
+
+def test_the_fit_prices_a_verifying_step_with_few_drafts_as_measured():
+    """With the fixed cost in the truth, the fit puts it where it is: one request of 16
+    verifying two drafts, and all sixteen, each cost what the truth says over a plain step."""
+    model = fitted(with_verify, seed=5)
+    plain = StepFeatures.from_shapes([(600, 1, 0)] * 16, graphs=VERIFY_16)
+    for step in (plain.with_drafts(2, 1, 0, VERIFY_16), plain.with_drafts(32, 16, 0, VERIFY_16)):
+        extra = model.predict(step) - model.predict(plain)
+        assert extra == pytest.approx(with_verify(step) - with_verify(plain), rel=0.2)
+    assert model.coefficients()["verify_steps"] == pytest.approx(
+        VERIFY_COST["verify_steps"], rel=0.2
+    )
+
+
+def test_without_such_a_cost_the_term_stays_near_nothing():
+    model = fitted(true_seconds, seed=6)
+    assert model.coefficients()["verify_steps"] < 0.1 * VERIFY_COST["verify_steps"]
+    plain = StepFeatures.from_shapes([(600, 1, 0)] * 16, graphs=VERIFY_16)
+    one = plain.with_drafts(2, 1, 0, VERIFY_16)
+    extra = model.predict(one) - model.predict(plain)
+    assert extra == pytest.approx(true_seconds(one) - true_seconds(plain), rel=0.3, abs=2e-4)
+
+
+class VerifyCost(LinearCost):
+    """LinearCost plus a fixed cost on every step that verifies any drafts."""
+
+    def __init__(self, *args, per_verify_step: float, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.per_verify_step = per_verify_step
+
+    def predict(self, f: StepFeatures) -> float:
+        return super().predict(f) + self.per_verify_step * (f.num_spec_requests > 0)
+
+
+def search(rates, cost, cap: int):
+    slots = [SearchSlot([a**j for j in range(1, cap + 1)], range(1, cap + 1), cap) for a in rates]
+    return best_lengths(SearchProblem(slots, decode_base(len(rates)), cost))
+
+
+def brute_force(rates, cost, cap: int) -> float:
+    base, best = decode_base(len(rates)), 0.0
+    for ks in itertools.product(range(cap + 1), repeat=len(rates)):
+        f = base.with_drafts(sum(ks), sum(k > 0 for k in ks))
+        emitted = sum(expected_emitted(a, k) for a, k in zip(rates, ks, strict=True))
+        best = max(best, emitted / cost.predict(f))
+    return best
+
+
+def test_the_search_reaches_the_brute_force_optimum_with_a_cost_per_verifying_step():
+    rng = random.Random(11)
+    for _ in range(120):
+        rates = [rng.random() for _ in range(rng.randint(1, 4))]
+        cost = VerifyCost(
+            rng.uniform(0.005, 0.03),
+            rng.uniform(1e-5, 2e-3),
+            per_spec_request=rng.choice([0.0, rng.uniform(0, 0.005)]),
+            per_verify_step=rng.uniform(0, 0.02),
+        )
+        found = search(rates, cost, cap=3)
+        assert found.goodput >= (1 - 1e-9) * brute_force(rates, cost, 3), (rates, vars(cost))
+
+
+def test_a_lone_draft_does_not_pay_the_verifying_step_that_many_drafts_share():
+    """16 requests, 2.3 ms steps, a draft row nearly free, 0.46 ms to verify at all: one
+    request at acceptance 0.35 is not worth a verifying step, sixteen are."""
+    cost = VerifyCost(2.3e-3, 1e-6, per_verify_step=0.46e-3)
+    alone = search([0.35] + [0.0] * 15, cost, cap=4)
+    assert sum(alone.ks) == 0
+    together = search([0.35] * 16, cost, cap=4)
+    assert sum(together.ks) > 0
+    cheap = VerifyCost(2.3e-3, 1e-6, per_verify_step=0.0)
+    assert sum(search([0.35] + [0.0] * 15, cheap, cap=4).ks) > 0

@@ -24,6 +24,7 @@ from engine.speculation.control.search import (
     SearchResult,
     best_lengths,
     prices_at,
+    verify_seconds,
     within_budget,
 )
 
@@ -54,7 +55,11 @@ def plan_prices(problem: SearchProblem, result: SearchResult) -> Prices:
         return prices_at(problem, result)
     longest = max(result.ks, default=0)
     per_token, per_request, _ = _linear_costs(problem, np.array([max(1, longest)]))
-    return Prices(result.goodput, float(per_token[0]), float(per_request[0]), longest)
+    per_request = float(per_request[0])
+    if not longest:  # a plan without drafts: a first one pays for verifying at all
+        features = problem.features(result.ks, result.picks)
+        per_request += verify_seconds(problem.cost_model.predict, features)
+    return Prices(result.goodput, float(per_token[0]), per_request, longest)
 
 
 def _by_chain_length(problem: SearchProblem) -> bool:

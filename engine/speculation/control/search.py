@@ -55,6 +55,7 @@ __all__ = [
     "best_lengths",
     "best_response",
     "prices_at",
+    "verify_seconds",
 ]
 
 MAX_ROUNDS = 8  # Dinkelbach rounds per cap; it converges in 2-3 on real cost models
@@ -320,7 +321,7 @@ def _marginal_costs(
     """Seconds of one more draft on a speculating request, and the extra fixed seconds of a
     request's first draft (with the passes of a cap-deep chain paid once when any speculates).
     share_verify: where nobody speculates yet, a first draft is not charged what verifying at
-    all adds to the step (_verify_seconds), which the drafting requests share: a search round
+    all adds to the step (verify_seconds), which the drafting requests share: a search round
     then finds plans that pay for it together and keeps them only where their goodput, which
     pays it, is higher. Held prices (prices_at) charge it to a lone request."""
     predict, graphs = problem.cost_model.predict, problem.graphs
@@ -332,7 +333,7 @@ def _marginal_costs(
     # batch's fixed costs (passes, an eager step) land on the first request, not on every token;
     # the uniform plans in best_lengths cover sharing them across requests.
     per_token = max(0.0, predict(first.with_drafts(1, 0, passes, graphs)) - predict(first))
-    shared = _verify_seconds(predict, features) if share_verify else 0.0
+    shared = verify_seconds(predict, features) if share_verify else 0.0
     per_request = max(0.0, predict(first) - seconds - per_token - shared)
     per_request_free = per_request
     if passes and problem.any_free:
@@ -342,7 +343,7 @@ def _marginal_costs(
     return _Costs(per_token, per_request, per_request_free)
 
 
-def _verify_seconds(predict, features: StepFeatures) -> float:
+def verify_seconds(predict, features: StepFeatures) -> float:
     """What a first speculating request adds to a step of `features` beyond what a second
     one adds: the cost of verifying at all (the cost model's verify_steps). 0 where somebody
     already speculates (it is paid) or the model has no such cost."""

@@ -12,10 +12,18 @@ import pytest
 
 from engine.speculation.control.acceptance import expected_emitted
 from engine.speculation.control.cost_model import OnlineLinearCostModel
-from engine.speculation.control.search import SearchProblem, SearchSlot, best_lengths
+from engine.speculation.control.padded_plans import best_plan, plan_prices
+from engine.speculation.control.search import (
+    SearchProblem,
+    SearchSlot,
+    best_lengths,
+    best_response,
+)
 from engine.speculation.control.step_features import StepFeatures
 from tests.engine.speculation.control.test_cost_model import TRUE, VERIFY_16, true_seconds
 from tests.engine.speculation.control.test_goodput import LinearCost, decode_base
+from tests.engine.speculation.control.test_padded_plans import PaddedCost, problem_of
+from tests.engine.speculation.control.test_padded_plans import brute_force as padded_brute_force
 
 VERIFY_COST = TRUE | {"verify_steps": 6e-3}
 
@@ -116,3 +124,46 @@ def test_a_lone_draft_does_not_pay_the_verifying_step_that_many_drafts_share():
     assert sum(together.ks) > 0
     cheap = VerifyCost(2.3e-3, 1e-6, per_verify_step=0.0)
     assert sum(search([0.35] + [0.0] * 15, cheap, cap=4).ks) > 0
+
+
+class PaddedVerifyCost(PaddedCost):
+    """PaddedCost plus a fixed cost on every step that verifies any drafts."""
+
+    def __init__(self, *args, per_verify_step: float) -> None:
+        super().__init__(*args)
+        self.per_verify_step = per_verify_step
+
+    def predict(self, f: StepFeatures) -> float:
+        return super().predict(f) + self.per_verify_step * (f.num_spec_requests > 0)
+
+
+def test_the_padded_search_reaches_the_brute_force_optimum_with_a_cost_per_verifying_step():
+    rng = random.Random(12)
+    for _ in range(120):
+        n = rng.randint(2, 5)
+        rates = [rng.choice([rng.uniform(0, 0.3), rng.uniform(0.5, 0.95)]) for _ in range(n)]
+        cost = PaddedVerifyCost(
+            rng.uniform(2e-3, 4e-3),
+            rng.uniform(1e-6, 3e-5),
+            0.0,
+            rng.choice([0.0, rng.uniform(0, 1e-4)]),
+            per_verify_step=rng.uniform(0, 1e-3),
+        )
+        problem = problem_of(rates, cost)
+        assert best_plan(problem).goodput >= (1 - 1e-9) * padded_brute_force(problem, 4)
+
+
+def test_held_prices_after_a_plan_without_drafts_charge_a_first_draft_for_verifying():
+    """Between searches the policy plans by the last search's prices: after a plan without
+    drafts, a lone request's best response must still pay for a verifying step."""
+    cost = PaddedVerifyCost(2.3e-3, 1e-7, 0.0, 0.0, per_verify_step=0.46e-3)
+    problem = problem_of([0.35] * 16, cost)
+    result = best_plan(problem)
+    lone = problem_of([0.35] + [0.0] * 15, cost)
+    none = best_plan(lone)
+    assert sum(none.ks) == 0 and sum(result.ks) > 0
+    prices = plan_prices(lone, none)
+    gains = [0.35**j for j in range(1, 5)]
+    assert best_response(gains, 4, 0, prices) == 0
+    cheap = PaddedVerifyCost(2.3e-3, 1e-7, 0.0, 0.0, per_verify_step=0.0)
+    assert sum(best_plan(problem_of([0.35] + [0.0] * 15, cheap)).ks) > 0  # free to verify

@@ -5,25 +5,19 @@ pays it once per step."""
 
 from __future__ import annotations
 
-import itertools
 import random
 
 import pytest
 
-from engine.speculation.control.acceptance import expected_emitted
 from engine.speculation.control.cost_model import OnlineLinearCostModel
 from engine.speculation.control.padded_plans import best_plan, plan_prices
-from engine.speculation.control.search import (
-    SearchProblem,
-    SearchSlot,
-    best_lengths,
-    best_response,
-)
+from engine.speculation.control.search import best_response
 from engine.speculation.control.step_features import StepFeatures
 from tests.engine.speculation.control.test_cost_model import TRUE, VERIFY_16, true_seconds
-from tests.engine.speculation.control.test_goodput import LinearCost, decode_base
+from tests.engine.speculation.control.test_goodput import LinearCost
 from tests.engine.speculation.control.test_padded_plans import PaddedCost, problem_of
 from tests.engine.speculation.control.test_padded_plans import brute_force as padded_brute_force
+from tests.engine.speculation.control.test_search_floors import brute_force, search
 
 VERIFY_COST = TRUE | {"verify_steps": 6e-3}
 
@@ -84,20 +78,6 @@ class VerifyCost(LinearCost):
 
     def predict(self, f: StepFeatures) -> float:
         return super().predict(f) + self.per_verify_step * (f.num_spec_requests > 0)
-
-
-def search(rates, cost, cap: int):
-    slots = [SearchSlot([a**j for j in range(1, cap + 1)], range(1, cap + 1), cap) for a in rates]
-    return best_lengths(SearchProblem(slots, decode_base(len(rates)), cost))
-
-
-def brute_force(rates, cost, cap: int) -> float:
-    base, best = decode_base(len(rates)), 0.0
-    for ks in itertools.product(range(cap + 1), repeat=len(rates)):
-        f = base.with_drafts(sum(ks), sum(k > 0 for k in ks))
-        emitted = sum(expected_emitted(a, k) for a, k in zip(rates, ks, strict=True))
-        best = max(best, emitted / cost.predict(f))
-    return best
 
 
 def test_the_search_reaches_the_brute_force_optimum_with_a_cost_per_verifying_step():

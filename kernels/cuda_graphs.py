@@ -18,8 +18,8 @@ sync with the host nor allocate shapes that depend on data.
 
 The engine's ModelRunner captures these at start-up when the backend is FlashInfer on CUDA
 (DeviceConfig.cuda_graphs; `--enforce-eager` turns it off). Padding and staging are tested on
-CPU with an emulated FlashInfer (tests/kernels/test_flashinfer_backend_cpu.py), capture and replay by
-the gpu-marked tests.
+CPU with an emulated FlashInfer (tests/kernels/test_flashinfer_backend_cpu.py), capture and
+replay by the gpu-marked tests.
 """
 
 from __future__ import annotations

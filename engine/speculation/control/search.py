@@ -168,12 +168,10 @@ def _floors_are_best(problem: SearchProblem, floors: SearchResult) -> bool:
     seconds = predict(features)
     token = _least_draft_seconds(problem, floors, features, seconds)
     one_more = features.with_drafts(1, 0)
-    first = one_more.with_drafts(0, 1)
-    # A request's own fixed seconds: the smaller of a first and a second speculating
-    # request's. Where verifying at all costs a step more than its requests do (the cost
-    # model's verify_steps), every drafting request shares that, and none need pay it alone.
-    request = predict(first) - predict(one_more)
-    request = max(0.0, min(request, predict(first.with_drafts(0, 1)) - predict(first)))
+    # A request's own fixed seconds: a first speculating request's, less what verifying at
+    # all costs the step (the cost model's verify_steps), which every drafting request shares.
+    request = predict(one_more.with_drafts(0, 1)) - predict(one_more)
+    request = max(0.0, request - verify_seconds(predict, one_more))
     level = floors.goodput
     for options, floor_k in zip(problem.options, floors.ks):
         for slot in options:

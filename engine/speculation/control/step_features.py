@@ -28,9 +28,10 @@ FEATURE_NAMES = (
     "catchup_tokens",  # tokens a draft model feeds to catch up before drafting
     # 1 when any request verifies drafts: what a verification step costs over a plain one
     # whatever drafts it carries (its host work, the logits of every draft row's request,
-    # the verifying attention). On an H200 at 15-16 requests a drafting step ran 0.46 ms +
-    # 0.008 ms a draft over a plain one, and the other terms priced 4-8 drafts of 16 requests
-    # at +0.04 ms (docs/benchmarks.md §4j); at one request it is spec_requests' share.
+    # the verifying attention). On an H200 at 15-16 requests a drafting step ran a median
+    # 0.59 ms over a plain one (a line through them: 0.46 ms + 0.008 ms a draft), priced at
+    # a median +0.04 ms by the other terms (docs/benchmarks.md §4j); at one request it is
+    # spec_requests' share.
     "verify_steps",
 )
 

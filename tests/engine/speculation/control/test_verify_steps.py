@@ -69,22 +69,29 @@ def test_without_such_a_cost_the_term_stays_near_nothing():
     assert extra == pytest.approx(true_seconds(one) - true_seconds(plain), rel=0.3, abs=2e-4)
 
 
-class VerifyCost(LinearCost):
-    """LinearCost plus a fixed cost on every step that verifies any drafts."""
+class WithVerify:
+    """A test cost model plus a fixed cost on every step that verifies any drafts."""
 
-    def __init__(self, *args, per_verify_step: float, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.per_verify_step = per_verify_step
+    def __init__(self, cost, per_verify_step: float) -> None:
+        self.cost, self.per_verify_step = cost, per_verify_step
 
     def predict(self, f: StepFeatures) -> float:
-        return super().predict(f) + self.per_verify_step * (f.num_spec_requests > 0)
+        return self.cost.predict(f) + self.per_verify_step * (f.num_spec_requests > 0)
+
+
+def verify_cost(*args, per_verify_step: float, **kwargs) -> WithVerify:
+    return WithVerify(LinearCost(*args, **kwargs), per_verify_step)
+
+
+def padded_verify_cost(*args, per_verify_step: float) -> WithVerify:
+    return WithVerify(PaddedCost(*args), per_verify_step)
 
 
 def test_the_search_reaches_the_brute_force_optimum_with_a_cost_per_verifying_step():
     rng = random.Random(11)
     for _ in range(120):
         rates = [rng.random() for _ in range(rng.randint(1, 4))]
-        cost = VerifyCost(
+        cost = verify_cost(
             rng.uniform(0.005, 0.03),
             rng.uniform(1e-5, 2e-3),
             per_spec_request=rng.choice([0.0, rng.uniform(0, 0.005)]),
@@ -97,24 +104,13 @@ def test_the_search_reaches_the_brute_force_optimum_with_a_cost_per_verifying_st
 def test_a_lone_draft_does_not_pay_the_verifying_step_that_many_drafts_share():
     """16 requests, 2.3 ms steps, a draft row nearly free, 0.46 ms to verify at all: one
     request at acceptance 0.35 is not worth a verifying step, sixteen are."""
-    cost = VerifyCost(2.3e-3, 1e-6, per_verify_step=0.46e-3)
+    cost = verify_cost(2.3e-3, 1e-6, per_verify_step=0.46e-3)
     alone = search([0.35] + [0.0] * 15, cost, cap=4)
     assert sum(alone.ks) == 0
     together = search([0.35] * 16, cost, cap=4)
     assert sum(together.ks) > 0
-    cheap = VerifyCost(2.3e-3, 1e-6, per_verify_step=0.0)
+    cheap = verify_cost(2.3e-3, 1e-6, per_verify_step=0.0)
     assert sum(search([0.35] + [0.0] * 15, cheap, cap=4).ks) > 0
-
-
-class PaddedVerifyCost(PaddedCost):
-    """PaddedCost plus a fixed cost on every step that verifies any drafts."""
-
-    def __init__(self, *args, per_verify_step: float) -> None:
-        super().__init__(*args)
-        self.per_verify_step = per_verify_step
-
-    def predict(self, f: StepFeatures) -> float:
-        return super().predict(f) + self.per_verify_step * (f.num_spec_requests > 0)
 
 
 def test_the_padded_search_reaches_the_brute_force_optimum_with_a_cost_per_verifying_step():
@@ -122,7 +118,7 @@ def test_the_padded_search_reaches_the_brute_force_optimum_with_a_cost_per_verif
     for _ in range(120):
         n = rng.randint(2, 5)
         rates = [rng.choice([rng.uniform(0, 0.3), rng.uniform(0.5, 0.95)]) for _ in range(n)]
-        cost = PaddedVerifyCost(
+        cost = padded_verify_cost(
             rng.uniform(2e-3, 4e-3),
             rng.uniform(1e-6, 3e-5),
             0.0,
@@ -136,7 +132,7 @@ def test_the_padded_search_reaches_the_brute_force_optimum_with_a_cost_per_verif
 def test_held_prices_after_a_plan_without_drafts_charge_a_first_draft_for_verifying():
     """Between searches the policy plans by the last search's prices: after a plan without
     drafts, a lone request's best response must still pay for a verifying step."""
-    cost = PaddedVerifyCost(2.3e-3, 1e-7, 0.0, 0.0, per_verify_step=0.46e-3)
+    cost = padded_verify_cost(2.3e-3, 1e-7, 0.0, 0.0, per_verify_step=0.46e-3)
     problem = problem_of([0.35] * 16, cost)
     result = best_plan(problem)
     lone = problem_of([0.35] + [0.0] * 15, cost)
@@ -145,5 +141,5 @@ def test_held_prices_after_a_plan_without_drafts_charge_a_first_draft_for_verify
     prices = plan_prices(lone, none)
     gains = [0.35**j for j in range(1, 5)]
     assert best_response(gains, 4, 0, prices) == 0
-    cheap = PaddedVerifyCost(2.3e-3, 1e-7, 0.0, 0.0, per_verify_step=0.0)
+    cheap = padded_verify_cost(2.3e-3, 1e-7, 0.0, 0.0, per_verify_step=0.0)
     assert sum(best_plan(problem_of([0.35] + [0.0] * 15, cheap)).ks) > 0  # free to verify

@@ -5,7 +5,8 @@
 #   bash benchmarks/gpu_session.sh a   # carry .gpu/site.tgz .gpu/m.part1 .gpu/data
 #       the gpu-marked tests; the decode harness on a Llama-1B-shaped random model
 #   bash benchmarks/gpu_session.sh b   # carry .gpu/m.part2 (call a left m.part1 in /tmp)
-#       SmolLM2 in bfloat16: batch-1 speculation (goodput and fixed), the decode harness,
+#       SmolLM2 in bfloat16: batch-1 speculation (goodput with and without its rest, and
+#       fixed), the decode harness,
 #       engine throughput, the in-process policy sweep, step costs by phase, the goodput probe
 #       (also with the runner's phases timed)
 # ONLY="name ..." runs only those parts, SKIP="name ..." all but those; ENGINE_ROUNDS=3 runs the
@@ -79,6 +80,9 @@ else
         --max-tokens 128 --configs off,ngram-chain --workloads copy,chat)
     part spec-goodput 120 python3 benchmarks/spec_bench.py "${SPEC[@]}" --policy goodput \
         --out "$R/spec_goodput.json" --markdown "$R/spec_goodput.md"
+    # The same with goodput planning every step: what the rest (control/rest.py) does to chat
+    part spec-goodput-norest 120 python3 benchmarks/spec_bench.py "${SPEC[@]}" --policy goodput \
+        --no-rest --out "$R/spec_goodput_norest.json" --markdown "$R/spec_goodput_norest.md"
     for variant in torch triton; do  # GOODSPEED_TRITON=0: the small ops as PyTorch ops
         flag="$([ $variant = torch ] && echo 0 || echo 1)"
         part "bench-smollm2-$variant" 100 env GOODSPEED_TRITON="$flag" python3 \

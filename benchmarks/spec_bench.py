@@ -43,7 +43,7 @@ PROPOSERS = ("off", "ngram", "recycle", "draft")
 ALL_CONFIGS = ("off",) + tuple(f"{p}-{s}" for p in PROPOSERS[1:] for s in ("chain", "tree"))
 SECTION = "spec-batch1"
 COUNTED = ("decode_tokens", "decode_seconds", "decode_steps", "draft_tokens", "accepted_tokens")
-COUNTED += ("verify_steps",)
+COUNTED += ("verify_steps", "rested_steps", "plans", "drafting_plans")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -55,6 +55,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--k", type=int, default=4, help="chain length (drafts per step)")
     parser.add_argument("--tree-nodes", type=int, default=8, help="tree node budget")
     parser.add_argument("--policy", default="fixed", help="'fixed' (k / node budget) or 'goodput'")
+    parser.add_argument(
+        "--no-rest",
+        action="store_true",
+        help="goodput plans every step (no PlanningRest): what the rest costs or saves",
+    )
     parser.add_argument("--draft-model", default="self:8", help="draft for draft-*: self:N or path")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--model", default="smollm2-135m-instruct")
@@ -115,6 +120,8 @@ def run_one(llm: LLM, prompt: list[int], max_tokens: int, temperature: float = 0
         marks.append((time.perf_counter(), len(output.output_token_ids)))
 
     before = llm.engine.stats()
+    driver = llm.engine.spec  # its rest's and plans' counts (engine/speculation/driver.py)
+    counts = (driver.num_rested, driver.num_plans, driver.num_drafting_plans)
     seed = SAMPLING_SEED if temperature > 0 else None
     params = SamplingParams(
         temperature=temperature, seed=seed, max_tokens=max_tokens, ignore_eos=True
@@ -131,6 +138,9 @@ def run_one(llm: LLM, prompt: list[int], max_tokens: int, temperature: float = 0
         accepted_tokens=after.spec_num_accepted_tokens_total
         - before.spec_num_accepted_tokens_total,
         verify_steps=after.spec_num_drafts_total - before.spec_num_drafts_total,
+        rested_steps=driver.num_rested - counts[0],
+        plans=driver.num_plans - counts[1],
+        drafting_plans=driver.num_drafting_plans - counts[2],
     )
 
 
@@ -139,6 +149,9 @@ def bench(args: argparse.Namespace) -> dict:
     engines = {
         name: LLM(config=EngineConfig.from_flat(config_flat(name, args))) for name in args.configs
     }
+    if args.no_rest:
+        for llm in engines.values():
+            llm.engine.spec.rest = None  # the driver then plans every step
     runs = []
     for workload in args.workloads:
         prompts = load_prompts(engines["off"], workload, args.num_prompts, args.data)
@@ -191,6 +204,7 @@ def summarize(runs: list[dict], args: argparse.Namespace) -> list[dict]:
                     accepted_per_step=total["accepted_tokens"] / verified if verified else None,
                     tokens_per_step=total["decode_tokens"] / max(1, total["decode_steps"]),
                     identical=all(r["identical_to_off"] for r in group),
+                    plans=(total["drafting_plans"], total["plans"], total["rested_steps"]),
                 )
             )
     return rows
@@ -208,13 +222,16 @@ def markdown(results: dict) -> str:
         f"{args['device']}, greedy, "
         f"{args['max_tokens']} new tokens, {args['num_prompts']} prompt(s) per workload, each "
         f"alone; chains k = {args['k']}, trees {args['tree_nodes']} nodes, policy {args['policy']}, "
-        f"draft {args['draft_model']}. Decode tok/s excludes prefill; speedup vs off in the same "
+        f"draft {args['draft_model']}{', no rest' if args.get('no_rest') else ''}. "
+        "Decode tok/s excludes prefill; speedup vs off in the same "
         "run; acceptance = accepted / drafted tokens; accepted/step = mean accepted drafts per "
-        "verification step; tokens/step = decode tokens per decode step; identical = greedy "
-        "tokens equal off's.",
+        "verification step; tokens/step = decode tokens per decode step; plans = plans that "
+        "drafted / plans / steps the goodput rest skipped (engine/speculation/control/rest.py); "
+        "identical = greedy tokens equal off's.",
         "",
-        "| workload | config | decode tok/s | speedup | acceptance | accepted/step | tokens/step | identical |",
-        "|---|---|---|---|---|---|---|---|",
+        "| workload | config | decode tok/s | speedup | acceptance | accepted/step | tokens/step "
+        "| plans | identical |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in results["rows"]:
         acceptance = "-" if row["acceptance"] is None else f"{row['acceptance']:.2f}"
@@ -222,6 +239,7 @@ def markdown(results: dict) -> str:
         lines.append(
             f"| {row['workload']} | {row['config']} | {row['tok_s']:.1f} | {row['speedup']:.2f}x "
             f"| {acceptance} | {per_step} | {row['tokens_per_step']:.2f} "
+            f"| {'/'.join(map(str, row.get('plans', ())))} "
             f"| {'yes' if row['identical'] else 'NO'} |"
         )
     return "\n".join(lines) + "\n"

@@ -90,6 +90,8 @@ class SpecDriver:
         self.last_plan_time = 0.0  # seconds of the last policy.plan (part of the step's time)
         self._base = StepFeatures()
         self.rested = False
+        # steps this driver rested / planned / planned with drafts (benchmarks read them)
+        self.num_rested = self.num_plans = self.num_drafting_plans = 0
         self.tally = SpecTally(config.proposers if self.enabled else ())
         self.last_goodput = 0.0  # emitted tokens / seconds of the last step
 
@@ -127,6 +129,7 @@ class SpecDriver:
             self.rest = self._rest_for(len(running))
         self.rested = self.rest is not None and self.rest.skips()
         if self.rested:
+            self.num_rested += 1
             self.last_plan_time, self.last_chosen_k = 0.0, ()
             self.policy.rest_step()
             return {}
@@ -163,6 +166,8 @@ class SpecDriver:
             plan = self.policy.plan(candidates, self._base)
         self.last_plan_time = time.perf_counter() - start
         self.last_chosen_k = tuple(plan.values())
+        self.num_plans += 1
+        self.num_drafting_plans += bool(plan)
         if self.rest is not None:
             self.rest.planned(bool(plan))
         return plan

@@ -116,6 +116,9 @@ def test_after_rest_after_idle_plans_only_one_step_in_rest_every_plans():
     assert policy.calls == REST_AFTER + resting  # the other steps rested: no offers, no plan
     assert policy.rested == steps - resting  # and the policy was told (its exploration clock)
     assert driver.last_chosen_k == () and driver.last_plan_time >= 0.0
+    # the driver's own counts, as benchmarks/spec_bench.py reports them
+    assert driver.num_rested == steps - resting
+    assert driver.num_plans == REST_AFTER + resting and driver.num_drafting_plans == 0
 
 
 def test_a_plan_that_drafts_ends_the_rest():
@@ -131,6 +134,7 @@ def test_a_plan_that_drafts_ends_the_rest():
     first = next(i for i, plan in enumerate(planned) if plan)
     assert first == 2 * REST_EVERY - 1 and all(planned[first:])
     assert policy.calls == before + 1 + (3 * REST_EVERY - first - 1)
+    assert driver.num_drafting_plans == 3 * REST_EVERY - first
     # A later rest starts again REST_EVERY steps apart.
     policy.answer = {}
     plans(driver, requests, REST_AFTER)

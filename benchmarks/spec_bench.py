@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.report import load_average, machine_description, write_section  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
+from engine.speculation.control.rest import PlanningRest  # noqa: E402
 from engine.front.llm import LLM  # noqa: E402
 from engine.outputs import RequestOutput  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
@@ -58,7 +59,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--no-rest",
         action="store_true",
-        help="goodput plans every step (no PlanningRest): what the rest costs or saves",
+        help="goodput plans every step (PlanningRest never skips; its ledgers are kept)",
     )
     parser.add_argument("--draft-model", default="self:8", help="draft for draft-*: self:N or path")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
@@ -141,6 +142,7 @@ def run_one(llm: LLM, prompt: list[int], max_tokens: int, temperature: float = 0
         rested_steps=driver.num_rested - counts[0],
         plans=driver.num_plans - counts[1],
         drafting_plans=driver.num_drafting_plans - counts[2],
+        long_ledger=driver.rest.long_ledger() if driver.rest is not None else None,
     )
 
 
@@ -149,9 +151,8 @@ def bench(args: argparse.Namespace) -> dict:
     engines = {
         name: LLM(config=EngineConfig.from_flat(config_flat(name, args))) for name in args.configs
     }
-    if args.no_rest:
-        for llm in engines.values():
-            llm.engine.spec.rest = None  # the driver then plans every step
+    if args.no_rest:  # the driver then plans every step; the rests keep their ledgers
+        PlanningRest.skips = lambda self: False
     runs = []
     for workload in args.workloads:
         prompts = load_prompts(engines["off"], workload, args.num_prompts, args.data)
@@ -205,6 +206,7 @@ def summarize(runs: list[dict], args: argparse.Namespace) -> list[dict]:
                     tokens_per_step=total["decode_tokens"] / max(1, total["decode_steps"]),
                     identical=all(r["identical_to_off"] for r in group),
                     plans=(total["drafting_plans"], total["plans"], total["rested_steps"]),
+                    long_ledger=group[-1].get("long_ledger"),  # after the group's last run
                 )
             )
     return rows

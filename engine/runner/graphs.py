@@ -47,13 +47,37 @@ def capture_graphs(
         sm_scale=arch.head_dim**-0.5,
     )
     graphs.capture()
+    shapes = graphs.shapes
+    max_rows = max(shapes.batch_sizes[-1] * shapes.max_query_len, config.scheduler.max_num_seqs)
+    warm_logits(model, arch.hidden_size, max_rows, device)
     logger.info(
-        "CUDA graphs: batch sizes %s x query rows 1..%d captured in %.1f s",
-        graphs.shapes.batch_sizes,
-        graphs.shapes.max_query_len,
+        "CUDA graphs: batch sizes %s x query rows 1..%d captured, lm_head warmed at 1..%d "
+        "rows, in %.1f s",
+        shapes.batch_sizes,
+        shapes.max_query_len,
+        max_rows,
         time.perf_counter() - start,
     )
     return graphs
+
+
+@torch.inference_mode()
+def warm_logits(model, hidden_size: int, max_rows: int, device: torch.device) -> None:
+    """Run the lm_head once at every row count 1..max_rows a step may gather, so that each
+    count's matrix kernel is chosen and loaded at start-up. The lm_head runs outside the
+    graphs on the rows a step samples, and on the H200 the first step of a new count spent
+    2.2 ms there against 0.12 ms on its repeats (docs/benchmarks.md §4k: the 2.5-4.5 ms
+    first-of-a-count stalls of §4j)."""
+    hidden = torch.zeros(max_rows, hidden_size, dtype=model_dtype(model), device=device)
+    for rows in range(1, max_rows + 1):
+        model.compute_logits(hidden[:rows])
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def model_dtype(model) -> torch.dtype:
+    """The dtype of the model's floating weights (its hidden states')."""
+    return next(p.dtype for p in model.parameters() if p.is_floating_point())
 
 
 def graph_shapes(config: EngineConfig) -> GraphShapes:

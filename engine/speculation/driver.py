@@ -30,7 +30,7 @@ from engine.request import Request, RequestStatus
 from engine.speculation.control.cost_model import OnlineLinearCostModel
 from engine.speculation.control.policy import SpecCandidate, SpecPolicy, SpecResult
 from engine.speculation.control.profiler import SeedReport
-from engine.speculation.control.rest import PlanningRest, batch_class
+from engine.speculation.control.rest import REST_FROM, PlanningRest, batch_class
 from engine.speculation.control.step_features import StepFeatures
 from engine.speculation.control.tree_shape import TreeShapeEstimator, accepted_path
 from engine.speculation.proposers.proposer import (
@@ -122,12 +122,13 @@ class SpecDriver:
         the step (a cap of 0 where it cannot draft) and the step's base features, what it
         will run: decodes, prefill chunks clipped to the token budget in order, and the
         waiting requests the scheduler will admit (while seats and budget last). While a
-        resting policy's plans do not pay, most steps skip the offers and the plan (rest.py)."""
+        resting policy's plans do not pay, most steps skip the offers and the plan (rest.py; a
+        lone request never rests)."""
         if not self.enabled:
             return {}
         if self.rest is not None:
             self.rest = self._rest_for(len(running))
-        self.rested = self.rest is not None and self.rest.skips()
+        self.rested = self.rest is not None and len(running) >= REST_FROM and self.rest.skips()
         if self.rested:
             self.num_rested += 1
             self.last_plan_time, self.last_chosen_k = 0.0, ()

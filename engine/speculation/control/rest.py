@@ -33,7 +33,8 @@ saturation, where a resting ledger returned a median 0.38 of its cost, plans up 
 halved the plans (the latency's gap to off narrowed by 0.5-0.9 points, s.e. ~0.5, over three
 to five runs), while 16 copying requests, whose resting ledger returned a median 0.94, ran
 1.07x off with plans up to 16 apart and 1.02x with 64 (§5zj). The driver keeps one rest per batch class
-(batch_class: 1, 2-3, 4-7, ... running requests), each with its own ledger. Pure Python; the
+(batch_class: 1, 2-3, 4-7, ... running requests), each with its own ledger, and a lone request
+(under REST_FROM running) never rests. Pure Python; the
 driver (SpecDriver.plan, observe) feeds it.
 """
 
@@ -56,6 +57,15 @@ REST_FAR = 0.75  # it returned under this share of its planning and drafts' cost
 # steps), no rest while speculation paid over them (PlanningRest.paid_long).
 REST_HORIZON = 256
 REST_MIN_SHARE = 0.015
+# Fewer running requests than this never rest: a lone request's plans cost it ~1% of its steps,
+# its drafts' verify rows tax no one else, and its rest was a trap. Resting, plans come 16-64
+# steps apart, so its ledger renews a planning step at a time and a request that starts to copy
+# waits out the rest; one process taking turns prompt by prompt (8 SmolLM2 prompts a workload,
+# 128 tokens, four rounds; docs/benchmarks.md §4k) ran where the rest engaged copy 1.04-1.42x
+# off against 1.46-1.61x never resting, chat 0.99-1.07x against 0.99-1.14x, and never resting
+# lost at most 1.3% (chat, one round); on the H200 never resting ran chat 1.07x off against
+# 0.99x, 471 of its 504 steps rested.
+REST_FROM = 2
 # Chains past this many drafts only while drafts pay, and up to twice the request's last chain
 # if that was accepted whole (chain_cap).
 SHORT_CHAIN = 4
@@ -156,6 +166,13 @@ class PlanningRest:
             self._long_paid = len(long) > REST_AFTER and _cheap(long) and _return_share(long) >= 1.0
         return self._long_paid
 
+    def long_ledger(self) -> tuple[float, float]:
+        """The long ledger's return share and its planning's share of its typical steps
+        (_cheap's), for benchmarks; (nan, nan) while it is empty."""
+        if not self._long:
+            return math.nan, math.nan
+        return _return_share(self._long), _planning_share(self._long)
+
     def chain_cap(self, cap: int, whole: int) -> int:
         """A request's chain cap under a resting policy: past SHORT_CHAIN drafts only while the
         ledger says drafts pay, and then up to twice `whole` (its last chain's drafts if all
@@ -189,9 +206,15 @@ def _cheap(ledger: Sequence[Entry]) -> bool:
     took 0.7-1.0% of the Qwen 1.5B's 19 ms steps at one request, and 2.4-3.7% of SmolLM2's
     (chat, copy), where without this bound the long ledger cost chat 0.92x and copy 0.85x
     their rates at one request (docs/benchmarks.md §5zg)."""
+    return _planning_share(ledger) < REST_MIN_SHARE
+
+
+def _planning_share(ledger: Sequence[Entry]) -> float:
+    """The ledger's planning seconds over its median step's seconds times its steps."""
     steps = sorted(entry[3] for entry in ledger)
     planning = sum(entry[2] for entry in ledger)
-    return planning < REST_MIN_SHARE * steps[len(steps) // 2] * len(steps)
+    typical = steps[len(steps) // 2] * len(steps)
+    return planning / typical if typical > 0 else math.inf
 
 
 def _draft_seconds(ledger: Sequence[Entry]) -> float:

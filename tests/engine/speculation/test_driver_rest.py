@@ -4,7 +4,7 @@ REST_AFTER planning steps were worth less than planning and the drafts' measured
 asked for a plan REST_EVERY steps into the rest, then after twice as many, up to REST_DEEPEST
 steps apart; a plan that drafts, or a ledger that pays again, ends the rest; none starts where
 planning is cheap and the long ledger (REST_HORIZON planning steps) says speculation paid;
-fixed:k never rests. Pure Python: stub policy and proposer, factory requests."""
+fixed:k and a lone request never rest. Pure Python: stub policy and proposer, factory requests."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from engine.speculation.control.rest import (
     REST_DEEPEST,
     REST_EVERY,
     REST_FAR,
+    REST_FROM,
     REST_HORIZON,
     REST_MIN_SHARE,
     REST_NEAR,
@@ -119,6 +120,18 @@ def test_after_rest_after_idle_plans_only_one_step_in_rest_every_plans():
     # the driver's own counts, as benchmarks/spec_bench.py reports them
     assert driver.num_rested == steps - resting
     assert driver.num_plans == REST_AFTER + resting and driver.num_drafting_plans == 0
+
+
+def test_a_lone_request_never_rests():
+    policy, [request] = CountingPolicy(), caught_up_requests(1)
+    driver = driver_with(policy)
+    steps = REST_AFTER + 4 * REST_DEEPEST  # idle plans that would rest two requests
+    assert plans(driver, [request], steps) == [{}] * steps
+    assert policy.calls == steps and policy.rested == 0 and driver.num_rested == 0
+    # the same driver with two requests rests on their class's ledger
+    requests = caught_up_requests(REST_FROM)
+    plans(driver, requests, REST_AFTER + REST_EVERY)
+    assert driver.num_rested == REST_EVERY - 1
 
 
 def test_a_plan_that_drafts_ends_the_rest():

@@ -32,10 +32,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.report import load_average, machine_description, write_section  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
-from engine.speculation.control.rest import PlanningRest  # noqa: E402
 from engine.front.llm import LLM  # noqa: E402
 from engine.outputs import RequestOutput  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
+from engine.speculation.control.rest import PlanningRest  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"

@@ -122,8 +122,8 @@ class SpecDriver:
         the step (a cap of 0 where it cannot draft) and the step's base features, what it
         will run: decodes, prefill chunks clipped to the token budget in order, and the
         waiting requests the scheduler will admit (while seats and budget last). While a
-        resting policy's plans do not pay, most steps skip the offers and the plan (rest.py; a
-        lone request never rests)."""
+        resting policy's plans do not pay, most steps skip the offers and the plan (rest.py; one
+        or two requests never rest)."""
         if not self.enabled:
             return {}
         if self.rest is not None:

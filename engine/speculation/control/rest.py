@@ -33,8 +33,8 @@ saturation, where a resting ledger returned a median 0.38 of its cost, plans up 
 halved the plans (the latency's gap to off narrowed by 0.5-0.9 points, s.e. ~0.5, over three
 to five runs), while 16 copying requests, whose resting ledger returned a median 0.94, ran
 1.07x off with plans up to 16 apart and 1.02x with 64 (§5zj). The driver keeps one rest per batch class
-(batch_class: 1, 2-3, 4-7, ... running requests), each with its own ledger, and a lone request
-(under REST_FROM running) never rests. Pure Python; the
+(batch_class: 1, 2-3, 4-7, ... running requests), each with its own ledger, and one or two running
+requests (under REST_FROM) never rest. Pure Python; the
 driver (SpecDriver.plan, observe) feeds it.
 """
 
@@ -57,15 +57,16 @@ REST_FAR = 0.75  # it returned under this share of its planning and drafts' cost
 # steps), no rest while speculation paid over them (PlanningRest.paid_long).
 REST_HORIZON = 256
 REST_MIN_SHARE = 0.015
-# Fewer running requests than this never rest: a lone request's plans cost it ~1% of its steps,
-# its drafts' verify rows tax no one else, and its rest was a trap. Resting, plans come 16-64
-# steps apart, so its ledger renews a planning step at a time and a request that starts to copy
-# waits out the rest; one process taking turns prompt by prompt (8 SmolLM2 prompts a workload,
-# 128 tokens, four rounds; docs/benchmarks.md §4k) ran where the rest engaged copy 1.04-1.42x
-# off against 1.46-1.61x never resting, chat 0.99-1.07x against 0.99-1.14x, and never resting
-# lost at most 1.3% (chat, one round); on the H200 never resting ran chat 1.07x off against
-# 0.99x, 471 of its 504 steps rested.
-REST_FROM = 2
+# Fewer running requests than this never rest: one or two requests' plans cost ~1% of their
+# steps, and their rest was a trap. Resting, plans come 16-64 steps apart, so the ledger renews
+# a planning step at a time and a prompt that starts to copy waits out the last one's rest. One
+# process, off / goodput / goodput never resting taking turns (SmolLM2, 128 tokens; Xeon VM;
+# docs/benchmarks.md §4k): alone, where the rest engaged, copy ran 1.04-1.42x off against
+# 1.46-1.61x never resting, chat 0.99-1.07x against 0.99-1.14x; two at a time, four rounds,
+# chat 0.995x against 1.058x, copy 1.129x against 1.158x; three or four at a time the rest won
+# (chat 1.02x against 0.97x, copy 0.99x against 0.97x at three). On the H200 one request never
+# resting ran chat 1.07x off against 0.99x, 471 of its 504 steps rested.
+REST_FROM = 3
 # Chains past this many drafts only while drafts pay, and up to twice the request's last chain
 # if that was accepted whole (chain_cap).
 SHORT_CHAIN = 4

@@ -4,7 +4,7 @@ REST_AFTER planning steps were worth less than planning and the drafts' measured
 asked for a plan REST_EVERY steps into the rest, then after twice as many, up to REST_DEEPEST
 steps apart; a plan that drafts, or a ledger that pays again, ends the rest; none starts where
 planning is cheap and the long ledger (REST_HORIZON planning steps) says speculation paid;
-fixed:k and a lone request never rest. Pure Python: stub policy and proposer, factory requests."""
+fixed:k and fewer than REST_FROM requests never rest. Pure Python: stub policy and proposer, factory requests."""
 
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ def driver_with(policy: SpecPolicy, shadows: CountingShadows | None = None) -> S
     )
 
 
-def caught_up_requests(count: int = 2):
+def caught_up_requests(count: int = REST_FROM):
     requests = make_requests(count)
     for request in requests:
         request.status = RequestStatus.RUNNING
@@ -122,15 +122,17 @@ def test_after_rest_after_idle_plans_only_one_step_in_rest_every_plans():
     assert driver.num_plans == REST_AFTER + resting and driver.num_drafting_plans == 0
 
 
-def test_a_lone_request_never_rests():
-    policy, [request] = CountingPolicy(), caught_up_requests(1)
+def test_fewer_than_rest_from_requests_never_rest():
+    assert REST_FROM == 3
+    policy, requests = CountingPolicy(), caught_up_requests(REST_FROM - 1)
     driver = driver_with(policy)
-    steps = REST_AFTER + 4 * REST_DEEPEST  # idle plans that would rest two requests
-    assert plans(driver, [request], steps) == [{}] * steps
-    assert policy.calls == steps and policy.rested == 0 and driver.num_rested == 0
-    # the same driver with two requests rests on their class's ledger
-    requests = caught_up_requests(REST_FROM)
-    plans(driver, requests, REST_AFTER + REST_EVERY)
+    steps = REST_AFTER + 4 * REST_DEEPEST  # idle plans that would rest REST_FROM requests
+    for running in (requests[:1], requests):
+        assert plans(driver, running, steps) == [{}] * steps
+    assert policy.calls == 2 * steps and policy.rested == 0 and driver.num_rested == 0
+    # REST_FROM requests rest: REST_AFTER idle plans, then REST_EVERY - 1 rested steps
+    driver = driver_with(CountingPolicy())
+    plans(driver, caught_up_requests(REST_FROM), REST_AFTER + REST_EVERY)
     assert driver.num_rested == REST_EVERY - 1
 
 

@@ -1,5 +1,6 @@
-"""The CUDA-graph glue of the runner: which step shapes to capture for this engine, and capturing
-them (kernels/cuda_graphs.py StepGraphRunner replays them). Only FlashInfer on CUDA captures;
+"""The CUDA-graph glue of the runner: which step shapes to capture for this engine, capturing
+them (kernels/cuda_graphs.py StepGraphRunner replays them), and warming the lm_head that runs
+after a replay at every row count a step may gather. Only FlashInfer on CUDA captures;
 everywhere else the runner runs every step eagerly.
 """
 

@@ -32,10 +32,10 @@ at REST_DEEPEST where it returned less (`far`): under Poisson arrivals of SmolLM
 saturation, where a resting ledger returned a median 0.38 of its cost, plans up to 64 apart
 halved the plans (the latency's gap to off narrowed by 0.5-0.9 points, s.e. ~0.5, over three
 to five runs), while 16 copying requests, whose resting ledger returned a median 0.94, ran
-1.07x off with plans up to 16 apart and 1.02x with 64 (§5zj). The driver keeps one rest per batch class
-(batch_class: 1, 2-3, 4-7, ... running requests), each with its own ledger, and one or two running
-requests (under REST_FROM) never rest. Pure Python; the
-driver (SpecDriver.plan, observe) feeds it.
+1.07x off with plans up to 16 apart and 1.02x with 64 (§5zj). The driver keeps one rest per
+batch class (batch_class: 1, 2-3, 4-7, ... running requests), each with its own ledger, and one
+or two running requests (under REST_FROM) never rest. Pure Python; the driver
+(SpecDriver.plan, observe) feeds it.
 """
 
 from __future__ import annotations

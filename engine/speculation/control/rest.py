@@ -58,7 +58,8 @@ REST_FAR = 0.75  # it returned under this share of its planning and drafts' cost
 REST_HORIZON = 256
 REST_MIN_SHARE = 0.015
 # Fewer running requests than this never rest: one or two requests' plans cost ~1% of their
-# steps, and their rest was a trap. Resting, plans come 16-64 steps apart, so the ledger renews
+# steps on the CPU VMs (4-6% on the H200's host, which chat's drafts paid for), and their rest
+# was a trap. Resting, plans come 16-64 steps apart, so the ledger renews
 # a planning step at a time and a prompt that starts to copy waits out the last one's rest. One
 # process, off / goodput / goodput never resting taking turns (SmolLM2, 128 tokens; Xeon VM;
 # docs/benchmarks.md §4k): alone, where the rest engaged, copy ran 1.04-1.42x off against

@@ -29,7 +29,9 @@ _END = object()  # queued after a stream's last output
 class RequestStream:
     """Async iterable over one request's outputs (all n choices), ending after the last one.
 
-    `close()` aborts the request if it has not finished; call it when the consumer goes away.
+    `close()` aborts the request if it has not finished; call it when the consumer goes away
+    (a stream that saw its last output, or an error, has nothing left to abort: the engine
+    side forgot it then).
     """
 
     def __init__(self, request_id: str, num_choices: int, on_close: Callable[[str], None]) -> None:
@@ -67,4 +69,5 @@ class RequestStream:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            self._on_close(self.request_id)
+            if not self.finished:
+                self._on_close(self.request_id)

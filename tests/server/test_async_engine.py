@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import pytest
 
 from engine.front.async_engine import AsyncEngine, EngineDeadError, QueueFullError
+from engine.front.request_stream import RequestStream
 from engine.llm_engine import LLMEngine
 from engine.outputs import EngineStats, RequestOutput
 from engine.sampling_params import SamplingParams
@@ -178,3 +179,18 @@ def test_from_config_raises_what_loading_raised(monkeypatch):
     monkeypatch.setattr(LLMEngine, "from_config", staticmethod(failing))
     with pytest.raises(ValueError, match="no such model"):
         AsyncEngine.from_config(None)
+
+
+def test_closing_a_stream_aborts_only_what_has_not_finished():
+    async def body():
+        closed: list[str] = []
+        done = RequestStream("done", 1, closed.append)
+        done.put(RequestOutput("done", [1], [2], [2], finished=True, finish_reason="stop"))
+        done.close()
+        open_ = RequestStream("open", 2, closed.append)
+        open_.put(RequestOutput("open", [1], [2], [2], finished=True, finish_reason="stop"))
+        open_.close()  # one of its two choices is still running
+        open_.close()  # a second close is a no-op
+        return closed
+
+    assert asyncio.run(body()) == ["open"]

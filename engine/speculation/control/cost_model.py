@@ -386,6 +386,11 @@ class OnlineLinearCostModel:
         self._set_anchors(samples)
         self._seeded = True
 
+    @property
+    def profile_samples(self) -> list[tuple[StepFeatures, float]]:
+        """The start-up profile's (features, seconds), kept as anchors (fit, load_params)."""
+        return list(self._anchors)
+
     def _set_anchors(self, samples: Sequence[tuple[StepFeatures, float]]) -> None:
         self._anchors = list(samples)
         self._anchor_x = feature_vectors([f for f, _ in samples])

@@ -164,6 +164,16 @@ class SeedReport:
     cache_path: str | None = None
 
 
+# A cached profile whose plain one-request decodes run this many times faster now than when it
+# was taken was measured on a busier machine (load only slows a step): it is profiled again.
+# On the Xeon VM a profile cached during other work priced one row at 19-22 ms where it took
+# 10.6 and a verifying step at +6.9 ms (+0.2 profiled idle); every engine started there drafted
+# almost nothing for its first ~100-150 Poisson requests and read 1.04-1.05x off's latency,
+# 0.98 with a fresh profile (docs/benchmarks.md §5zl). A cache slower than now is kept: a
+# start on a busy machine must not overwrite a quiet profile with a busy one.
+STALE_SPEEDUP = 1.25
+STALE_CHECKS = 3  # the cached single decodes timed again (after one untimed)
+
 # Bumped when the profile's shapes, their order or how they are fitted change: an older cached
 # fit is not reused (5: samples weighted by relative error, cost_model._relative_weights).
 GRID_VERSION = 5
@@ -192,8 +202,20 @@ def seed_cost_model(
         key += f"|draft_vocab={spec_config.draft_vocab}"
     path = spec_config.cost_cache_path
     cache = CostModelCache(path) if path else None
+
+    def run_step(features: StepFeatures) -> float:
+        steps, catchup = features.num_draft_steps, features.num_catchup_tokens
+        return timer(shapes_for(features), steps, draft_passes, catchup)
+
     if cache is not None and _load_cached(cost_model, cache, key):
-        return SeedReport("cache", key, cache_path=str(cache.path))
+        speedup = _speedup_since(cost_model, run_step)
+        if speedup < STALE_SPEEDUP:
+            return SeedReport("cache", key, cache_path=str(cache.path))
+        logger.info(
+            "cost model: single decodes run %.2fx faster than the cached profile was "
+            "measured (a busier machine then); profiling again",
+            speedup,
+        )
     grid = startup_grid(
         scheduler_config,
         max_draft_tokens,
@@ -203,11 +225,6 @@ def seed_cost_model(
         draft_model=draft_passes is not None,
         graphs=graphs,
     )
-
-    def run_step(features: StepFeatures) -> float:
-        steps, catchup = features.num_draft_steps, features.num_catchup_tokens
-        return timer(shapes_for(features), steps, draft_passes, catchup)
-
     start = time.perf_counter()
     try:
         num_steps = profile(
@@ -295,6 +312,23 @@ def _load_cached(cost_model: OnlineLinearCostModel, cache: CostModelCache, key: 
         return False
     logger.info("cost model: loaded from cache %s (%s)", cache.path, key)
     return True
+
+
+def _speedup_since(
+    cost_model: OnlineLinearCostModel, run_step: Callable[[StepFeatures], float]
+) -> float:
+    """The loaded profile's plain single decodes (up to STALE_CHECKS), their cached seconds
+    over the same steps timed now: the median ratio (1.0 where the profile has none)."""
+    decodes = [
+        (features, seconds)
+        for features, seconds in cost_model.profile_samples
+        if features.num_requests == 1 and features.num_batched_tokens == 1
+    ][:STALE_CHECKS]
+    if not decodes:
+        return 1.0
+    run_step(decodes[0][0])  # warm-up (caches, allocator); not measured
+    ratios = sorted(seconds / max(run_step(features), 1e-9) for features, seconds in decodes)
+    return ratios[len(ratios) // 2]
 
 
 def _median_fit_error(cost_model: OnlineLinearCostModel) -> float:

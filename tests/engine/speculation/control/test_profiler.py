@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import random
 
 import pytest
@@ -178,7 +179,9 @@ def test_profiled_engine_output_equals_an_unprofiled_one(tiny_model_dir, tmp_pat
     assert again.num_cached_tokens > 0  # served from the prefix cache the profile left empty
 
 
-def test_cache_round_trips_through_the_engine(tiny_model_dir, tmp_path, caplog):
+def test_cache_round_trips_through_the_engine(tiny_model_dir, tmp_path, caplog, monkeypatch):
+    # A quieter moment at the second start must not read as a stale cache (tested below).
+    monkeypatch.setattr(profiler, "STALE_SPEEDUP", math.inf)
     caplog.set_level(logging.INFO, logger="engine.speculation.control.profiler")
     first = LLMEngine.from_config(engine_config(tiny_model_dir, tmp_path))
     assert first.spec.seed_report.source == "profile"
@@ -202,6 +205,39 @@ def test_a_corrupt_cache_entry_is_profiled_again(tiny_model_dir, tmp_path):
     engine = LLMEngine.from_config(config)
     assert engine.spec.seed_report.source == "profile" and engine.spec.cost_model.fitted
     assert json.loads((tmp_path / "cost_models.json").read_text())[key]["features"] != ["other"]
+
+
+def _scale_cached_seconds(path, key: str, factor: float) -> None:
+    """The cached profile as if measured `factor` times slower (its samples and anchors)."""
+    entries = json.loads(path.read_text())
+    for name in ("samples", "anchors"):
+        for row in entries[key][name]:
+            row[-1] *= factor
+    path.write_text(json.dumps(entries))
+
+
+def test_a_cache_measured_on_a_busier_machine_is_profiled_again(tiny_model_dir, tmp_path, caplog):
+    """Load only slows a step: a cached profile whose single decodes took 20x what they take
+    now was taken on a busy machine, and is replaced by a profile taken now."""
+    config = engine_config(tiny_model_dir, tmp_path)
+    key = LLMEngine.from_config(config).spec.seed_report.key
+    path = tmp_path / "cost_models.json"
+    _scale_cached_seconds(path, key, 20.0)
+    slow = [row[-1] for row in json.loads(path.read_text())[key]["anchors"]]
+    caplog.set_level(logging.INFO, logger="engine.speculation.control.profiler")
+    engine = LLMEngine.from_config(config)
+    assert engine.spec.seed_report.source == "profile"
+    assert "faster than the cached profile" in caplog.text
+    fresh = [row[-1] for row in json.loads(path.read_text())[key]["anchors"]]
+    assert sorted(fresh)[len(fresh) // 2] < sorted(slow)[len(slow) // 2] / 4
+
+
+def test_a_cache_slower_to_run_now_is_kept(tiny_model_dir, tmp_path):
+    """A busy machine now must not replace a profile taken on a quiet one."""
+    config = engine_config(tiny_model_dir, tmp_path)
+    key = LLMEngine.from_config(config).spec.seed_report.key
+    _scale_cached_seconds(tmp_path / "cost_models.json", key, 0.1)
+    assert LLMEngine.from_config(config).spec.seed_report.source == "cache"
 
 
 def test_an_unwritable_cache_only_costs_a_warning(tiny_model_dir, tmp_path, caplog):

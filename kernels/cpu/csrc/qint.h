@@ -28,6 +28,13 @@ inline bool cpu_has_avx512() {
          __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni");
 }
 
+// Intel's cores, where the AVX-512 tiles ask for the next tile into L2 at every row count
+// (qint_avx512.cpp's stream_rows); read once.
+inline bool cpu_is_intel() {
+  static const bool intel = __builtin_cpu_is("intel");
+  return intel;
+}
+
 // A process-wide cap on the linear kernels' ISA (set_linear_isa_cap; kAuto: none), so tests can
 // run a whole model on each path of one machine.
 inline std::atomic<int64_t>& linear_isa_cap() {

@@ -17,7 +17,7 @@ namespace qint_avx2 {
 struct V {
   static constexpr int kLanes = 8, kMaxRows = 2, kRegs = 1;  // kRegs: ymm per vector
   // One-row calls stream; streaming at 2 and 3 rows was slower on Zen 5's AVX2 path (§5zb).
-  static constexpr int kStreamRows = 1;
+  static int stream_rows() { return 1; }
   // One-row calls (qint_kernel.h's stream_ahead), every format (docs/benchmarks.md §5s).
   static constexpr int64_t stream_ahead_bytes(int64_t) { return 768; }
   using U8 = __m256i;
@@ -95,7 +95,8 @@ struct F2 {
 
 struct V {
   using N = qint_avx2::V;
-  static constexpr int kLanes = 16, kMaxRows = 2, kRegs = 2, kStreamRows = N::kStreamRows;
+  static constexpr int kLanes = 16, kMaxRows = 2, kRegs = 2;
+  static int stream_rows() { return N::stream_rows(); }
   static constexpr int64_t stream_ahead_bytes(int64_t e) { return N::stream_ahead_bytes(e); }
   using U8 = Y2;
   using I32 = Y2;

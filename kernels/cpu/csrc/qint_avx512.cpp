@@ -12,11 +12,16 @@ namespace goodspeed {
 namespace qint_avx512 {
 
 struct V {
-  // Calls of up to 2 rows stream (qint_kernel.h). Measured on Zen 5, the Qwen 1.5B's layers at
-  // two threads (docs/benchmarks.md §5zb), whose memory runs at ~50 or ~70 GB/s by turns: at 2
-  // rows 0.83-0.86x the time of the next tile's L2 prefetch at the lower speed, 1.03x at the
-  // higher; at 3 and 4 rows 0.86-0.95x at the lower and 1.12-1.14x at the higher, a loss.
-  static constexpr int kLanes = 16, kMaxRows = 4, kStreamRows = 2;
+  static constexpr int kLanes = 16, kMaxRows = 4;
+  // Calls of up to stream_rows() rows stream (qint_kernel.h), the others prefetch the next tile
+  // into L2. On AMD up to 2: measured on Zen 5, the Qwen 1.5B's layers at two threads
+  // (docs/benchmarks.md §5zb), whose memory runs at ~50 or ~70 GB/s by turns: at 2 rows
+  // 0.83-0.86x the time of the next tile's L2 prefetch at the lower speed, 1.03x at the higher;
+  // at 3 and 4 rows 0.86-0.95x at the lower and 1.12-1.14x at the higher, a loss. On Intel none:
+  // measured on a 2-core Xeon (260 MB L3), the prefetch took SmolLM2's layers to 0.77x / 0.75x
+  // the time at 1 / 2 rows (int16) and the Qwen 1.5B's to 0.95x / 0.96x, the same beyond
+  // (docs/benchmarks.md §5zm).
+  static int stream_rows() { return cpu_is_intel() ? 0 : 2; }
   // One-row calls (qint_kernel.h's stream_ahead) on the K-quants' 256-input blocks only.
   // Measured on Zen 5, one 1536 x 286720 layer from DRAM, two threads (docs/benchmarks.md
   // §5za): Q4_K and Q6_K int16 1.07-1.10x the bytes per second at 2048; Q5_0 and Q8_0 no

@@ -18,7 +18,7 @@
 //   U8 (4 bytes a column), I32, F32; load, low4, high4, shift_mask, or8, dot (u <= 63), dot_full
 //   (any byte), combine ((hi << 8) + lo), add, sub_scalar, cvt, fma, fnma, mul, set1, halves,
 //   bytes_u8, bytes_i8, store, zero, zero_f; stream_ahead_bytes(a format's inputs per block)
-//   (bytes a streaming call prefetches past the block it starts, 0: none), kStreamRows (the
+//   (bytes a streaming call prefetches past the block it starts, 0: none), stream_rows() (the
 //   most rows a call streams with, instead of prefetching the next tile); partial_depth(max
 //   code) (0: products go straight into int32), and where it is not 0: P (narrow partial sums),
 //   pzero, pdot, widen, keep (the sum pinned in a register), kRegs (registers per vector).
@@ -280,10 +280,10 @@ inline void run_tiles(const QintJob& job, int64_t tile_begin, int64_t tile_end, 
   const int64_t block_bytes = tile_block_bytes(job.format);
   const int64_t stride = tile_bytes(job.format, job.x.K);
   const int64_t passes = (row_end - row_begin + V::kMaxRows - 1) / V::kMaxRows;
-  // Up to V::kStreamRows rows a call is bound by memory and its first pass streams ahead into L1
+  // Up to V::stream_rows() rows a call is bound by memory and its first pass streams ahead into L1
   // (stream_ahead); with more, each tile computes long enough that the next is asked into L2
   // meanwhile (prefetch_block).
-  const bool stream = row_end - row_begin <= V::kStreamRows, fetch = !stream;
+  const bool stream = row_end - row_begin <= V::stream_rows(), fetch = !stream;
   for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
     const uint8_t* weights = job.packed + tile * stride;
     const uint8_t* next = fetch && tile + 1 < tile_end ? weights + stride : nullptr;

@@ -11,7 +11,8 @@ namespace qint_scalar {
 struct V {
   // One row per pass: this path is the reference and the fallback of old CPUs; more row
   // variants only lengthen the build (each is a full instantiation of every format).
-  static constexpr int kLanes = 16, kMaxRows = 1, kStreamRows = 1;
+  static constexpr int kLanes = 16, kMaxRows = 1;
+  static int stream_rows() { return 1; }
   static constexpr int64_t stream_ahead_bytes(int64_t) { return 0; }
   struct U8 { uint8_t b[64]; };
   struct I32 { int32_t v[16]; };

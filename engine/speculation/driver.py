@@ -44,6 +44,12 @@ from engine.speculation.shadow import ShadowChecks
 from engine.speculation.tally import SpecTally
 from kernels.graph_shapes import NO_GRAPHS, GraphShapes
 
+# The policy (its cost model) observes one rested step in this many, and every step with
+# an outcome (a shadow check's): building a step's features and taking them in was a quarter
+# of a resting driver's ~0.045 ms a SmolLM2 step, which a one-request step of 3.5 ms pays as
+# host time and again as slower weight reads after it (docs/benchmarks.md §5zn, §5zo).
+REST_SEEN_EVERY = 4
+
 
 def max_draft_tokens(config: SpecConfig) -> int:
     """The engine's cap: tree nodes for trees, tokens for chains."""
@@ -90,6 +96,7 @@ class SpecDriver:
         self.last_plan_time = 0.0  # seconds of the last policy.plan (part of the step's time)
         self._base = StepFeatures()
         self.rested = False
+        self._num_unseen = 0  # rested steps since the policy last observed one
         # steps this driver rested / planned / planned with drafts (benchmarks read them)
         self.num_rested = self.num_plans = self.num_drafting_plans = 0
         self.tally = SpecTally(config.proposers if self.enabled else ())
@@ -123,12 +130,13 @@ class SpecDriver:
         will run: decodes, prefill chunks clipped to the token budget in order, and the
         waiting requests the scheduler will admit (while seats and budget last). While a
         resting policy's plans do not pay, most steps skip the offers and the plan (rest.py; one
-        or two requests never rest)."""
+        or two requests only while the long ledger says so too)."""
         if not self.enabled:
             return {}
         if self.rest is not None:
             self.rest = self._rest_for(len(running))
-        self.rested = self.rest is not None and len(running) >= REST_FROM and self.rest.skips()
+        few = len(running) < REST_FROM
+        self.rested = self.rest is not None and self.rest.skips(few)
         if self.rested:
             self.num_rested += 1
             self.last_plan_time, self.last_chosen_k = 0.0, ()
@@ -236,6 +244,8 @@ class SpecDriver:
         for request in sched.preempted:  # blocks freed: what proposers knew of them is stale
             request.spec.memos.clear()
         topk = self.proposer.target_topk
+        if self.rested and not self.draft_model:  # no drafts, no prefill to warm a draft on
+            return Drafts(target_topk=topk)
         start = time.perf_counter()
         warmed = self._warm(sched)
         if self.shadows is not None and not self.rested:  # resting: checks go on, none start
@@ -330,12 +340,17 @@ class SpecDriver:
         step_seconds = self._step_goodput(emitted, seconds)
         if not self.enabled:  # nothing predicts step times: the cost model learns nothing
             return
-        if self.rest is not None and not self.rested:
+        if self.rested:
+            self._num_unseen += 1
+            if not results and self._num_unseen < REST_SEEN_EVERY:
+                return
+        elif self.rest is not None:
             accepted = sum(o.num_accepted_tokens for o in out.outputs.values())
             num_drafts, excess = self._draft_excess(shapes, seconds)
             self.rest.observed(
                 accepted, emitted, self.last_plan_time, step_seconds, num_drafts, excess
             )
+        self._num_unseen = 0
         features = self._features(sched, shapes, drafts)
         # Choice: model-free proposing is priced per request apart from the cost model, and
         # planning by the policy's own term (GoodputPolicy.plan_seconds), not by the model.

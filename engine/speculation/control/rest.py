@@ -33,9 +33,10 @@ saturation, where a resting ledger returned a median 0.38 of its cost, plans up 
 halved the plans (the latency's gap to off narrowed by 0.5-0.9 points, s.e. ~0.5, over three
 to five runs), while 16 copying requests, whose resting ledger returned a median 0.94, ran
 1.07x off with plans up to 16 apart and 1.02x with 64 (§5zj). The driver keeps one rest per
-batch class (batch_class: 1, 2-3, 4-7, ... running requests), each with its own ledger, and one
-or two running requests (under REST_FROM) never rest. Pure Python; the driver
-(SpecDriver.plan, observe) feeds it.
+batch class (batch_class: 1, 2-3, 4-7, ... running requests), each with its own ledger; one
+or two running requests (under REST_FROM) rest only while the long ledger, too, says
+speculation did not pay (unpaid_long). Pure Python; the driver (SpecDriver.plan, observe)
+feeds it.
 """
 
 from __future__ import annotations
@@ -57,17 +58,21 @@ REST_FAR = 0.75  # it returned under this share of its planning and drafts' cost
 # steps), no rest while speculation paid over them (PlanningRest.paid_long).
 REST_HORIZON = 256
 REST_MIN_SHARE = 0.015
-# Fewer running requests than this never rest: one or two requests' plans cost ~1% of their
-# steps on the CPU VMs (4-6% on the H200's host, which chat's drafts paid for), and their rest
-# was a trap. Resting, plans come 16-64 steps apart, so the ledger renews
+# Fewer running requests than this do not rest on the short ledger alone: one or two requests'
+# plans cost ~1% of their steps on the CPU VMs (4-6% on the H200's host, which chat's drafts
+# paid for), and that rest was a trap. Resting, plans come 16-64 steps apart, so the ledger renews
 # a planning step at a time and a prompt that starts to copy waits out the last one's rest. One
 # process, off / goodput / goodput never resting taking turns (SmolLM2, 128 tokens; Xeon VM;
 # docs/benchmarks.md §4k): alone, where the rest engaged, copy ran 1.04-1.42x off against
 # 1.46-1.61x never resting, chat 0.99-1.07x against 0.99-1.14x; two at a time, four rounds,
 # chat 0.995x against 1.058x, copy 1.129x against 1.158x; three or four at a time the rest won
 # (chat 1.02x against 0.97x, copy 0.99x against 0.97x at three). On the H200 one request never
-# resting ran chat 1.07x off against 0.99x, 471 of its 504 steps rested.
+# resting ran chat 1.07x off against 0.99x, 471 of its 504 steps rested. They rest where the
+# long ledger says speculation did not pay (PlanningRest.unpaid_long), once it holds
+# REST_FEW_AFTER planning steps: SmolLM2 chat alone 1.026-1.035x off -> 1.007-1.008x, copy
+# unchanged (never rested), the policy sweep's chat x1 cell 1.04 -> 1.00 (§5zo).
 REST_FROM = 3
+REST_FEW_AFTER = 64
 # Chains past this many drafts only while drafts pay, and up to twice the request's last chain
 # if that was accepted whole (chain_cap).
 SHORT_CHAIN = 4
@@ -94,14 +99,17 @@ class PlanningRest:
         self._return: float | None = None  # the ledger's return share (_returned), kept
         # until the ledger changes
         self._long_paid = False  # paid_long(), re-read every REST_AFTER entries
+        self._long_unpaid = False  # unpaid_long(), re-read with it
         self._long_new = 0  # entries since
 
-    def skips(self) -> bool:
+    def skips(self, few: bool = False) -> bool:
         """Whether this step rests (no offers, no plan). Resting, the steps between plans
         double from REST_EVERY to REST_NEAR, or to REST_DEEPEST while the ledger is far from
         paying, while each plan finds the rest's reason still there; a rest that ends starts
-        the next at REST_EVERY."""
-        if (self._idle_plans < REST_AFTER and self.pays()) or self.paid_long():
+        the next at REST_EVERY. `few`: fewer than REST_FROM requests run, which rest only
+        while the long ledger, too, says speculation did not pay (unpaid_long)."""
+        works = (self._idle_plans < REST_AFTER and self.pays()) or self.paid_long()
+        if works or (few and not self.unpaid_long()):
             self._every = self._wait = REST_EVERY
             return False
         self._wait -= 1
@@ -165,8 +173,21 @@ class PlanningRest:
         if self._long_new >= REST_AFTER:
             self._long_new = 0
             long = self._long
-            self._long_paid = len(long) > REST_AFTER and _cheap(long) and _return_share(long) >= 1.0
+            paid = _return_share(long) >= 1.0
+            self._long_paid = len(long) > REST_AFTER and _cheap(long) and paid
+            self._long_unpaid = len(long) >= REST_FEW_AFTER and not paid
         return self._long_paid
+
+    def unpaid_long(self) -> bool:
+        """Whether planning and drafting did not pay over the last REST_HORIZON planning steps,
+        which hold at least REST_FEW_AFTER: paid_long's verdict without its bound on planning's
+        share, which one and two requests need. Their plans are 2-4% of SmolLM2's one-row steps
+        here; their rest was a trap where it followed the short ledger, which rested code
+        editing between its copied spans (copy 0.907 -> 0.921x off), while chat, whose drafts
+        never paid over hundreds of steps, ran 1.034 -> 1.020x off with it
+        (docs/benchmarks.md §5zn, §5zo). Re-read with paid_long."""
+        self.paid_long()
+        return self._long_unpaid
 
     def long_ledger(self) -> tuple[float, float]:
         """The long ledger's return share and its planning's share of its typical steps

@@ -4,7 +4,9 @@ REST_AFTER planning steps were worth less than planning and the drafts' measured
 asked for a plan REST_EVERY steps into the rest, then after twice as many, up to REST_DEEPEST
 steps apart; a plan that drafts, or a ledger that pays again, ends the rest; none starts where
 planning is cheap and the long ledger (REST_HORIZON planning steps) says speculation paid;
-fixed:k and fewer than REST_FROM requests never rest. Pure Python: stub policy and proposer, factory requests."""
+fixed:k never rests, and fewer than REST_FROM requests rest only while the long ledger, too,
+says speculation did not pay. A rested step is observed by the policy one in REST_SEEN_EVERY.
+Pure Python: stub policy and proposer, factory requests."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from engine.speculation.control.rest import (
     REST_DEEPEST,
     REST_EVERY,
     REST_FAR,
+    REST_FEW_AFTER,
     REST_FROM,
     REST_HORIZON,
     REST_MIN_SHARE,
@@ -32,7 +35,7 @@ from engine.speculation.control.rest import (
     PlanningRest,
     batch_class,
 )
-from engine.speculation.driver import SpecDriver
+from engine.speculation.driver import REST_SEEN_EVERY, SpecDriver
 from tests.engine.factories import make_requests
 
 
@@ -53,6 +56,9 @@ class CountingPolicy(SpecPolicy):
 
     def rest_step(self) -> None:
         self.rested += 1
+
+    def observe(self, results, features, step_seconds) -> None:
+        self.observed = getattr(self, "observed", 0) + 1
 
 
 class NoOffers:
@@ -122,7 +128,7 @@ def test_after_rest_after_idle_plans_only_one_step_in_rest_every_plans():
     assert driver.num_plans == REST_AFTER + resting and driver.num_drafting_plans == 0
 
 
-def test_fewer_than_rest_from_requests_never_rest():
+def test_fewer_than_rest_from_requests_do_not_rest_on_idle_plans_alone():
     assert REST_FROM == 3
     policy, requests = CountingPolicy(), caught_up_requests(REST_FROM - 1)
     driver = driver_with(policy)
@@ -495,3 +501,95 @@ def test_the_driver_caps_each_chain_by_the_requests_last_whole_chain():
     driver.policy = FixedPolicy(8)
     assert driver.rest is None
     assert driver.plan(requests) == {first: 8, second: 8}
+
+
+def observe_plain_step(driver: SpecDriver, requests, step_s: float) -> None:
+    """One decode step of every request, no drafts and no outcome."""
+    scheduled = tuple(ScheduledRequest(r, 1, 0, r.num_computed_tokens) for r in requests)
+    outputs = {r.request_id: RequestStepOutput(r.request_id, (7,)) for r in requests}
+    driver.observe(SchedulerOutput(scheduled), Drafts(), ModelOutput(outputs, step_time=step_s))
+
+
+def test_one_request_rests_once_the_long_ledger_says_drafts_did_not_pay():
+    """SmolLM2 chat alone: plans 2-4% of a step, drafts rarely accepted over hundreds of steps.
+    Never resting, one request ran 1.026-1.035x off; resting on the long ledger 1.007-1.008x
+    (docs/benchmarks.md §5zo). Each planning step drafts 2 and none is accepted, planning 5%
+    of a 4 ms step: the first REST_FEW_AFTER plan, then the rest begins."""
+    assert REST_FEW_AFTER == 64
+    policy, one = CountingPolicy(), caught_up_requests(1)
+    policy.answer = {one[0].request_id: 2}
+    driver = driver_with(policy)
+    rested = []
+    for _ in range(REST_FEW_AFTER + REST_AFTER):
+        driver.plan(one)
+        rested.append(driver.rested)
+        if driver.rested:
+            observe_plain_step(driver, one, 0.0038)
+        else:
+            driver.last_plan_time = 0.0002
+            observe_step(driver, one, 0, 0.0038)
+    assert not any(rested[:REST_FEW_AFTER]) and rested[REST_FEW_AFTER]
+    assert driver.rest.unpaid_long() and not driver.rest.pays()
+    assert sum(rested) == driver.num_rested == REST_AFTER - resting_plans(REST_AFTER)
+
+
+def test_few_requests_do_not_rest_between_copied_spans_where_planning_is_dear():
+    """Where planning is over REST_MIN_SHARE of a step, REST_FROM requests rest between two
+    copied spans on the short ledger (paid_long does not hold); one and two requests do not,
+    since the long ledger says speculation paid: resting between spans ran SmolLM2 code
+    editing alone 0.921x off against 0.907x (docs/benchmarks.md §5zn)."""
+    many, few = PlanningRest(), PlanningRest()
+    for rest in (many, few):
+        for _ in range(4):
+            for _ in range(8):
+                rest.planned(True)
+                rest.observed(6, 7, 0.0002, 0.005, drafts=6, excess_seconds=0.001)
+            ledger_steps(rest, 0, 1, 0.0002, 0.0033)
+        assert not rest.pays() and not rest.paid_long() and not rest.unpaid_long()
+    assert skipped(many, REST_EVERY) == REST_EVERY - 1
+    assert sum(few.skips(few=True) for _ in range(4 * REST_DEEPEST)) == 0
+
+
+def test_a_rested_step_is_observed_one_in_rest_seen_every_and_with_an_outcome():
+    """Resting, the policy (its cost model) takes in every planning step, one rested step in
+    REST_SEEN_EVERY in each run of rested steps, and every rested step with an outcome (a
+    shadow check's)."""
+    assert REST_SEEN_EVERY == 4
+    policy, requests = CountingPolicy(), caught_up_requests()
+    driver = driver_with(policy)
+    for _ in range(REST_AFTER):
+        driver.plan(requests)
+        observe_plain_step(driver, requests, 0.004)
+    assert policy.observed == REST_AFTER
+    rested, runs, run = 0, [], 0
+    for _ in range(128):
+        driver.plan(requests)
+        observe_plain_step(driver, requests, 0.004)
+        rested += driver.rested
+        run = run + 1 if driver.rested else (runs.append(run) or 0)
+    runs.append(run)
+    assert rested == driver.num_rested == 128 - resting_plans(128)
+    planned = 128 - rested
+    assert policy.observed == REST_AFTER + planned + sum(r // REST_SEEN_EVERY for r in runs)
+    assert sum(r // REST_SEEN_EVERY for r in runs) > 0
+    before = policy.observed
+    for _ in range(REST_SEEN_EVERY - 1):  # rested steps with an outcome: each is observed
+        driver.plan(requests)
+        assert driver.rested
+        observe_step(driver, requests, 1, 0.004)
+    assert policy.observed == before + REST_SEEN_EVERY - 1
+
+
+def test_a_rested_step_proposes_nothing_and_takes_no_proposer_time():
+    class Refusing(NoOffers):
+        def propose(self, asks):
+            raise AssertionError("a rested step asked the proposer")
+
+    config = SpecConfig(proposer="ngram", spec_policy="goodput")
+    driver = SpecDriver(config, Refusing(), CountingPolicy(), OnlineLinearCostModel(), None, 64)
+    requests = caught_up_requests()
+    plans(driver, requests, REST_AFTER + 1)
+    assert driver.rested
+    scheduled = tuple(ScheduledRequest(r, 1, 0, r.num_computed_tokens) for r in requests)
+    drafts = driver.propose(SchedulerOutput(scheduled))
+    assert drafts.chains == {} and drafts.trees == {} and drafts.proposer_time == 0.0

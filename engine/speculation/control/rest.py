@@ -70,7 +70,8 @@ REST_MIN_SHARE = 0.015
 # resting ran chat 1.07x off against 0.99x, 471 of its 504 steps rested. They rest where the
 # long ledger says speculation did not pay (PlanningRest.unpaid_long), once it holds
 # REST_FEW_AFTER planning steps: SmolLM2 chat alone 1.026-1.035x off -> 1.007-1.008x, copy
-# unchanged (never rested), the policy sweep's chat x1 cell 1.04 -> 1.00 (§5zo).
+# unchanged (never rested), the policy sweep's chat x1 cell 1.00-1.05 over five runs against
+# 1.02-1.05 (§5zo).
 REST_FROM = 3
 REST_FEW_AFTER = 64
 # Chains past this many drafts only while drafts pay, and up to twice the request's last chain

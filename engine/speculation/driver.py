@@ -46,8 +46,9 @@ from kernels.graph_shapes import NO_GRAPHS, GraphShapes
 
 # The policy (its cost model) observes one rested step in this many, and every step with
 # an outcome (a shadow check's): building a step's features and taking them in was a quarter
-# of a resting driver's ~0.045 ms a SmolLM2 step, which a one-request step of 3.5 ms pays as
-# host time and again as slower weight reads after it (docs/benchmarks.md §5zn, §5zo).
+# of a resting driver's ~0.045 ms a SmolLM2 step of 3.5 ms, work a rested step has no use
+# for; what it saved alone was within noise (walls 1.007 against 1.008 off's, one request at
+# a time: docs/benchmarks.md §5zo).
 REST_SEEN_EVERY = 4
 
 

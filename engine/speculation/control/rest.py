@@ -171,12 +171,7 @@ class PlanningRest:
         request. On the Qwen 1.5B at one request this rule ran code editing 1.03-1.07x
         faster (docs/benchmarks.md §5zg). Re-read every REST_AFTER entries (a verdict over
         256 steps moves slowly)."""
-        if self._long_new >= REST_AFTER:
-            self._long_new = 0
-            long = self._long
-            paid = _return_share(long) >= 1.0
-            self._long_paid = len(long) > REST_AFTER and _cheap(long) and paid
-            self._long_unpaid = len(long) >= REST_FEW_AFTER and not paid
+        self._reread_long()
         return self._long_paid
 
     def unpaid_long(self) -> bool:
@@ -187,8 +182,18 @@ class PlanningRest:
         editing between its copied spans (copy 0.907 -> 0.921x off), while chat, whose drafts
         never paid over hundreds of steps, ran 1.034 -> 1.020x off with it
         (docs/benchmarks.md §5zn, §5zo). Re-read with paid_long."""
-        self.paid_long()
+        self._reread_long()
         return self._long_unpaid
+
+    def _reread_long(self) -> None:
+        """paid_long's and unpaid_long's verdicts, read again once REST_AFTER entries came."""
+        if self._long_new < REST_AFTER:
+            return
+        self._long_new = 0
+        long = self._long
+        paid = _return_share(long) >= 1.0
+        self._long_paid = len(long) > REST_AFTER and _cheap(long) and paid
+        self._long_unpaid = len(long) >= REST_FEW_AFTER and not paid
 
     def long_ledger(self) -> tuple[float, float]:
         """The long ledger's return share and its planning's share of its typical steps

@@ -327,12 +327,14 @@ def test_the_long_verdict_is_reread_every_rest_after_entries():
     assert not rest.paid_long()
 
 
-def observe_step(driver: SpecDriver, requests, accepted: int, step_s: float) -> None:
-    """One decode step of every request, the first one's k = 2 chain accepting `accepted`."""
+def observe_step(driver: SpecDriver, requests, accepted: int | None, step_s: float) -> None:
+    """One decode step of every request, the first one's k = 2 chain accepting `accepted`
+    (None: no drafts, no outcome)."""
     scheduled = tuple(ScheduledRequest(r, 1, 0, r.num_computed_tokens) for r in requests)
     outputs = {r.request_id: RequestStepOutput(r.request_id, (7,)) for r in requests}
-    first = requests[0].request_id
-    outputs[first] = RequestStepOutput(first, (7,) * (accepted + 1), 2, accepted)
+    if accepted is not None:
+        first = requests[0].request_id
+        outputs[first] = RequestStepOutput(first, (7,) * (accepted + 1), 2, accepted)
     out = ModelOutput(outputs, step_time=step_s)
     driver.observe(SchedulerOutput(scheduled), Drafts(), out)
 
@@ -503,13 +505,6 @@ def test_the_driver_caps_each_chain_by_the_requests_last_whole_chain():
     assert driver.plan(requests) == {first: 8, second: 8}
 
 
-def observe_plain_step(driver: SpecDriver, requests, step_s: float) -> None:
-    """One decode step of every request, no drafts and no outcome."""
-    scheduled = tuple(ScheduledRequest(r, 1, 0, r.num_computed_tokens) for r in requests)
-    outputs = {r.request_id: RequestStepOutput(r.request_id, (7,)) for r in requests}
-    driver.observe(SchedulerOutput(scheduled), Drafts(), ModelOutput(outputs, step_time=step_s))
-
-
 def test_one_request_rests_once_the_long_ledger_says_drafts_did_not_pay():
     """SmolLM2 chat alone: plans 2-4% of a step, drafts rarely accepted over hundreds of steps.
     Never resting, one request ran 1.026-1.035x off; resting on the long ledger 1.007-1.008x
@@ -524,7 +519,7 @@ def test_one_request_rests_once_the_long_ledger_says_drafts_did_not_pay():
         driver.plan(one)
         rested.append(driver.rested)
         if driver.rested:
-            observe_plain_step(driver, one, 0.0038)
+            observe_step(driver, one, None, 0.0038)
         else:
             driver.last_plan_time = 0.0002
             observe_step(driver, one, 0, 0.0038)
@@ -559,12 +554,12 @@ def test_a_rested_step_is_observed_one_in_rest_seen_every_and_with_an_outcome():
     driver = driver_with(policy)
     for _ in range(REST_AFTER):
         driver.plan(requests)
-        observe_plain_step(driver, requests, 0.004)
+        observe_step(driver, requests, None, 0.004)
     assert policy.observed == REST_AFTER
     rested, runs, run = 0, [], 0
     for _ in range(128):
         driver.plan(requests)
-        observe_plain_step(driver, requests, 0.004)
+        observe_step(driver, requests, None, 0.004)
         rested += driver.rested
         run = run + 1 if driver.rested else (runs.append(run) or 0)
     runs.append(run)
@@ -580,16 +575,14 @@ def test_a_rested_step_is_observed_one_in_rest_seen_every_and_with_an_outcome():
     assert policy.observed == before + REST_SEEN_EVERY - 1
 
 
-def test_a_rested_step_proposes_nothing_and_takes_no_proposer_time():
-    class Refusing(NoOffers):
-        def propose(self, asks):
-            raise AssertionError("a rested step asked the proposer")
-
-    config = SpecConfig(proposer="ngram", spec_policy="goodput")
-    driver = SpecDriver(config, Refusing(), CountingPolicy(), OnlineLinearCostModel(), None, 64)
+def test_a_rested_step_returns_before_proposing_and_takes_no_proposer_time():
+    """Without a draft model to warm, a rested step has nothing to propose: it returns its
+    empty drafts at once (the proposer's target top-k still asked for), not timed."""
+    driver = driver_with(CountingPolicy())
     requests = caught_up_requests()
     plans(driver, requests, REST_AFTER + 1)
     assert driver.rested
     scheduled = tuple(ScheduledRequest(r, 1, 0, r.num_computed_tokens) for r in requests)
     drafts = driver.propose(SchedulerOutput(scheduled))
     assert drafts.chains == {} and drafts.trees == {} and drafts.proposer_time == 0.0
+    assert drafts.target_topk == NoOffers.target_topk

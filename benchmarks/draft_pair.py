@@ -23,8 +23,10 @@ drawn together), so "within 3% of the best single proposer" can be read against 
 with `--out`, per prompt, and prints the comparisons of the pooled runs.
 
 --interleave loads every engine up front and lets the configs take turns prompt by prompt (load
-drift hits them alike; needs the memory of all engines at once); without it one engine lives
-at a time and runs all prompts.
+drift hits them alike; needs the memory of all engines at once), in an order balanced over
+turns (`turn_order`), so no config always runs right after the same other one (whose weights it
+would find in, or evicted from, the cache); without it one engine lives at a time and runs all
+prompts.
 
     .venv/bin/python benchmarks/draft_pair.py --num-prompts 2 --max-tokens 32   # smoke
     .venv/bin/python benchmarks/draft_pair.py --interleave --configs off draft:chain:4 draft:tree
@@ -153,9 +155,10 @@ def bench(args: argparse.Namespace) -> list[dict]:
         prompts = load_workloads(engines["off"], args)
         for llm in engines.values():
             warm_up(llm, prompts)
-        for workload, index, prompt in prompts:
+        for turn, (workload, index, prompt) in enumerate(prompts):
             runs += [
-                run_prompt(llm, n, workload, index, prompt, args) for n, llm in engines.items()
+                run_prompt(engines[n], n, workload, index, prompt, args)
+                for n in turn_order(args.configs, turn)
             ]
     else:
         prompts = None
@@ -170,6 +173,18 @@ def bench(args: argparse.Namespace) -> list[dict]:
     for run in runs:
         run["identical_to_off"] = run.pop("token_ids") == off[(run["workload"], run["prompt"])]
     return runs
+
+
+def turn_order(names: list[str], turn: int) -> list[str]:
+    """The configs' order for one turn, from a Williams design: over a cycle of len(names) turns
+    (2 x len(names) when odd) every config runs once in every place and runs right after every
+    other config equally often, so none always finds the same one's weights just read."""
+    n = len(names)
+    first = [0] + [(i + 1) // 2 if i % 2 else n - i // 2 for i in range(1, n)]
+    row = [(j + turn) % n for j in first]
+    if n % 2 and (turn // n) % 2:
+        row.reverse()
+    return [names[j] for j in row]
 
 
 def load_workloads(llm: LLM, args: argparse.Namespace) -> list[tuple[str, int, list[int]]]:

@@ -53,6 +53,7 @@ def build_spec_driver(
             driver.max_draft_tokens,
             draft_passes=_draft_passes(proposer),
             graphs=driver.graphs,
+            free_drafts=any(name != DRAFT_PROPOSER for name in _members(proposer)),
         )
     return driver
 

@@ -105,7 +105,8 @@ def fit_to_pool(
         clipped = [(min(c, per_request - n - k), n, k) for c, n, k in shapes]
         if all(c >= 0 for c, _, _ in clipped):
             catchup = min(features.num_catchup_tokens, sum(c for c, _, k in clipped if k))
-            point = StepFeatures.from_shapes(clipped, draft_model, graphs)
+            passes = draft_model and features.num_draft_steps > 0  # free_drafts: some not
+            point = StepFeatures.from_shapes(clipped, passes, graphs)
             fitted[dataclasses.replace(point, num_catchup_tokens=catchup)] = None
     return list(fitted)
 
@@ -119,11 +120,13 @@ def startup_grid(
     seed: int = 0,
     draft_model: bool = False,
     graphs: GraphShapes = NO_GRAPHS,
+    free_drafts: bool = False,
 ) -> list[StepFeatures]:
     """Profile shapes for this engine: the core (`in_core`), its cheapest first (profile()
     warms up on grid[0]), then the others; with a draft model, steps with k drafts
-    include k draft passes; each step is marked eager or not as the runner's graphs
-    (`graphs`) will run it."""
+    include k draft passes (and, with `free_drafts`, one and two requests' also none: see
+    profile_grid); each step is marked eager or not as the runner's graphs (`graphs`) will
+    run it."""
     grid = profile_grid(
         max_num_batched_tokens=min(
             scheduler_config.max_num_batched_tokens, PROFILE_MAX_BATCHED_TOKENS
@@ -134,6 +137,7 @@ def startup_grid(
         draft_model=draft_model,
         seed=seed,
         graphs=graphs,
+        free_drafts=free_drafts,
     )
     grid = fit_to_pool(grid, num_blocks, block_size, max_model_len, draft_model, graphs)
     core = [f for f in grid if in_core(f)]
@@ -187,10 +191,12 @@ def seed_cost_model(
     max_draft_tokens: int,
     draft_passes: DraftPasses | None = None,
     graphs: GraphShapes = NO_GRAPHS,
+    free_drafts: bool = False,
 ) -> SeedReport:
     """Load the cached fit, or profile and cache it; logs one line saying which. `graphs`:
     the step shapes replayed as CUDA graphs, as the speculation driver sees them;
-    `draft_passes`: the draft model's passes, timed with each step that drafts."""
+    `draft_passes`: the draft model's passes, timed with each step that drafts;
+    `free_drafts`: model-free proposers draft beside the draft model (startup_grid)."""
     if spec_config.spec_profile_seconds <= 0:
         logger.info("cost model: no start-up profile (spec_profile_seconds=0); learning online")
         return SeedReport("skipped")
@@ -200,6 +206,7 @@ def seed_cost_model(
     if draft_passes is not None:  # its passes are part of the fit, and so is how they run
         key += f"|draft={spec_config.draft_model}|draft_weights={spec_config.draft_weights}"
         key += f"|draft_vocab={spec_config.draft_vocab}"
+        key += "|free_drafts" if free_drafts else ""
     path = spec_config.cost_cache_path
     cache = CostModelCache(path) if path else None
 
@@ -224,6 +231,7 @@ def seed_cost_model(
         timer.max_model_len,
         draft_model=draft_passes is not None,
         graphs=graphs,
+        free_drafts=free_drafts,
     )
     start = time.perf_counter()
     try:

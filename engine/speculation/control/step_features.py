@@ -158,13 +158,19 @@ def profile_grid(
     draft_model: bool = False,
     seed: int = 0,
     graphs: GraphShapes = NO_GRAPHS,
+    free_drafts: bool = False,
 ) -> list[StepFeatures]:
     """Synthetic step shapes spanning the features: decode batches of every size with chains
     of 0..max_draft_tokens drafts over short and long contexts, plus single prefill chunks;
     each marked eager or not as the runner's graphs will run it. With a draft model, also one
     request drafting after the draft model missed a few dozen or hundred tokens (its
     catch-up): without them the catch-up term is never fitted and a probe after a long idle
-    spell is priced as free (docs/benchmarks.md §5k)."""
+    spell is priced as free (docs/benchmarks.md §5k). `free_drafts` (a draft model beside
+    model-free proposers): one and two requests' chains also without draft passes, as a
+    model-free proposer drafts them; with every chain drafted by the model, k passes come
+    with k drafts, and the fit can split their seconds between the passes and the verify
+    rows as it likes (the Qwen pair's auto priced four n-gram drafts at +59 ms where they
+    took +42, and drafted shorter chains than the n-gram proposer alone: §5zp)."""
     sizes = [n for n in (1, 2, 4, 8, 16, 32, 64, 128, 256) if n <= max_num_seqs]
     ks = sorted({0, 1, max_draft_tokens // 2, max_draft_tokens})
     contexts = sorted({16, max_context // 8, max_context})
@@ -180,6 +186,8 @@ def profile_grid(
             for context in contexts:
                 shape = (context, 1, k)
                 grid.append(StepFeatures.from_shapes([shape] * size, draft_model, graphs))
+                if free_drafts and draft_model and k and size <= 2:
+                    grid.append(StepFeatures.from_shapes([shape] * size, False, graphs))
     for chunk in (16, 64, 128, 256, 512, 1024, 2048):
         if chunk <= max_num_batched_tokens:
             grid.append(StepFeatures.from_shapes([(0, chunk, 0)], graphs=graphs))

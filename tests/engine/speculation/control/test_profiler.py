@@ -15,7 +15,7 @@ import random
 import pytest
 
 from engine.arg_utils import add_engine_arguments, config_from_args
-from engine.config import EngineConfig
+from engine.config import EngineConfig, SchedulerConfig
 from engine.front.llm import LLM
 from engine.llm_engine import LLMEngine
 from engine.request import Request
@@ -23,6 +23,7 @@ from engine.runner.step_timer import StepTimer
 from engine.sampling_params import SamplingParams
 from engine.speculation.control import profiler
 from engine.speculation.control.cost_cache import cache_key
+from engine.speculation.control.cost_model import OnlineLinearCostModel
 from engine.speculation.control.profiler import fit_to_pool, shapes_for, startup_grid
 from engine.speculation.control.step_features import StepFeatures, profile_grid
 
@@ -293,6 +294,12 @@ def test_a_draft_model_profile_times_its_passes(tiny_model_dir, tmp_path):
     assert driver.seed_report.source == "profile" and "draft=self:1" in driver.seed_report.key
     key = driver.seed_report.key  # how the draft runs is part of it too
     assert "draft_weights=auto" in key and "draft_vocab=0" in key
+    assert "free_drafts" not in key  # every chain is the draft model's
+    auto = dict(flat, speculative_proposer="auto")
+    auto_key = LLM(
+        config=engine_config(tiny_model_dir, tmp_path, **auto)
+    ).engine.spec.seed_report.key
+    assert auto_key == key + "|free_drafts"  # n-gram and recycle chains run no passes
     other = dict(flat, draft_vocab=100)
     assert (
         LLM(config=engine_config(tiny_model_dir, tmp_path, **other)).engine.spec.seed_report.key
@@ -361,3 +368,65 @@ def test_the_grid_times_every_draft_count_for_one_and_two_requests():
         assert {f.num_batched_tokens // size for f in decodes} == set(range(1, 8))
     eight = {f.num_batched_tokens // 8 for f in grid if f.num_requests == 8}
     assert eight == {1, 2, 4, 7}
+
+
+def _synthetic_step_seconds(features: StepFeatures) -> float:
+    """A step's seconds as a CPU pays them: 40 ms, rows 2-9 at 7-12 ms each, a draft pass
+    15 ms, a catch-up token 1.1 ms, 1.5 ms a verifying request."""
+    rows = features.num_batched_tokens
+    row_ms = (7, 8, 10, 12, 9, 10, 10, 10)
+    extra = sum(ms for r, ms in zip(range(1, 9), row_ms) if rows > r)
+    return 1e-3 * (
+        40
+        + extra
+        + 0.002 * features.num_kv_tokens
+        + 15 * features.num_draft_steps
+        + 1.1 * features.num_catchup_tokens
+        + 1.5 * features.num_spec_requests
+    )
+
+
+def _model_free_draft_error(free_drafts: bool, seed: int) -> float:
+    """The profile's fit (its core and 12 other shapes, timed with 5% noise) of a draft
+    model's engine: the largest relative error of the seconds it adds to one request's step
+    for 1-4 drafts that run no draft pass (a model-free proposer's)."""
+    rng = random.Random(seed)
+    grid = profile_grid(256, 16, 4, 512, draft_model=True, seed=seed, free_drafts=free_drafts)
+    grid = fit_to_pool(grid, 128, 16, 2048, draft_model=True)
+    core = [f for f in grid if profiler.in_core(f)]
+    points = core + rng.sample([f for f in grid if not profiler.in_core(f)], 12)
+    model = OnlineLinearCostModel()
+    model.fit([(f, _synthetic_step_seconds(f) * rng.uniform(0.95, 1.05)) for f in points])
+    plain = StepFeatures.from_shapes([(800, 1, 0)])
+    errors = []
+    for k in range(1, 5):
+        drafting = StepFeatures.from_shapes([(800, 1, k)])
+        assert drafting.num_draft_steps == 0
+        fitted = model.predict(drafting) - model.predict(plain)
+        true = _synthetic_step_seconds(drafting) - _synthetic_step_seconds(plain)
+        errors.append(abs(fitted / true - 1.0))
+    return max(errors)
+
+
+def test_a_draft_model_beside_model_free_proposers_profiles_drafts_without_passes():
+    """With free_drafts one and two requests' chains are also timed without draft passes
+    (and stay without them when fitted to the pool); where every chain came with as many
+    passes as drafts, the fit split their seconds between passes and verify rows at will
+    and priced model-free drafts up to ~25% off (the Qwen pair's auto drafted shorter chains
+    than the n-gram proposer alone: docs/benchmarks.md §5zp)."""
+    config = SchedulerConfig()
+    grid = startup_grid(config, 4, NUM_BLOCKS, 16, 1024, draft_model=True, free_drafts=True)
+    for size in (1, 2):
+        free = {
+            f.num_draft_tokens
+            for f in grid
+            if f.num_requests == size and f.num_draft_tokens and not f.num_draft_steps
+        }
+        assert free == {size * k for k in range(1, 5)}
+    assert not any(
+        f.num_requests > 2 and f.num_draft_tokens and not f.num_draft_steps for f in grid
+    )
+    old = startup_grid(config, 4, NUM_BLOCKS, 16, 1024, draft_model=True)
+    assert not any(f.num_draft_tokens and not f.num_draft_steps for f in old)
+    assert all(_model_free_draft_error(True, seed) < 0.15 for seed in range(4))
+    assert max(_model_free_draft_error(False, seed) for seed in range(4)) > 0.2

@@ -34,6 +34,9 @@ EXPLORE_SHARE = 0.05
 # beside the 1.5B's decode on 2 Zen 5 cores: ~1.1 of ~18-24 ms), a probe that waited out the
 # interval was never affordable, and goodput never drafted with it (docs/benchmarks.md §5za).
 FIRST_PROBES = 4
+# Idle (request, proposer) pairs a plan asks whether a probe could pay off, longest idle first:
+# each question prices a few steps with the cost model.
+WORTH_CHECKS = 4
 
 
 class Exploration:
@@ -65,10 +68,13 @@ class Exploration:
         caps: list[list[int]],
         cost: Callable[[int, int], float] | None = None,
         step_seconds: float = 0.0,
+        worth: Callable[[int, int], bool] | None = None,
     ) -> tuple[int, int] | None:
         """The (request i, proposer j) to give one draft this plan, or None. caps[i][j]:
         proposer j's cap on request i; cost(i, j): the seconds of drafting with it beyond the
-        step (a draft model's catch-up), within its allowance at step_seconds a step."""
+        step (a draft model's catch-up), within its allowance at step_seconds a step;
+        worth(i, j): whether the probe could pay off (probe_value.py), asked of the
+        WORTH_CHECKS idle longest, in that order."""
         interval = self.interval
         if len(candidates) > 4:
             interval = max(interval, 4 * len(candidates))
@@ -86,7 +92,10 @@ class Exploration:
                 seconds = cost(i, j) if cost is not None else 0.0  # only where it could run
                 if seconds == 0.0 or seconds <= self._allowance(name, idle_plans, step_seconds):
                     idle.append((last, i, j))
-        return min(idle)[1:] if idle else None
+        for _, i, j in sorted(idle)[:WORTH_CHECKS] if worth is not None else sorted(idle)[:1]:
+            if worth is None or worth(i, j):
+                return i, j
+        return None
 
     def spend(self, proposer: str, seconds: float) -> None:
         """A probe of the proposer was forced at these extra seconds."""

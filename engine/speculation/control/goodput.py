@@ -52,6 +52,7 @@ from engine.speculation.control.explore import Exploration
 from engine.speculation.control.held_prices import HeldPrices
 from engine.speculation.control.padded_plans import best_plan
 from engine.speculation.control.policy import SpecCandidate, SpecPolicy, SpecResult
+from engine.speculation.control.probe_value import could_win
 from engine.speculation.control.search import SearchProblem, SearchResult, SearchSlot
 from engine.speculation.control.step_features import StepFeatures
 from engine.speculation.control.tree_shape import TreeShapeEstimator
@@ -239,16 +240,25 @@ class GoodputPolicy(SpecPolicy):
         candidates: Sequence[SpecCandidate],
         options: list[list[SearchSlot]],
         base: StepFeatures,
+        decoding: Sequence[SpecCandidate],
     ) -> None:
-        """The probe of this plan (Exploration.probe), if any: that request gets only that
-        option, with one draft at least."""
+        """The probe of this plan (Exploration.probe), if any and if it could pay off
+        (probe_value.py, once the cost model is fitted): that request gets only that option,
+        with one draft at least."""
         caps = [[o.cap for o in slot] for slot in options]
-        step = self.cost_model.predict(base) if self.cost_model.fitted else 0.0
+        fitted = self.cost_model.fitted
+        step = self.cost_model.predict(base) if fitted else 0.0
 
         def cost(i: int, j: int) -> float:
             return self._probe_seconds(candidates[i], options[i][j])
 
-        probe = self.exploration.probe(candidates, caps, cost, step)
+        def worth(i: int, j: int) -> bool:
+            sunk = self._sunk_seconds(decoding, base)
+            after = self.propose_seconds.get(options[i][j].proposer, 0.0) if self.choice else 0.0
+            model, graphs = self.cost_model, self.graphs
+            return could_win(options[i], j, base, model, graphs, len(decoding), sunk, after)
+
+        probe = self.exploration.probe(candidates, caps, cost, step, worth if fitted else None)
         if probe is not None:
             i, j = probe
             self.exploration.spend(self.proposers[j], cost(i, j))
@@ -290,7 +300,7 @@ class GoodputPolicy(SpecPolicy):
                 return plan
         values = [self.estimators[name].calibration for name in self.proposers]
         options = self._options(candidates, values)
-        self._explore(candidates, options, base)
+        self._explore(candidates, options, base, decoding)
         if self.cost_model.fitted:
             problem = SearchProblem(
                 options,

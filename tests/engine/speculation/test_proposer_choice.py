@@ -164,7 +164,9 @@ def test_the_policy_keeps_estimates_per_request_and_proposer_and_picks_per_reque
 
 
 def test_a_proposer_never_tried_on_a_request_is_probed_now_and_then():
-    policy = choice_policy(explore_interval=4)
+    # draft passes cheap enough that all four drafts accepted would beat n-gram's 0.95: a
+    # probe of it could pay off (control/probe_value.py)
+    policy = choice_policy(LinearCost(0.01, 1e-3, per_draft_step=1e-4), explore_interval=4)
     teach(policy, "a", {"ngram": 0.95})  # recycle and draft: never run on "a"
     teach(policy, "b", {"draft": 0.3})  # verified elsewhere: a draft model never verified
     # anywhere is probed at once (test_catchup.py), this test is about the interval

@@ -14,6 +14,7 @@ from engine.sampling_params import SamplingParams
 from engine.speculation.proposers.proposer import DRAFT_PROPOSER
 from engine.speculation.shadow import SHADOW_SPACING, Shadow, ShadowChecks
 from tests.engine.speculation.control.test_goodput import (  # noqa: F401 - fresh_records: autouse
+    LinearCost,
     decode_base,
     fresh_records,
     result,
@@ -96,7 +97,8 @@ def test_a_proposer_that_offers_nothing_is_not_asked():
 
 
 def test_a_shadow_outcome_moves_the_estimate_and_stands_in_for_a_probe_but_is_not_calibrated():
-    policy = choice_policy(explore_interval=4)
+    # draft passes cheap enough for a probe of the draft model to pay off (probe_value.py)
+    policy = choice_policy(LinearCost(0.01, 1e-3, per_draft_step=1e-4), explore_interval=4)
     teach(policy, "a", {"ngram": 0.95})
     estimator = policy.estimators["recycle"]
     before, calibration = policy.rate(spec("a"), "recycle"), list(estimator._calibration)

@@ -41,10 +41,11 @@ def test_a_forced_draft_model_probe_survives_a_batch_of_two():
 
 @pytest.mark.parametrize("batch", [2, 16, 32])
 def test_exploration_probes_run_at_every_batch_size(batch):
-    """A policy simulation: n-gram wins on every request and the draft model's passes are
-    costly, so only probes run the others. Every probe the policy forces must run with its
-    proposer, and each request's draft and recycle estimates must be refreshed."""
-    policy = choice_policy(LinearCost(0.01, 1e-3, per_draft_step=0.2), explore_interval=4)
+    """A policy simulation: n-gram wins on every request (the draft model, its passes cheap
+    enough to win were all its drafts accepted, accepts 0.3), so only probes run the others.
+    Every probe the policy forces must run with its proposer, and each request's draft and
+    recycle estimates must be refreshed."""
+    policy = choice_policy(LinearCost(0.01, 1e-3, per_draft_step=1e-4), explore_interval=4)
     forced = record_probes(policy)
     batch_ids = [f"r{i}" for i in range(batch)]
     true_rate = {"ngram": 0.9, "recycle": 0.2, "draft": 0.3}
@@ -73,8 +74,8 @@ def record_probes(policy) -> list:
     """Wrap the policy's exploration to list each plan's forced (request, proposer)."""
     explore, forced = policy._explore, []
 
-    def recording(batch, options, base):
-        explore(batch, options, base)
+    def recording(batch, options, base, decoding):
+        explore(batch, options, base, decoding)
         probe = [(c.request_id, o[0].proposer) for c, o in zip(batch, options) if o[0].floor > 0]
         forced.extend(probe)
 

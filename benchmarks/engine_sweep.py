@@ -4,10 +4,10 @@ The same question as benchmarks/spec_sweep.py (SmartSpec, arXiv 2406.14066: fixe
 helps at light load and hurts under load; goodput must never be slower than none), asked of
 the engine directly, for machines without the server's packages (the GPU machine). Each
 policy's engine (n-gram, up to --k drafts, prefix caching off) is built once. The load unit is
-1 / (mean latency of one request alone, policy off), measured first (or given: --unit, so
-that runs in several processes offer the same load); each cell sends --num-prompts requests of
-a workload (chat-templated, greedy, EOS ignored) with Poisson arrivals at multiplier x that
-rate, and the policies take turns cell by cell, --repeats times over the same arrivals (near
+1 / (mean latency of one request alone, policy off), measured first per workload (or given:
+--unit, one for all or per workload, so that runs in several processes offer the same load);
+each cell sends --num-prompts requests of a workload (chat-templated, greedy, EOS ignored)
+with Poisson arrivals at multiplier x that rate, and the policies take turns cell by cell, --repeats times over the same arrivals (near
 saturation one cell's latency moves by tens of percent from run to run; the table gives each
 policy's mean over the repeats and the range of the repeats' ratios). Latency = finish -
 arrival (each cell also keeps the mean time to first token); the engine steps whenever
@@ -60,7 +60,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--data", default=str(ROOT.parent / "shared" / "data"))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=1, help="turns of the policies a cell")
-    parser.add_argument("--unit", type=float, default=None, help="requests/s at x1 (workload)")
+    parser.add_argument(
+        "--unit",
+        type=parse_units,
+        default={},
+        help="requests/s at x1: one number for every workload, or per workload "
+        "(chat=3.3,copy=0.9); a workload not named is measured",
+    )
     parser.add_argument(
         "--no-freeze",
         action="store_true",
@@ -142,7 +148,9 @@ def sweep(args: argparse.Namespace) -> dict:
     cells = []
     for workload in args.workloads.split(","):
         prompts = load_prompts(engines[policies[0]], workload, args)
-        unit = args.unit or load_unit(engines["off"], prompts, args.max_tokens)
+        unit = args.unit.get(workload, args.unit.get("")) or load_unit(
+            engines["off"], prompts, args.max_tokens
+        )
         for multiplier in (float(m) for m in args.multipliers.split(",")):
             count = args.num_prompts
             gaps = [rng.expovariate(multiplier * unit) for _ in range(count)]
@@ -154,6 +162,19 @@ def sweep(args: argparse.Namespace) -> dict:
                 cells.append(result)
                 print(json.dumps(result), flush=True)
     return dict(cells=cells, meta=meta(args))
+
+
+def parse_units(text: str) -> dict[str, float]:
+    """--unit: "3.3" (every workload: key "") or "chat=3.3,copy=0.9" (a copy prompt's
+    prefill makes one request alone several times a chat request's, so chat's unit puts the
+    copy cells past saturation: docs/benchmarks.md §5zo)."""
+    units = {}
+    for part in text.split(","):
+        workload, _, value = part.rpartition("=")
+        units[workload.strip()] = float(value)
+        if units[workload.strip()] <= 0:
+            raise argparse.ArgumentTypeError(f"a unit must be > 0: {part!r}")
+    return units
 
 
 def load_unit(off: LLM, prompts: list[list[int]], max_tokens: int) -> float:

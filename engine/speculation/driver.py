@@ -50,6 +50,11 @@ from kernels.graph_shapes import NO_GRAPHS, GraphShapes
 # for; what it saved alone was within noise (walls 1.007 against 1.008 off's, one request at
 # a time: docs/benchmarks.md §5zo).
 REST_SEEN_EVERY = 4
+# A shadow check on a rested step that would have had this many drafts accepted wakes the rest
+# (the next step plans): resting, plans come up to 64 steps apart, and after a workload turns
+# from chat to copying a rest begun on chat outlasted whole Poisson cells of copying requests
+# (docs/benchmarks.md §5zp).
+WAKE_ACCEPTED = 3
 
 
 def max_draft_tokens(config: SpecConfig) -> int:
@@ -245,12 +250,15 @@ class SpecDriver:
         for request in sched.preempted:  # blocks freed: what proposers knew of them is stale
             request.spec.memos.clear()
         topk = self.proposer.target_topk
-        if self.rested and not self.draft_model:  # no drafts, no prefill to warm a draft on
-            return Drafts(target_topk=topk)
         start = time.perf_counter()
-        warmed = self._warm(sched)
-        if self.shadows is not None and not self.rested:  # resting: checks go on, none start
+        if self.shadows is not None:  # resting too: what they find may wake the rest
             self.shadows.start(self._decoding(sched))
+        if self.rested and not self.draft_model:  # no drafts, no prefill to warm a draft on
+            checked = self.shadows is not None
+            return Drafts(
+                target_topk=topk, proposer_time=time.perf_counter() - start if checked else 0.0
+            )
+        warmed = self._warm(sched)
         asks = [self._ask(s) for s in sched.scheduled if s.num_draft_tokens > 0 and s.needs_sample]
         if not asks and not warmed:
             return Drafts(target_topk=topk, proposer_time=time.perf_counter() - start)
@@ -343,6 +351,8 @@ class SpecDriver:
             return
         if self.rested:
             self._num_unseen += 1
+            if any(r.shadow and r.num_accepted_tokens >= WAKE_ACCEPTED for r in results):
+                self.rest.wake()  # a chain that would have paid: plan the next step
             if not results and self._num_unseen < REST_SEEN_EVERY:
                 return
         elif self.rest is not None:

@@ -120,6 +120,12 @@ class PlanningRest:
         self._wait = self._every
         return False
 
+    def wake(self) -> None:
+        """The next step plans, and a rest that goes on starts again at REST_EVERY (a shadow
+        check found a chain that would have paid: the driver's WAKE_ACCEPTED)."""
+        self._every = REST_EVERY
+        self._wait = 1
+
     def planned(self, drafted: bool) -> None:
         """A plan ran; whether it drafted anything."""
         self._idle_plans = 0 if drafted else self._idle_plans + 1

@@ -10,6 +10,8 @@ Pure Python: stub policy and proposer, factory requests."""
 
 from __future__ import annotations
 
+import pytest
+
 from engine.config import SpecConfig
 from engine.outputs import (
     Drafts,
@@ -20,7 +22,7 @@ from engine.outputs import (
 )
 from engine.request import RequestStatus
 from engine.speculation.control.cost_model import OnlineLinearCostModel
-from engine.speculation.control.policy import FixedPolicy, SpecPolicy
+from engine.speculation.control.policy import FixedPolicy, SpecPolicy, SpecResult
 from engine.speculation.control.rest import (
     REST_AFTER,
     REST_DEEPEST,
@@ -35,7 +37,7 @@ from engine.speculation.control.rest import (
     PlanningRest,
     batch_class,
 )
-from engine.speculation.driver import REST_SEEN_EVERY, SpecDriver
+from engine.speculation.driver import REST_SEEN_EVERY, WAKE_ACCEPTED, SpecDriver
 from tests.engine.factories import make_requests
 
 
@@ -191,14 +193,49 @@ def test_fixed_policies_plan_every_step():
     assert len(calls) == steps and not policy.rests
 
 
-def test_while_resting_shadow_checks_start_only_on_the_planning_steps():
+def test_while_resting_shadow_checks_start_on_every_step():
+    """Resting or not, the checks start (a check's outcome may wake the rest: below)."""
     shadows, requests = CountingShadows(), caught_up_requests()
     driver = driver_with(CountingPolicy(), shadows)
     steps = REST_AFTER + 4 * REST_EVERY
+    rested = 0
     for _ in range(steps):
         driver.plan(requests)
+        rested += driver.rested
         driver.propose(SchedulerOutput(scheduled=()))
-    assert shadows.starts == REST_AFTER + resting_plans(4 * REST_EVERY)
+    assert rested > 0 and shadows.starts == steps
+
+
+class FoundShadows(CountingShadows):
+    """Every check it is asked about found a chain of `found` drafts the target went on to
+    emit (as the shadow checks of a request that started copying)."""
+
+    def __init__(self, found: int) -> None:
+        super().__init__()
+        self.found = found
+
+    def check(self, request, token_ids):
+        spec = request.spec
+        return [SpecResult(request.request_id, 4, self.found, spec=spec, shadow=True)]
+
+
+@pytest.mark.parametrize("found", [WAKE_ACCEPTED - 1, WAKE_ACCEPTED])
+def test_a_shadow_chain_that_would_have_paid_wakes_the_rest(found):
+    """Deep in a rest (plans REST_DEEPEST steps apart), a rested step whose shadow check
+    would have had WAKE_ACCEPTED drafts accepted makes the next step plan; one short of it
+    does not."""
+    policy, requests = CountingPolicy(), caught_up_requests()
+    driver = driver_with(policy, FoundShadows(found))
+    plans(driver, requests, REST_AFTER + 200)  # resting, its plans far apart by now
+    driver.plan(requests)
+    while not driver.rested:
+        driver.plan(requests)
+    calls = policy.calls
+    requests[0].spec.shadows = {"": "an open check"}
+    observe_step(driver, requests, None, 0.004)
+    requests[0].spec.shadows = {}
+    driver.plan(requests)
+    assert (policy.calls == calls + 1) == (found >= WAKE_ACCEPTED)
 
 
 def ledger_steps(rest: PlanningRest, accepted: int, emitted: int, plan_s: float, step_s: float):

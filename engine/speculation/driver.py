@@ -54,7 +54,7 @@ REST_SEEN_EVERY = 4
 # (the next step plans): resting, plans come up to 64 steps apart, and after a workload turns
 # from chat to copying a rest begun on chat outlasted whole Poisson cells of copying requests
 # (docs/benchmarks.md §5zp).
-WAKE_ACCEPTED = 3
+WAKE_ACCEPTED = 4
 
 
 def max_draft_tokens(config: SpecConfig) -> int:

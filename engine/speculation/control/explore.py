@@ -4,7 +4,8 @@ that acceptance estimates that fell to ~0, or were never measured, can recover.
 A (request, proposer) not run for `interval` plans (past four candidates, four plans per
 candidate: each probe is a verify row every request in the step waits for) is probed, the one
 idle longest, one per plan, if the probe's extra seconds (a draft model's catch-up of everything
-it missed) are within its allowance: EXPLORE_SHARE of the idle plans' steps. A proposer not yet
+it missed) are within its allowance: EXPLORE_SHARE of the idle plans' steps, and if it could
+pay off (the policy's `worth`: probe_value.py). A proposer not yet
 settled (verified once anywhere; a draft model FIRST_PROBES times) is budgeted on every plan so
 far less what its earlier probes spent, and a draft model not yet settled does not wait out the
 interval. The clock counts plans and the steps the driver rested (control/rest.py), so idle
@@ -17,6 +18,7 @@ accepted 1 draft in 7: docs/benchmarks.md §5zd). Pure Python; GoodputPolicy own
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Mapping, Sequence
 
 from engine.speculation.control.acceptance import AcceptanceEstimator
@@ -92,7 +94,7 @@ class Exploration:
                 seconds = cost(i, j) if cost is not None else 0.0  # only where it could run
                 if seconds == 0.0 or seconds <= self._allowance(name, idle_plans, step_seconds):
                     idle.append((last, i, j))
-        for _, i, j in sorted(idle)[:WORTH_CHECKS] if worth is not None else sorted(idle)[:1]:
+        for _, i, j in heapq.nsmallest(WORTH_CHECKS if worth is not None else 1, idle):
             if worth is None or worth(i, j):
                 return i, j
         return None

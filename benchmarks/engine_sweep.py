@@ -7,8 +7,9 @@ policy's engine (n-gram, up to --k drafts, prefix caching off) is built once. Th
 1 / (mean latency of one request alone, policy off), measured first per workload (or given:
 --unit, one for all or per workload, so that runs in several processes offer the same load);
 each cell sends --num-prompts requests of a workload (chat-templated, greedy, EOS ignored)
-with Poisson arrivals at multiplier x that rate, and the policies take turns cell by cell, --repeats times over the same arrivals (near
-saturation one cell's latency moves by tens of percent from run to run; the table gives each
+with Poisson arrivals at multiplier x that rate, and the policies take turns cell by cell,
+--repeats times over the same arrivals (near saturation one cell's latency moves by tens of
+percent from run to run; the table gives each
 policy's mean over the repeats and the range of the repeats' ratios). Latency = finish -
 arrival (each cell also keeps the mean time to first token); the engine steps whenever
 something is in flight. The engines' start-up heap is
@@ -171,8 +172,8 @@ def parse_units(text: str) -> dict[str, float]:
     units = {}
     for part in text.split(","):
         workload, _, value = part.rpartition("=")
-        units[workload.strip()] = float(value)
-        if units[workload.strip()] <= 0:
+        unit = units[workload.strip()] = float(value)
+        if unit <= 0:
             raise argparse.ArgumentTypeError(f"a unit must be > 0: {part!r}")
     return units
 

@@ -254,10 +254,8 @@ class SpecDriver:
         if self.shadows is not None:  # resting too: what they find may wake the rest
             self.shadows.start(self._decoding(sched))
         if self.rested and not self.draft_model:  # no drafts, no prefill to warm a draft on
-            checked = self.shadows is not None
-            return Drafts(
-                target_topk=topk, proposer_time=time.perf_counter() - start if checked else 0.0
-            )
+            elapsed = time.perf_counter() - start if self.shadows is not None else 0.0
+            return Drafts(target_topk=topk, proposer_time=elapsed)
         warmed = self._warm(sched)
         asks = [self._ask(s) for s in sched.scheduled if s.num_draft_tokens > 0 and s.needs_sample]
         if not asks and not warmed:

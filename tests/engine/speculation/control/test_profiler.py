@@ -412,7 +412,7 @@ def test_a_draft_model_beside_model_free_proposers_profiles_drafts_without_passe
     """With free_drafts one and two requests' chains are also timed without draft passes
     (and stay without them when fitted to the pool); where every chain came with as many
     passes as drafts, the fit split their seconds between passes and verify rows at will
-    and priced model-free drafts up to ~25% off (the Qwen pair's auto drafted shorter chains
+    and priced model-free drafts up to ~33% off (the Qwen pair's auto drafted shorter chains
     than the n-gram proposer alone: docs/benchmarks.md §5zp)."""
     config = SchedulerConfig()
     grid = startup_grid(config, 4, NUM_BLOCKS, 16, 1024, draft_model=True, free_drafts=True)

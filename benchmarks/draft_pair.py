@@ -50,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.models.qwen_pair import FETCH_HINT, pair_paths  # noqa: E402
 from benchmarks.report import bootstrap_interval, load_average, machine_description  # noqa: E402
 from benchmarks.spec_bench import rate, run_one, summarize  # noqa: E402
+from benchmarks.turns import turn_order  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.front.llm import LLM  # noqa: E402
 
@@ -173,18 +174,6 @@ def bench(args: argparse.Namespace) -> list[dict]:
     for run in runs:
         run["identical_to_off"] = run.pop("token_ids") == off[(run["workload"], run["prompt"])]
     return runs
-
-
-def turn_order(names: list[str], turn: int) -> list[str]:
-    """The configs' order for one turn, from a Williams design: over a cycle of len(names) turns
-    (2 x len(names) when odd) every config runs once in every place and runs right after every
-    other config equally often, so none always finds the same one's weights just read."""
-    n = len(names)
-    first = [0] + [(i + 1) // 2 if i % 2 else n - i // 2 for i in range(1, n)]
-    row = [(j + turn) % n for j in first]
-    if n % 2 and (turn // n) % 2:
-        row.reverse()
-    return [names[j] for j in row]
 
 
 def load_workloads(llm: LLM, args: argparse.Namespace) -> list[tuple[str, int, list[int]]]:

@@ -8,13 +8,14 @@ policy's engine (n-gram, up to --k drafts, prefix caching off) is built once. Th
 --unit, one for all or per workload, so that runs in several processes offer the same load);
 each cell sends --num-prompts requests of a workload (chat-templated, greedy, EOS ignored)
 with Poisson arrivals at multiplier x that rate, and the policies take turns cell by cell,
---repeats times over the same arrivals (near saturation one cell's latency moves by tens of
-percent from run to run; the table gives each
-policy's mean over the repeats and the range of the repeats' ratios). Latency = finish -
-arrival (each cell also keeps the mean time to first token); the engine steps whenever
-something is in flight. The engines' start-up heap is
-frozen as the server's is (engine/front/heap.py; --no-freeze leaves it to the collector), and
-each cell counts the collector's passes.
+--repeats times over the same arrivals, in an order balanced over the sweep
+(benchmarks/turns.py: none always runs right after the same other). Near saturation one cell's
+latency moves by tens of percent from run to run; the table gives each policy's mean over the
+repeats and the range of the repeats' ratios, and a twin of off (--policies off,goodput,off#2)
+reads the noise. Latency = finish - arrival (each cell also keeps the mean time to first
+token); the engine steps whenever something is in flight. The engines' start-up heap is frozen
+as the server's is (engine/front/heap.py; --no-freeze leaves it to the collector), and each
+cell counts the collector's passes.
 
     python benchmarks/engine_sweep.py --model M.gguf --device cuda --dtype bfloat16 \\
         --policies off,goodput,fixed:3 --multipliers 1,4,16 --out /tmp/sweep.json
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import itertools
 import json
 import random
 import statistics
@@ -38,6 +38,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.turns import turn_order  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.front.heap import CollectorPauses, collection_paused_then_frozen  # noqa: E402
 from engine.front.llm import LLM  # noqa: E402
@@ -51,7 +52,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--policies", default="off,goodput,fixed:3")
+    parser.add_argument(
+        "--policies", default="off,goodput,fixed:3", help='"off#2": a twin of off, its noise'
+    )
     parser.add_argument("--workloads", default="copy,chat")
     parser.add_argument("--multipliers", default="1,4,16")
     parser.add_argument("--num-prompts", type=int, default=16, help="requests per cell")
@@ -78,6 +81,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def make_engine(policy: str, args: argparse.Namespace) -> LLM:
+    """The engine of a policy; "off#2" (any "#" suffix) is a twin, built again under its own
+    name, whose ratio to the first reads the cell's noise."""
+    policy = policy.partition("#")[0]
     flat = dict(model=args.model, device=args.device, dtype=args.dtype)
     flat.update(enable_prefix_caching=False, max_num_seqs=args.max_num_seqs)
     if policy != "off":
@@ -147,6 +153,7 @@ def sweep(args: argparse.Namespace) -> dict:
         engines = {policy: make_engine(policy, args) for policy in policies}
     rng = random.Random(args.seed)
     cells = []
+    turn = 0  # the turns' order is balanced over the whole sweep (benchmarks/turns.py)
     for workload in args.workloads.split(","):
         prompts = load_prompts(engines[policies[0]], workload, args)
         unit = args.unit.get(workload, args.unit.get("")) or load_unit(
@@ -156,12 +163,14 @@ def sweep(args: argparse.Namespace) -> dict:
             count = args.num_prompts
             gaps = [rng.expovariate(multiplier * unit) for _ in range(count)]
             chosen = [prompts[rng.randrange(len(prompts))] for _ in range(count)]
-            for repeat, policy in itertools.product(range(args.repeats), policies):
-                result = run_cell(engines[policy], chosen, gaps, args.max_tokens)
-                result.update(workload=workload, multiplier=multiplier, policy=policy)
-                result.update(repeat=repeat, unit=unit)
-                cells.append(result)
-                print(json.dumps(result), flush=True)
+            for repeat in range(args.repeats):
+                for policy in turn_order(policies, turn):
+                    result = run_cell(engines[policy], chosen, gaps, args.max_tokens)
+                    result.update(workload=workload, multiplier=multiplier, policy=policy)
+                    result.update(repeat=repeat, unit=unit)
+                    cells.append(result)
+                    print(json.dumps(result), flush=True)
+                turn += 1
     return dict(cells=cells, meta=meta(args))
 
 

@@ -7,6 +7,7 @@ import argparse
 
 import pytest
 
+from benchmarks import engine_sweep
 from benchmarks.engine_sweep import markdown, parse_units
 
 
@@ -33,3 +34,28 @@ def test_the_load_unit_is_one_for_all_or_given_per_workload():
         parse_units("copy=0")
     with pytest.raises(ValueError):
         parse_units("copy=fast")
+
+
+def test_policies_take_turns_in_a_balanced_order_and_a_twin_is_its_own_engine(monkeypatch):
+    """Over the sweep's turns every policy runs first equally often (the old product order
+    always ran off first and goodput right after it); "off#2" is off built again."""
+    built, order = [], []
+    monkeypatch.setattr(engine_sweep.EngineConfig, "from_flat", lambda flat: flat)
+    monkeypatch.setattr(engine_sweep, "LLM", lambda config: built.append(config) or built[-1])
+    monkeypatch.setattr(engine_sweep, "load_prompts", lambda llm, workload, args: [[1, 2]])
+    monkeypatch.setattr(engine_sweep, "meta", lambda args: {})
+    monkeypatch.setattr(
+        engine_sweep, "run_cell", lambda llm, *rest: order.append(llm) or dict(mean_latency=1.0)
+    )
+    policies = ["off", "goodput", "fixed:1", "off#2"]
+    args = engine_sweep.parse_args(
+        ["--out", "x.json", "--policies", ",".join(policies), "--workloads", "chat"]
+        + ["--multipliers", "1,2", "--repeats", "2", "--unit", "3", "--no-freeze"]
+    )
+    engine_sweep.sweep(args)
+    assert [flat.get("spec_policy") for flat in built] == [None, "goodput", "fixed:1", None]
+    assert built[0] is not built[3]
+    label = {id(flat): policy for flat, policy in zip(built, policies)}
+    turns = [[label[id(llm)] for llm in order[i : i + 4]] for i in range(0, len(order), 4)]
+    assert len(turns) == 4 and all(sorted(turn) == sorted(policies) for turn in turns)
+    assert sorted(turn[0] for turn in turns) == sorted(policies)

@@ -201,19 +201,25 @@ def meta(args: argparse.Namespace) -> dict:
 
 def markdown(result: dict) -> str:
     """Per cell, each policy's mean latency over the repeats and its ratio to off's, with the
-    range of the repeats' own ratios where there are several."""
+    range of the repeats' own ratios where there are several; with goodput and a fixed:k, also
+    goodput's mean over the best of off and the fixed policies' (#28: <= 1.03x everywhere)."""
     rows: dict = {}
     for cell in result["cells"]:
         latencies = rows.setdefault((cell["workload"], cell["multiplier"]), {})
         latencies.setdefault(cell["policy"], []).append(cell["mean_latency"])
     policies = list(dict.fromkeys(c["policy"] for c in result["cells"]))
     others = [p for p in policies if p != "off"]
+    fixed = ["off"] + [p for p in policies if p.startswith("fixed:")]
+    best = "goodput" in policies and len(fixed) > 1
     head = "| workload | load | " + " | ".join(f"{p} s" for p in policies)
-    head += " | " + " | ".join(f"{p}/off" for p in others) + " |"
-    lines = [head, "|" + "---|" * (2 + 2 * len(policies) - 1)]
+    head += " | " + " | ".join(f"{p}/off" for p in others)
+    head += " | goodput/best fixed |" if best else " |"
+    lines = [head, "|" + "---|" * (2 * len(policies) + 1 + best)]
     for (workload, multiplier), latencies in rows.items():
         means = {p: statistics.fmean(latencies[p]) for p in policies}
         ratios = [_ratio(latencies[p], latencies["off"]) for p in others]
+        if best:  # off counts as k = 0; a twin (off#2) does not count
+            ratios.append(f"{means['goodput'] / min(means[p] for p in fixed):.2f}")
         lines.append(
             f"| {workload} | x{multiplier:g} | "
             + " | ".join(f"{means[p]:.3f}" for p in policies)

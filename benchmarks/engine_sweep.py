@@ -201,8 +201,9 @@ def meta(args: argparse.Namespace) -> dict:
 
 def markdown(result: dict) -> str:
     """Per cell, each policy's mean latency over the repeats and its ratio to off's, with the
-    range of the repeats' own ratios where there are several; with goodput and a fixed:k, also
-    goodput's mean over the best of off and the fixed policies' (#28: <= 1.03x everywhere)."""
+    range of the repeats' own ratios where there are several; with goodput and a twin of off,
+    goodput's mean over the mean of off's and its twins'; with goodput and a fixed:k, goodput's
+    mean over the best of off and the fixed policies' (#28: <= 1.03x everywhere)."""
     rows: dict = {}
     for cell in result["cells"]:
         latencies = rows.setdefault((cell["workload"], cell["multiplier"]), {})
@@ -210,14 +211,18 @@ def markdown(result: dict) -> str:
     policies = list(dict.fromkeys(c["policy"] for c in result["cells"]))
     others = [p for p in policies if p != "off"]
     fixed = ["off"] + [p for p in policies if p.startswith("fixed:")]
+    offs = ["off"] + [p for p in policies if p.startswith("off#")]
     best = "goodput" in policies and len(fixed) > 1
+    pooled = "goodput" in policies and len(offs) > 1
     head = "| workload | load | " + " | ".join(f"{p} s" for p in policies)
     head += " | " + " | ".join(f"{p}/off" for p in others)
-    head += " | goodput/best fixed |" if best else " |"
-    lines = [head, "|" + "---|" * (2 * len(policies) + 1 + best)]
+    head += " | goodput/offs" * pooled + " | goodput/best fixed" * best + " |"
+    lines = [head, "|" + "---|" * (2 * len(policies) + 1 + pooled + best)]
     for (workload, multiplier), latencies in rows.items():
         means = {p: statistics.fmean(latencies[p]) for p in policies}
         ratios = [_ratio(latencies[p], latencies["off"]) for p in others]
+        if pooled:  # over the mean of off and its twins: a steadier baseline than off alone
+            ratios.append(f"{means['goodput'] / statistics.fmean(means[p] for p in offs):.3f}")
         if best:  # off counts as k = 0; a twin (off#2) does not count
             ratios.append(f"{means['goodput'] / min(means[p] for p in fixed):.2f}")
         lines.append(

@@ -44,11 +44,13 @@ from engine.speculation.shadow import ShadowChecks
 from engine.speculation.tally import SpecTally
 from kernels.graph_shapes import NO_GRAPHS, GraphShapes
 
-# The policy (its cost model) observes one rested step in this many, and every step with
-# an outcome (a shadow check's): building a step's features and taking them in was a quarter
-# of a resting driver's ~0.045 ms a SmolLM2 step of 3.5 ms, work a rested step has no use
-# for; what it saved alone was within noise (walls 1.007 against 1.008 off's, one request at
-# a time: docs/benchmarks.md §5zo).
+# Resting, the driver tends a step (starts and feeds the shadow checks, observes the step's
+# requests, feeds the policy and its cost model) on the first rested step after a plan and on
+# one in this many after it; the others only count their tokens. Tended every step, a rested
+# step cost the driver ~0.08 ms of SmolLM2's ~5 ms steps at two requests (shadow checks 0.024,
+# observing 0.032), and goodput resting ran 1.02-1.05x off's steps (docs/benchmarks.md §5zq);
+# the checks lose nothing between turns, as they read the request's tokens when fed
+# (engine/speculation/shadow.py), and a chain that would have paid wakes the rest a turn later.
 REST_SEEN_EVERY = 4
 # A shadow check on a rested step that would have had this many drafts accepted wakes the rest
 # (the next step plans): resting, plans come up to 64 steps apart, and after a workload turns
@@ -94,6 +96,7 @@ class SpecDriver:
         self.enabled = speculates(config, proposer)
         self.cost_model = cost_model
         self.proposer = proposer
+        self.learns = proposer is not None and observes(proposer)  # observe() every step
         self.tree_shape = tree_shape
         self.policy = policy  # and the rest that goes with it (the setter below)
         self.shadows = shadows
@@ -102,7 +105,8 @@ class SpecDriver:
         self.last_plan_time = 0.0  # seconds of the last policy.plan (part of the step's time)
         self._base = StepFeatures()
         self.rested = False
-        self._num_unseen = 0  # rested steps since the policy last observed one
+        self._run = 0  # rested steps since the last plan
+        self.tends = True  # whether this step is tended (REST_SEEN_EVERY)
         # steps this driver rested / planned / planned with drafts (benchmarks read them)
         self.num_rested = self.num_plans = self.num_drafting_plans = 0
         self.tally = SpecTally(config.proposers if self.enabled else ())
@@ -143,6 +147,8 @@ class SpecDriver:
             self.rest = self._rest_for(len(running))
         few = len(running) < REST_FROM
         self.rested = self.rest is not None and self.rest.skips(few)
+        self.tends = not self.rested or self._run % REST_SEEN_EVERY == 0
+        self._run = self._run + 1 if self.rested else 0
         if self.rested:
             self.num_rested += 1
             self.last_plan_time, self.last_chosen_k = 0.0, ()
@@ -251,7 +257,7 @@ class SpecDriver:
             request.spec.memos.clear()
         topk = self.proposer.target_topk
         start = time.perf_counter()
-        if self.shadows is not None:  # resting too: what they find may wake the rest
+        if self.shadows is not None and self.tends:  # resting too: they may wake the rest
             self.shadows.start(self._decoding(sched))
         if self.rested and not self.draft_model:  # no drafts, no prefill to warm a draft on
             elapsed = time.perf_counter() - start if self.shadows is not None else 0.0
@@ -343,15 +349,18 @@ class SpecDriver:
         if self.proposer is None:  # nothing proposes: the step's goodput (metrics) only
             self._step_goodput(sum(len(o.token_ids) for o in out.outputs.values()), seconds)
             return
+        if not (self.tends or self.learns or drafts.chains or drafts.trees):
+            # a rested step off its turn: its tokens counted, nothing else
+            self._step_goodput(sum(len(o.token_ids) for o in out.outputs.values()), seconds)
+            return
         results, shapes, emitted = self._observe_requests(sched, drafts, out)
         step_seconds = self._step_goodput(emitted, seconds)
         if not self.enabled:  # nothing predicts step times: the cost model learns nothing
             return
         if self.rested:
-            self._num_unseen += 1
             if any(r.shadow and r.num_accepted_tokens >= WAKE_ACCEPTED for r in results):
                 self.rest.wake()  # a chain that would have paid: plan the next step
-            if not results and self._num_unseen < REST_SEEN_EVERY:
+            if not self.tends:  # a learning proposer's rested step off its turn
                 return
         elif self.rest is not None:
             accepted = sum(o.num_accepted_tokens for o in out.outputs.values())
@@ -359,7 +368,6 @@ class SpecDriver:
             self.rest.observed(
                 accepted, emitted, self.last_plan_time, step_seconds, num_drafts, excess
             )
-        self._num_unseen = 0
         features = self._features(sched, shapes, drafts)
         # Choice: model-free proposing is priced per request apart from the cost model, and
         # planning by the policy's own term (GoodputPolicy.plan_seconds), not by the model.
@@ -381,7 +389,7 @@ class SpecDriver:
         step without drafts this pass is most of the driver's work (docs/benchmarks.md
         §5zi). Returns (results, shapes, emitted)."""
         drafted = bool(drafts.chains or drafts.trees)
-        learns = observes(self.proposer)
+        learns, checks = self.learns, self.shadows is not None and self.tends
         results, observations, shapes, emitted = [], [], [], 0
         for scheduled in sched.scheduled:
             request_id = scheduled.request_id
@@ -400,8 +408,8 @@ class SpecDriver:
             result = self._result(scheduled, step.num_draft_tokens, step.num_accepted_tokens)
             if result is not None:
                 results.append(result)
-            if self.shadows is not None and scheduled.request.spec.shadows:
-                results.extend(self.shadows.check(scheduled.request, step.token_ids))
+            if checks and scheduled.request.spec.shadows:
+                results.extend(self.shadows.check(scheduled.request))
         if observations:
             self.proposer.observe(observations)
         return results, shapes, emitted

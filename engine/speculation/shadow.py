@@ -16,7 +16,9 @@ step. Per step and proposer at most SHADOW_BUDGET checks start, the requests che
 ago first, so the CPU time stays bounded in a large batch (~7 us per proposal and request on
 the 2-core VM: 64 requests would otherwise add ~1 ms to every step). A check lives on the
 request's SpecState (`shadows`) and ends with it; a request that ends before its check
-resolves leaves no outcome.
+resolves leaves no outcome. A check is fed the request's own tokens since its last feed, so the
+driver may check on some steps only (a resting driver tends one step in four: driver.py) and
+the outcome is the same.
 """
 
 from __future__ import annotations
@@ -119,12 +121,17 @@ class ShadowChecks:
             shadow.done = not chain
             request.spec.shadows[ask.proposer] = shadow
 
-    def check(self, request: Request, token_ids: Sequence[int]) -> list[SpecResult]:
-        """Feed a step's emitted tokens to the request's open checks; the outcomes now
-        known, as results (shadow=True) for the proposers' estimates."""
+    def check(self, request: Request) -> list[SpecResult]:
+        """Feed each open check the request's tokens since it was last fed (the driver checks
+        on some steps only: SpecDriver.tends); the outcomes now known, as results
+        (shadow=True) for the proposers' estimates."""
         results = []
+        num_tokens = request.num_tokens
         for name, shadow in request.spec.shadows.items():
-            if shadow.done or not shadow.feed(token_ids):
+            if shadow.done:
+                continue
+            fed = shadow.start + shadow.matched
+            if not shadow.feed(request.token_ids_between(fed, num_tokens)):
                 continue
             results.append(
                 SpecResult(

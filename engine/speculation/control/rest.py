@@ -21,15 +21,16 @@ Neither rests where planning is cheap (under REST_MIN_SHARE of the steps) while 
 ledger of the last REST_HORIZON planning steps says speculation paid (paid_long): accepted
 drafts come in runs far apart, and a rest begun between two delays the next.
 
-The steps between draft nothing and plan nothing. Shadow checks still start and are fed
-there; the cost model observes one in the driver's REST_SEEN_EVERY of them, and every one
-with a check's outcome. The planning steps keep the ledger, so the rest ends as soon as drafts
-come to pay again (a request that comes to pay waits at most REST_DEEPEST - 1 steps for its
-drafts, and one step where a shadow check would have paid: `wake`). One plan in four had
-cost ~3% of four SmolLM2 chat requests' steps, where drafts never paid; one in sixteen costs a
-quarter of that (docs/benchmarks.md §5ze). The steps between plans stop doubling at
-REST_NEAR where the ledger returned at least REST_FAR of what its planning and drafts cost, and
-at REST_DEEPEST where it returned less (`far`): under Poisson arrivals of SmolLM2 chat near
+The steps between draft nothing and plan nothing. The driver tends the first of them after a
+plan and one in its REST_SEEN_EVERY after that: shadow checks start and are fed there, and the
+cost model observes them. The planning steps keep the ledger, so the rest ends as soon as
+drafts come to pay again (a request that comes to pay waits at most REST_DEEPEST - 1 steps for
+its drafts, and up to REST_SEEN_EVERY steps where a shadow check would have paid: `wake`). One
+plan in four had cost ~3% of four SmolLM2 chat requests' steps, where drafts never paid; one in
+sixteen costs a quarter of that (docs/benchmarks.md §5ze). The steps between plans stop
+doubling at REST_NEAR where the ledger returned at least REST_FAR of what its planning and
+drafts cost, and at REST_DEEPEST where it returned less (`far`): under Poisson arrivals of
+SmolLM2 chat near
 saturation, where a resting ledger returned a median 0.38 of its cost, plans up to 64 apart
 halved the plans (the latency's gap to off narrowed by 0.5-0.9 points, s.e. ~0.5, over three
 to five runs), while 16 copying requests, whose resting ledger returned a median 0.94, ran

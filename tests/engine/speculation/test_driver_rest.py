@@ -193,17 +193,27 @@ def test_fixed_policies_plan_every_step():
     assert len(calls) == steps and not policy.rests
 
 
-def test_while_resting_shadow_checks_start_on_every_step():
-    """Resting or not, the checks start (a check's outcome may wake the rest: below)."""
+def tended(runs: list[int]) -> int:
+    """The tended steps of these runs of rested steps: the first of each and one in
+    REST_SEEN_EVERY after it."""
+    return sum(-(-run // REST_SEEN_EVERY) for run in runs)
+
+
+def test_while_resting_shadow_checks_start_on_the_tended_steps():
+    """Planning, the checks start every step; resting, on the first rested step after a plan
+    and one in REST_SEEN_EVERY after it (a check's outcome may wake the rest: below)."""
+    assert REST_SEEN_EVERY == 4
     shadows, requests = CountingShadows(), caught_up_requests()
     driver = driver_with(CountingPolicy(), shadows)
-    steps = REST_AFTER + 4 * REST_EVERY
-    rested = 0
+    steps = REST_AFTER + 200
+    runs, run = [], 0
     for _ in range(steps):
         driver.plan(requests)
-        rested += driver.rested
+        run = run + 1 if driver.rested else (runs.append(run) or 0)
         driver.propose(SchedulerOutput(scheduled=()))
-    assert rested > 0 and shadows.starts == steps
+    runs.append(run)
+    assert max(runs) >= 2 * REST_SEEN_EVERY  # deep rests: a tended step in every four
+    assert shadows.starts == driver.num_plans + tended(runs) < steps
 
 
 class FoundShadows(CountingShadows):
@@ -212,9 +222,10 @@ class FoundShadows(CountingShadows):
 
     def __init__(self, found: int) -> None:
         super().__init__()
-        self.found = found
+        self.found, self.checks = found, 0
 
-    def check(self, request, token_ids):
+    def check(self, request):
+        self.checks += 1
         spec = request.spec
         return [SpecResult(request.request_id, 4, self.found, spec=spec, shadow=True)]
 
@@ -582,34 +593,38 @@ def test_few_requests_do_not_rest_between_copied_spans_where_planning_is_dear():
     assert sum(few.skips(few=True) for _ in range(4 * REST_DEEPEST)) == 0
 
 
-def test_a_rested_step_is_observed_one_in_rest_seen_every_and_with_an_outcome():
-    """Resting, the policy (its cost model) takes in every planning step, one rested step in
-    REST_SEEN_EVERY in each run of rested steps, and every rested step with an outcome (a
-    shadow check's)."""
+@pytest.mark.parametrize("learns", [False, True])
+def test_a_rested_step_is_tended_one_in_rest_seen_every(learns):
+    """Resting, the driver tends (checks the shadows, feeds the policy and its cost model)
+    every planning step, the first rested step after a plan and one in REST_SEEN_EVERY after
+    it; the others only count their tokens (the step's goodput). A proposer that learns from
+    every step (Token Recycling) is still shown every step."""
     assert REST_SEEN_EVERY == 4
-    policy, requests = CountingPolicy(), caught_up_requests()
-    driver = driver_with(policy)
+    policy, requests, shadows = CountingPolicy(), caught_up_requests(), FoundShadows(0)
+    driver = driver_with(policy, shadows)
+    driver.learns = learns
+    shown = []
+    driver.proposer.observe = shown.append
     for _ in range(REST_AFTER):
         driver.plan(requests)
         observe_step(driver, requests, None, 0.004)
     assert policy.observed == REST_AFTER
-    rested, runs, run = 0, [], 0
+    runs, run, goodputs = [], 0, set()
     for _ in range(128):
         driver.plan(requests)
+        requests[0].spec.shadows = {"": "an open check"}
         observe_step(driver, requests, None, 0.004)
-        rested += driver.rested
+        if driver.rested:
+            goodputs.add(driver.last_goodput)
         run = run + 1 if driver.rested else (runs.append(run) or 0)
     runs.append(run)
-    assert rested == driver.num_rested == 128 - resting_plans(128)
-    planned = 128 - rested
-    assert policy.observed == REST_AFTER + planned + sum(r // REST_SEEN_EVERY for r in runs)
-    assert sum(r // REST_SEEN_EVERY for r in runs) > 0
-    before = policy.observed
-    for _ in range(REST_SEEN_EVERY - 1):  # rested steps with an outcome: each is observed
-        driver.plan(requests)
-        assert driver.rested
-        observe_step(driver, requests, 1, 0.004)
-    assert policy.observed == before + REST_SEEN_EVERY - 1
+    assert driver.num_rested == 128 - resting_plans(128) == sum(runs)
+    assert max(runs) >= 2 * REST_SEEN_EVERY
+    planned = 128 - sum(runs)
+    assert policy.observed == REST_AFTER + planned + tended(runs) < REST_AFTER + 128
+    assert shadows.checks == planned + tended(runs)
+    assert goodputs == {len(requests) / 0.004}  # every rested step's tokens counted
+    assert len(shown) == (REST_AFTER + 128 if learns else 0)
 
 
 def test_a_rested_step_returns_before_proposing_and_takes_no_proposer_time():

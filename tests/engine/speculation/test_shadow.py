@@ -70,19 +70,35 @@ def test_checks_start_where_a_proposer_does_not_draft_and_not_more_often_than_th
     checks.start([(a, 3, "ngram"), (b, 2, "")])
     assert len(recycle.asked) == 2 and len(ngram.asked) == 1
     a.output_token_ids.append(4)
-    assert checks.check(a, [4]) == []  # one draft of two matched so far
-    outcomes = checks.check(b, [7, 1])
+    assert checks.check(a) == []  # one draft of two matched so far
+    b.output_token_ids += [7, 1]
+    outcomes = checks.check(b)
     assert {(r.proposer, r.num_draft_tokens, r.num_accepted_tokens, r.kind) for r in outcomes} == {
         ("ngram", 2, 1, "n2"),
         ("recycle", 2, 0, ""),
     }
     assert all(r.shadow and r.spec is b.spec for r in outcomes)
-    b.output_token_ids += [7, 1]
     checks.start([(b, 2, "")])  # b is at 5 tokens: not yet due (started at 3)
     assert len(ngram.asked) == 1
     b.output_token_ids += [0, 0]
     checks.start([(b, 2, "recycle")])  # due for n-gram; recycle drafts, so it is not checked
     assert len(ngram.asked) == 2 and "recycle" not in b.spec.shadows
+
+
+@pytest.mark.parametrize("every", [1, 2, 5])
+def test_a_check_fed_on_some_steps_only_has_the_outcome_of_one_fed_every_step(every):
+    """A check reads the request's tokens since it was last fed: checked every step, every
+    other step or once after five, a chain of four whose third draft differs reports two."""
+    ngram = ChainProposer("ngram", [7, 8, 9, 6], offers=(4, "n1"))
+    checks, request = ShadowChecks({"ngram": ngram}), make_request("a")
+    checks.start([(request, 4, "")])
+    outcomes = []
+    for step, token in enumerate([7, 8, 5, 6, 0], 1):
+        request.output_token_ids.append(token)
+        if step % every == 0:
+            outcomes += checks.check(request)
+    assert [(r.num_draft_tokens, r.num_accepted_tokens) for r in outcomes] == [(4, 2)]
+    assert checks.check(request) == []  # done: reported once
 
 
 def test_a_proposer_that_offers_nothing_is_not_asked():
@@ -93,7 +109,8 @@ def test_a_proposer_that_offers_nothing_is_not_asked():
     assert ngram.asked == []
     waiting = request.spec.shadows["ngram"]  # done at once: the request waits its turn again
     assert waiting.done and waiting.draft == () and not waiting.due(request.num_tokens)
-    assert checks.check(request, [1, 2]) == []
+    request.output_token_ids += [1, 2]
+    assert checks.check(request) == []
 
 
 def test_a_shadow_outcome_moves_the_estimate_and_stands_in_for_a_probe_but_is_not_calibrated():
@@ -157,9 +174,9 @@ def record_checks(llm) -> list[tuple[str, int, tuple[int, ...], int]]:
     checks, records = llm.engine.spec.shadows, []
     original = checks.check
 
-    def check(request, token_ids):
+    def check(request):
         opened = {name: s for name, s in request.spec.shadows.items() if not s.done}
-        results = original(request, token_ids)
+        results = original(request)
         for r in results:
             shadow = opened[r.proposer]
             records.append((request.request_id, shadow.start, shadow.draft, r.num_accepted_tokens))

@@ -8,7 +8,9 @@ end of the context, longest first.
 
 Each request keeps an incremental index (n-gram -> ascending end positions) in its memos. It is
 synced from ProposeRequest.token_ids, adding only the tokens appended since the last step, so a
-step never rescans the context. Deterministic drafts: the verifier treats q as a point mass.
+step never rescans the context. The index is native (kernels/cpu/ngram_index.py) where the CPU
+extension loads, else NgramIndex below, its reference. Deterministic drafts: the verifier treats
+q as a point mass.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from engine.config import SpecConfig
 from engine.outputs import Drafts, DraftTree
 from engine.speculation.proposers.proposer import Observation, ProposeRequest, collect_drafts
 from engine.speculation.proposers.tree_builders import TemplateNode, fill_template, trie_of
+from kernels.cpu.ngram_index import native_ngram_index
 
 MAX_TREE_CANDIDATES = 8  # distinct match positions merged into one tree
 
@@ -54,6 +57,12 @@ class NgramIndex:
                 ends[key] = [end]
             else:
                 found.append(end)
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    def tokens_between(self, start: int, end: int) -> list[int]:
+        return self.token_ids[start:end]
 
     def best_match(self, num_draft_tokens: int) -> tuple[int, int]:
         """(candidate_ends(num_draft_tokens, 1)[0], the match's order n) in one pass; (0, 0)
@@ -166,22 +175,24 @@ class NgramProposer:
     def _index_of(self, memos: dict) -> NgramIndex:
         index = memos.get(self.name)
         if index is None:
-            index = NgramIndex(self.ngram_min, self.ngram_max)
+            index = native_ngram_index(self.ngram_min, self.ngram_max) or NgramIndex(
+                self.ngram_min, self.ngram_max
+            )
             memos[self.name] = index
         return index
 
     @staticmethod
     def _propose_chain(index: NgramIndex, num_draft_tokens: int) -> list[int]:
-        ends = index.candidate_ends(num_draft_tokens, limit=1)
+        ends = index.candidate_ends(num_draft_tokens, 1)
         if not ends:
             return []
-        return index.token_ids[ends[0] : ends[0] + num_draft_tokens]
+        return index.tokens_between(ends[0], ends[0] + num_draft_tokens)
 
     def _propose_tree(
         self, index: NgramIndex, num_nodes: int, template: Sequence[TemplateNode] = ()
     ) -> DraftTree:
-        ends = index.candidate_ends(num_nodes, limit=self.max_tree_candidates)
-        continuations = [index.token_ids[end : end + num_nodes] for end in ends]
+        ends = index.candidate_ends(num_nodes, self.max_tree_candidates)
+        continuations = [index.tokens_between(end, end + num_nodes) for end in ends]
         if template:
             return fill_template(trie_of(continuations, 1 << 30), template, num_nodes)
         return trie_of(continuations, num_nodes)

@@ -186,6 +186,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_rows_op(cons
 void register_decode_ops(pybind11::module& m);  // decode_ops.cpp
 void register_stack(pybind11::module& m);       // stack.cpp
 void register_race(pybind11::module& m);        // race.cpp
+void register_ngram_index(pybind11::module& m);  // ngram_index.cpp
 
 }  // namespace goodspeed
 
@@ -224,5 +225,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("panel_width", []() { return goodspeed::kPanel; });
   goodspeed::register_decode_ops(m);
   goodspeed::register_race(m);
+  goodspeed::register_ngram_index(m);
   goodspeed::register_stack(m);
 }

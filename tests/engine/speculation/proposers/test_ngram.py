@@ -8,6 +8,7 @@ import pytest
 
 from engine.speculation.proposers.ngram import NgramIndex, NgramProposer
 from engine.speculation.proposers.tree_builders import trie_of
+from kernels.cpu.ngram_index import NativeNgramIndex, native_ngram_index
 from tests.engine.factories import request_state_in
 from tests.engine.speculation.proposers.asks import ask, fresh_memos, memos  # noqa: F401
 
@@ -98,13 +99,26 @@ def brute_force_order(token_ids: list[int], n_min: int, n_max: int) -> int:
     return 0
 
 
-def test_incremental_index_equals_brute_force_rescan():
+def native_or_skip(n_min: int, n_max: int) -> NativeNgramIndex:
+    index = native_ngram_index(n_min, n_max)
+    if index is None:
+        pytest.skip("the native CPU extension is not available")
+    return index
+
+
+# The Python index and its native twin (kernels/cpu/ngram_index.py), which the proposer uses
+# where the extension loads.
+INDEXES = {"python": NgramIndex, "native": native_or_skip}
+
+
+@pytest.mark.parametrize("kind", INDEXES)
+def test_incremental_index_equals_brute_force_rescan(kind):
     rng = random.Random(0)
     for trial in range(150):
         n_min = rng.randint(1, 3)
         n_max = rng.randint(n_min, 5)
         vocab = rng.randint(2, 6)
-        index = NgramIndex(n_min, n_max)
+        index = INDEXES[kind](n_min, n_max)
         token_ids: list[int] = []
         for _ in range(rng.randint(1, 12)):
             token_ids += [rng.randrange(vocab) for _ in range(rng.randint(1, 8))]
@@ -198,24 +212,26 @@ def test_trie_of_budget_split(budget):
 def test_the_index_lives_in_the_requests_memos():
     proposer = NgramProposer()
     assert chain(proposer, [1, 2, 1, 2, 1], 2, "x") == [2, 1]
-    assert isinstance(memos("x")["ngram"], NgramIndex)
+    assert isinstance(memos("x")["ngram"], (NgramIndex, NativeNgramIndex))
     assert not request_state_in(proposer, lambda key: key == "x")
 
 
-def test_best_match_is_the_first_candidate_end_and_the_longest_match():
+@pytest.mark.parametrize("kind", INDEXES)
+def test_best_match_is_the_first_candidate_end_and_the_longest_match(kind):
     """The offer's one-pass lookup agrees with candidate_ends and with the longest suffix
     n-gram found earlier by a rescan, on random token streams (few symbols, so matches of
     every order occur)."""
     rng = random.Random(7)
     for _ in range(200):
-        index = NgramIndex(rng.randint(1, 2), rng.randint(2, 5))
+        n_min, n_max = rng.randint(1, 2), rng.randint(2, 5)
+        index = INDEXES[kind](n_min, n_max)
         tokens = [rng.randint(0, 4) for _ in range(rng.randint(1, 40))]
         index.sync(tokens)
         k = rng.randint(1, 6)
-        ends = index.candidate_ends(k, limit=1)
+        ends = index.candidate_ends(k, 1)
         orders = [
             n
-            for n in range(index.ngram_min, min(index.ngram_max, len(tokens)) + 1)
+            for n in range(n_min, min(n_max, len(tokens)) + 1)
             if any(tokens[e - n : e] == tokens[-n:] for e in range(n, len(tokens)))
         ]
         want = (ends[0], max(orders)) if ends else (0, 0)

@@ -175,9 +175,9 @@ class NgramProposer:
     def _index_of(self, memos: dict) -> NgramIndex:
         index = memos.get(self.name)
         if index is None:
-            index = native_ngram_index(self.ngram_min, self.ngram_max) or NgramIndex(
-                self.ngram_min, self.ngram_max
-            )
+            index = native_ngram_index(self.ngram_min, self.ngram_max)
+            if index is None:  # (an empty index is falsy: it has a length)
+                index = NgramIndex(self.ngram_min, self.ngram_max)
             memos[self.name] = index
         return index
 

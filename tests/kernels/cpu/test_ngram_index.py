@@ -11,7 +11,7 @@ import pytest
 
 from engine.speculation.proposers.ngram import NgramIndex, NgramProposer
 from kernels.cpu.ngram_index import MAX_ORDER, NativeNgramIndex, native_ngram_index
-from tests.engine.speculation.proposers.asks import ask, fresh_memos  # noqa: F401
+from tests.engine.speculation.proposers.asks import ask, fresh_memos, memos  # noqa: F401
 
 
 @pytest.fixture
@@ -75,10 +75,13 @@ def test_the_proposer_drafts_the_same_with_either_index(native, monkeypatch):
     rng = random.Random(5)
     streams = [[rng.randrange(6) for _ in range(rng.randint(5, 200))] for _ in range(30)]
     asks = [ask(str(i), s, rng.randint(1, 8), tree=i % 2 == 1) for i, s in enumerate(streams)]
+    native(1, 4)  # skips without the extension
     with_native = NgramProposer(1, 4).propose(asks)
+    assert all(isinstance(memos(a.request_id)["ngram"], NativeNgramIndex) for a in asks)
     monkeypatch.setattr("engine.speculation.proposers.ngram.native_ngram_index", lambda *a: None)
     asks = [ask(a.request_id + "p", a.token_ids, a.num_draft_tokens, tree=a.tree) for a in asks]
     with_python = NgramProposer(1, 4).propose(asks)
     assert {k + "p": v for k, v in with_native.chains.items()} == with_python.chains
     assert {k + "p": v for k, v in with_native.trees.items()} == with_python.trees
     assert with_python.chains and with_python.trees
+    assert all(isinstance(memos(a.request_id)["ngram"], NgramIndex) for a in asks)

@@ -91,7 +91,14 @@ class ShadowChecks:
                     due.append((-1 if old is None else old.opened, len(due), request, cap))
             if len(due) > self.budget:
                 due = sorted(due)[: self.budget]
-            if due:
+            if not due:
+                continue
+            chain_of = getattr(proposer, "shadow_chain", None)
+            if chain_of is not None:  # one call a request, no ProposeRequest (n-gram)
+                for _, _, request, cap in due:
+                    chain, kind = chain_of(request.spec.memos, request.token_view(), cap)
+                    self._open(request, name, chain, kind)
+            else:
                 self._propose(proposer, [(r, self._ask(r, cap, name)) for _, _, r, cap in due])
 
     def _ask(self, request: Request, cap: int, name: str) -> ProposeRequest:
@@ -101,7 +108,8 @@ class ShadowChecks:
 
     def _propose(self, proposer: Proposer, asks: list[tuple[Request, ProposeRequest]]) -> None:
         """Each request's chain, kept as its open check; a proposer that can say before
-        proposing (`offer`) gives the kind, and is not asked where it has nothing."""
+        proposing (`offer`) gives the kind, and is not asked where it has nothing. (One that
+        gives a request's chain and kind in one call, `shadow_chain`, is asked that instead.)"""
         offer = getattr(proposer, "offer", None)
         kinds: dict[str, str] = {}
         kept = asks
@@ -115,11 +123,15 @@ class ShadowChecks:
                     kept.append((request, ask))
         chains = proposer.propose([ask for _, ask in kept]).chains if kept else {}
         for request, ask in asks:
-            chain = tuple(chains.get(ask.request_id, ()))
-            shadow = Shadow(request.num_tokens, chain, kinds.get(ask.request_id, ""), self._step)
-            # Nothing proposed: a check already done, so the request waits its turn again.
-            shadow.done = not chain
-            request.spec.shadows[ask.proposer] = shadow
+            chain = chains.get(ask.request_id, ())
+            self._open(request, ask.proposer, chain, kinds.get(ask.request_id, ""))
+
+    def _open(self, request: Request, name: str, chain: Sequence[int], kind: str) -> None:
+        """The request's new check of proposer `name`; with nothing proposed a check already
+        done, so the request waits its turn again."""
+        shadow = Shadow(request.num_tokens, tuple(chain), kind, self._step)
+        shadow.done = not chain
+        request.spec.shadows[name] = shadow
 
     def check(self, request: Request) -> list[SpecResult]:
         """Feed each open check the request's tokens since it was last fed (the driver checks

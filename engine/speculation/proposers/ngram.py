@@ -163,6 +163,19 @@ class NgramProposer:
             num_draft_tokens if tree else min(num_draft_tokens, len(token_ids) - end)
         ), f"n{order}"
 
+    def shadow_chain(
+        self, memos: dict, token_ids: Sequence[int], num_draft_tokens: int
+    ) -> tuple[list[int], str]:
+        """The chain propose() would give the request now and offer()'s kind, from one lookup:
+        what a shadow check needs (engine/speculation/shadow.py), without the ProposeRequest
+        and Drafts around it. Syncs the index."""
+        index = self._index_of(memos)
+        index.sync(token_ids)
+        end, order = index.best_match(num_draft_tokens)
+        if not order:
+            return [], ""
+        return index.tokens_between(end, end + num_draft_tokens), f"n{order}"
+
     def observe(self, observations: Sequence[Observation]) -> None:
         """Nothing to do: the index syncs from ProposeRequest.token_ids, which carries the
         verified tokens (and the prompt, which observe never sees)."""

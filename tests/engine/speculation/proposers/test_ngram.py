@@ -236,3 +236,17 @@ def test_best_match_is_the_first_candidate_end_and_the_longest_match(kind):
         ]
         want = (ends[0], max(orders)) if ends else (0, 0)
         assert index.best_match(k) == want
+
+
+def test_a_shadow_chain_is_the_proposed_chain_with_the_offers_kind():
+    """shadow_chain (what a shadow check asks) is propose()'s chain and offer()'s kind, on
+    random streams where matches of every order occur and some requests have none."""
+    rng = random.Random(11)
+    proposer = NgramProposer(1, 4)
+    for trial in range(200):
+        tokens = [rng.randrange(rng.choice([3, 40])) for _ in range(rng.randint(1, 60))]
+        k = rng.randint(1, 8)
+        count, kind = proposer.offer(memos(f"o{trial}"), tokens, k, False)
+        want = chain(proposer, tokens, k, f"p{trial}")
+        got = proposer.shadow_chain(memos(f"s{trial}"), tokens, k)
+        assert got == (want, kind) and len(want) == count, (tokens, k)

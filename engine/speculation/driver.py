@@ -46,11 +46,12 @@ from kernels.graph_shapes import NO_GRAPHS, GraphShapes
 
 # Resting, the driver tends a step (starts and feeds the shadow checks, observes the step's
 # requests, feeds the policy and its cost model) on the first rested step after a plan and on
-# one in this many after it; the others only count their tokens. Tended every step, a rested
-# step cost the driver ~0.08 ms of SmolLM2's ~5 ms steps at two requests (shadow checks 0.024,
-# observing 0.032), and goodput resting ran 1.02-1.05x off's steps (docs/benchmarks.md §5zq);
-# the checks lose nothing between turns, as they read the request's tokens when fed
-# (engine/speculation/shadow.py), and a chain that would have paid wakes the rest a turn later.
+# one in this many after it; the others only count their tokens. Tended every step, a resting
+# driver cost 0.08-0.10 ms a step of SmolLM2's ~5 ms at two requests, and goodput resting ran
+# 1.02-1.05x off's steps (docs/benchmarks.md §5zq); tended one in four, 0.093 against 0.120 in
+# one run (§5zr). The checks lose nothing between turns, as they read the request's tokens when
+# fed (engine/speculation/shadow.py), and a chain that would have paid wakes the rest a turn
+# later.
 REST_SEEN_EVERY = 4
 # A shadow check on a rested step that would have had this many drafts accepted wakes the rest
 # (the next step plans): resting, plans come up to 64 steps apart, and after a workload turns

@@ -22,7 +22,6 @@ from engine.config import SpecConfig
 from engine.outputs import Drafts, DraftTree
 from engine.speculation.proposers.proposer import Observation, ProposeRequest, collect_drafts
 from engine.speculation.proposers.tree_builders import TemplateNode, fill_template, trie_of
-from kernels.cpu.ngram_index import native_ngram_index
 
 MAX_TREE_CANDIDATES = 8  # distinct match positions merged into one tree
 
@@ -141,8 +140,10 @@ class NgramProposer:
     def propose(self, requests: Sequence[ProposeRequest]) -> Drafts:
         return collect_drafts(
             requests,
-            lambda r: self._propose_chain(self._index(r), r.num_draft_tokens),
-            lambda r: self._propose_tree(self._index(r), r.num_draft_tokens, r.tree_template),
+            lambda r: _best_chain(self._index(r.memos, r.token_ids), r.num_draft_tokens)[0],
+            lambda r: self._propose_tree(
+                self._index(r.memos, r.token_ids), r.num_draft_tokens, r.tree_template
+            ),
         )
 
     def offer(
@@ -154,8 +155,7 @@ class NgramProposer:
         matched order: a longer match predicts far better (SmolLM2 on chat, greedy: a 1-gram
         match's k = 4 chain got 0.34 tokens accepted, a 4-gram's 2.5; docs/benchmarks.md §4f).
         Syncs the index; a chain is as long as its match's continuation."""
-        index = self._index_of(memos)
-        index.sync(token_ids)
+        index = self._index(memos, token_ids)
         end, order = index.best_match(num_draft_tokens)
         if not order:
             return 0, ""
@@ -169,37 +169,30 @@ class NgramProposer:
         """The chain propose() would give the request now and offer()'s kind, from one lookup:
         what a shadow check needs (engine/speculation/shadow.py), without the ProposeRequest
         and Drafts around it. Syncs the index."""
-        index = self._index_of(memos)
-        index.sync(token_ids)
-        end, order = index.best_match(num_draft_tokens)
-        if not order:
-            return [], ""
-        return index.tokens_between(end, end + num_draft_tokens), f"n{order}"
+        chain, order = _best_chain(self._index(memos, token_ids), num_draft_tokens)
+        return chain, f"n{order}" if order else ""
 
     def observe(self, observations: Sequence[Observation]) -> None:
         """Nothing to do: the index syncs from ProposeRequest.token_ids, which carries the
         verified tokens (and the prompt, which observe never sees)."""
 
-    def _index(self, request: ProposeRequest) -> NgramIndex:
-        index = self._index_of(request.memos)
-        index.sync(request.token_ids)
+    def _index(self, memos: dict, token_ids: Sequence[int]) -> NgramIndex:
+        """The request's index, synced to its tokens."""
+        index = self._index_of(memos)
+        index.sync(token_ids)
         return index
 
     def _index_of(self, memos: dict) -> NgramIndex:
         index = memos.get(self.name)
         if index is None:
+            # imported here: kernels.cpu imports torch, and this module stays plain Python
+            from kernels.cpu.ngram_index import native_ngram_index
+
             index = native_ngram_index(self.ngram_min, self.ngram_max)
             if index is None:  # (an empty index is falsy: it has a length)
                 index = NgramIndex(self.ngram_min, self.ngram_max)
             memos[self.name] = index
         return index
-
-    @staticmethod
-    def _propose_chain(index: NgramIndex, num_draft_tokens: int) -> list[int]:
-        ends = index.candidate_ends(num_draft_tokens, 1)
-        if not ends:
-            return []
-        return index.tokens_between(ends[0], ends[0] + num_draft_tokens)
 
     def _propose_tree(
         self, index: NgramIndex, num_nodes: int, template: Sequence[TemplateNode] = ()
@@ -209,3 +202,12 @@ class NgramProposer:
         if template:
             return fill_template(trie_of(continuations, 1 << 30), template, num_nodes)
         return trie_of(continuations, num_nodes)
+
+
+def _best_chain(index: NgramIndex, num_draft_tokens: int) -> tuple[list[int], int]:
+    """(the continuation of the best match, up to num_draft_tokens long; the match's order),
+    ([], 0) without a match: a chain proposal, and a shadow check's."""
+    end, order = index.best_match(num_draft_tokens)
+    if not order:
+        return [], 0
+    return index.tokens_between(end, end + num_draft_tokens), order

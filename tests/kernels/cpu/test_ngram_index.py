@@ -6,6 +6,8 @@ across a sync that shrinks."""
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 
 import pytest
 
@@ -78,10 +80,18 @@ def test_the_proposer_drafts_the_same_with_either_index(native, monkeypatch):
     native(1, 4)  # skips without the extension
     with_native = NgramProposer(1, 4).propose(asks)
     assert all(isinstance(memos(a.request_id)["ngram"], NativeNgramIndex) for a in asks)
-    monkeypatch.setattr("engine.speculation.proposers.ngram.native_ngram_index", lambda *a: None)
+    monkeypatch.setattr("kernels.cpu.ngram_index.native_ngram_index", lambda *a: None)
     asks = [ask(a.request_id + "p", a.token_ids, a.num_draft_tokens, tree=a.tree) for a in asks]
     with_python = NgramProposer(1, 4).propose(asks)
     assert {k + "p": v for k, v in with_native.chains.items()} == with_python.chains
     assert {k + "p": v for k, v in with_native.trees.items()} == with_python.trees
     assert with_python.chains and with_python.trees
     assert all(isinstance(memos(a.request_id)["ngram"], NgramIndex) for a in asks)
+
+
+def test_the_proposer_module_imports_no_torch():
+    """The n-gram proposer imports the native index (and with it torch) only when it makes an
+    index: what sits above the runner stays plain Python to import (DESIGN §1)."""
+    code = "import sys, engine.speculation.proposers.ngram; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

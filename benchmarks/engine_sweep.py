@@ -1,21 +1,21 @@
 """Speculation policy sweep in process: mean request latency vs load, per policy, no HTTP.
 
 The same question as benchmarks/spec_sweep.py (SmartSpec, arXiv 2406.14066: fixed speculation
-helps at light load and hurts under load; goodput must never be slower than none), asked of
-the engine directly, for machines without the server's packages (the GPU machine). Each
-policy's engine (n-gram, up to --k drafts, prefix caching off) is built once. The load unit is
-1 / (mean latency of one request alone, policy off), measured first per workload (or given:
---unit, one for all or per workload, so that runs in several processes offer the same load);
-each cell sends --num-prompts requests of a workload (chat-templated, greedy, EOS ignored)
-with Poisson arrivals at multiplier x that rate, and the policies take turns cell by cell,
---repeats times over the same arrivals, in an order balanced over the sweep
+helps at light load and hurts under load; goodput must never be slower than none), asked of the
+engine directly, for machines without the server's packages (the GPU machine). Each policy's
+engine (--proposer, n-gram unless told, up to --k drafts, prefix caching off) is built once. The
+load unit is 1 / (mean latency of one request alone, policy off), measured first per workload
+(or given: --unit, one for all or per workload, so that runs in several processes offer the same
+load); each cell sends --num-prompts requests of a workload (chat-templated, greedy, EOS
+ignored) with Poisson arrivals at multiplier x that rate, and the policies take turns cell by
+cell, --repeats times over the same arrivals, in an order balanced over the sweep
 (benchmarks/turns.py: none always runs right after the same other). Near saturation one cell's
 latency moves by tens of percent from run to run; the table gives each policy's mean over the
 repeats and the range of the repeats' ratios, and a twin of off (--policies off,goodput,off#2)
-reads the noise. Latency = finish - arrival (each cell also keeps the mean time to first
-token); the engine steps whenever something is in flight. The engines' start-up heap is frozen
-as the server's is (engine/front/heap.py; --no-freeze leaves it to the collector), and each
-cell counts the collector's passes.
+reads the noise. Latency = finish - arrival (each cell also keeps the mean time to first token);
+the engine steps whenever something is in flight. The engines' start-up heap is frozen as the
+server's is (engine/front/heap.py; --no-freeze leaves it to the collector), and each cell counts
+the collector's passes.
 
     python benchmarks/engine_sweep.py --model M.gguf --device cuda --dtype bfloat16 \\
         --policies off,goodput,fixed:3 --multipliers 1,4,16 --out /tmp/sweep.json
@@ -60,6 +60,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--num-prompts", type=int, default=16, help="requests per cell")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--k", type=int, default=4, help="most drafts per step")
+    parser.add_argument(
+        "--proposer", default="ngram", help="ngram, recycle, draft, a comma list, or auto"
+    )
+    parser.add_argument(
+        "--draft-model", default=None, help="the draft model's GGUF (with draft or auto)"
+    )
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--data", default=str(ROOT.parent / "shared" / "data"))
     parser.add_argument("--seed", type=int, default=0)
@@ -87,8 +93,8 @@ def make_engine(policy: str, args: argparse.Namespace) -> LLM:
     flat = dict(model=args.model, device=args.device, dtype=args.dtype)
     flat.update(enable_prefix_caching=False, max_num_seqs=args.max_num_seqs)
     if policy != "off":
-        flat.update(speculative_proposer="ngram", spec_policy=policy)
-        flat.update(num_speculative_tokens=args.k)
+        flat.update(speculative_proposer=args.proposer, spec_policy=policy)
+        flat.update(num_speculative_tokens=args.k, draft_model=args.draft_model)
     return LLM(config=EngineConfig.from_flat(flat))
 
 

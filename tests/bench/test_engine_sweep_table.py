@@ -72,3 +72,19 @@ def test_policies_take_turns_in_a_balanced_order_and_a_twin_is_its_own_engine(mo
     turns = [[label[id(llm)] for llm in order[i : i + 4]] for i in range(0, len(order), 4)]
     assert len(turns) == 4 and all(sorted(turn) == sorted(policies) for turn in turns)
     assert sorted(turn[0] for turn in turns) == sorted(policies)
+
+
+def test_the_speculating_engines_take_the_proposer_and_draft_model_asked_for(monkeypatch):
+    """--proposer auto --draft-model D: the speculating engines draft with auto and load D;
+    off's engines load no draft model (an engine with policy off would not build with one)."""
+    monkeypatch.setattr(engine_sweep.EngineConfig, "from_flat", lambda flat: flat)
+    monkeypatch.setattr(engine_sweep, "LLM", lambda config: config)
+    args = engine_sweep.parse_args(
+        ["--out", "x.json", "--proposer", "auto", "--draft-model", "draft.gguf"]
+    )
+    built = {p: engine_sweep.make_engine(p, args) for p in ("off", "goodput", "off#2")}
+    assert built["goodput"]["speculative_proposer"] == "auto"
+    assert built["goodput"]["draft_model"] == "draft.gguf"
+    assert "draft_model" not in built["off"] and "draft_model" not in built["off#2"]
+    default = engine_sweep.parse_args(["--out", "x.json"])
+    assert default.proposer == "ngram" and default.draft_model is None

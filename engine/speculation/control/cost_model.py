@@ -57,6 +57,19 @@ _INVERSE_SCALES = 1.0 / np.array(_SCALES)
 _KNOTS_LO = np.array(ROW_KNOTS[:-1], dtype=float)
 _KNOTS_WIDTH = np.diff(np.array(ROW_KNOTS, dtype=float))
 
+# How strongly neighbouring row segments are held to one slope (seconds per row): without it a
+# segment no step reached rested at its prior, and the profile's prior is flat past the rows it
+# timed. On the Qwen pair a 3 s profile times one request's chains only (up to 17 rows) and
+# priced 128 rows at 0.27 s where they take ~1.1; under load `auto` then verified 12 requests'
+# chains (48-60 rows) as if rows were nearly free and ran 1.3-1.6x off's latency
+# (docs/benchmarks.md §5zs). Held to the last slope seen, an unseen segment continues it; a
+# measured kink (the 5 -> 6 rows jump) still stands, as a sample outweighs this pull.
+SLOPE_SMOOTHING = 0.1
+# The ridge on a segment's slope, a share of the others' ridge: each unseen segment keeps
+# 1 - sqrt(RAMP_RIDGE x ridge / SLOPE_SMOOTHING) of its neighbour's slope (0.997 here; with the
+# full ridge, 0.90, and 128 rows were priced at 0.76 of a slope that held).
+RAMP_RIDGE = 1e-3
+
 
 def feature_vectors(features: Sequence[StepFeatures]) -> np.ndarray:
     """The model's scaled feature rows (FEATURE_NAMES) of many steps at once: the row terms
@@ -340,7 +353,7 @@ class OnlineLinearCostModel:
                 deviations = np.abs(log_errors - _median(log_errors))
                 bound = OUTLIER_FACTOR * max(_median(deviations), 0.01)
                 robust = np.minimum(1.0, bound / np.maximum(deviations, 1e-12))
-            theta = _nonnegative_ridge(x, y, base * robust, self.ridge, self._prior)
+            theta = _nonnegative_ridge(x, y, base * robust, self.ridge, self._prior, _SMOOTH)
         self._set_theta(theta)
 
     def _set_samples(self, samples: Iterable[tuple[StepFeatures, float]]) -> None:
@@ -456,14 +469,41 @@ def _median(values: np.ndarray) -> float:
     return 0.5 * float(lower + upper)
 
 
+def _slope_penalty() -> tuple[np.ndarray, np.ndarray]:
+    """(the ridge's scale per coefficient, SLOPE_SMOOTHING x D'D): a ramp's coefficient is the
+    seconds across its segment, so its ridge is taken on its slope (divided by the width
+    squared, times RAMP_RIDGE; a wide unseen segment is otherwise held near its prior's seconds
+    by the ridge alone), and D differences neighbouring segments' slopes."""
+    n, first = len(FEATURE_NAMES), 2
+    scale = np.ones(n)
+    scale[first : first + _NUM_RAMPS] = RAMP_RIDGE / _KNOTS_WIDTH**2
+    d = np.zeros((_NUM_RAMPS - 1, n))
+    for j in range(_NUM_RAMPS - 1):
+        d[j, first + j] = -1.0 / _KNOTS_WIDTH[j]
+        d[j, first + j + 1] = 1.0 / _KNOTS_WIDTH[j + 1]
+    return scale, SLOPE_SMOOTHING * d.T @ d
+
+
+_SMOOTH = _slope_penalty()
+
+
 def _nonnegative_ridge(
-    x: np.ndarray, y: np.ndarray, weights: np.ndarray, ridge: float, prior: np.ndarray
+    x: np.ndarray,
+    y: np.ndarray,
+    weights: np.ndarray,
+    ridge: float,
+    prior: np.ndarray,
+    smooth: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> np.ndarray:
-    """argmin sum w (x.theta - y)^2 + ridge |theta - prior|^2 with theta >= 0, by a small
+    """argmin sum w (x.theta - y)^2 + ridge sum s (theta - prior)^2 + theta' S theta with
+    theta >= 0, where `smooth` = (s, S) (_slope_penalty; None: s = 1, S = 0), by a small
     active-set pass: drop negative coefficients and re-solve (exact NNLS is not needed here)."""
     hessian = x.T @ (weights[:, None] * x)
-    hessian.flat[:: x.shape[1] + 1] += ridge  # + ridge * identity
-    target = x.T @ (weights * y) + ridge * prior
+    scale = np.ones(x.shape[1]) if smooth is None else smooth[0]
+    hessian.flat[:: x.shape[1] + 1] += ridge * scale  # + ridge * diag(s)
+    if smooth is not None:
+        hessian += smooth[1]
+    target = x.T @ (weights * y) + ridge * scale * prior
     theta = np.linalg.solve(hessian, target)  # every coefficient free: no index copies
     free = np.ones(x.shape[1], dtype=bool)
     for _ in range(x.shape[1] - 1):

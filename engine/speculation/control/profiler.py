@@ -29,6 +29,10 @@ logger = logging.getLogger(__name__)
 PROFILE_MAX_BATCHED_TOKENS = 256
 PROFILE_MAX_SEQS = 16
 PROFILE_MAX_CONTEXT = 512
+# Plain decode batches of at least PLAIN_CORE_FROM requests, each holding at most SHORT_CONTEXT
+# tokens, are in the profile's core (in_core).
+PLAIN_CORE_FROM = 8
+SHORT_CONTEXT = 32
 
 # (context_len, num_new_tokens, num_draft_tokens) of one request, as in StepFeatures.from_shapes
 Shape = tuple[int, int, int]
@@ -150,13 +154,20 @@ def startup_grid(
 
 def in_core(features: StepFeatures) -> bool:
     """A shape the profile measures whatever its budget: one request decoding with each draft
-    count (the marginal draft at batch 1, where speculation pays most), and a draft model's
-    catch-up (no other shape excites that term). On the Qwen pair a 3 s budget measured 4
-    random shapes of 72, none of these (docs/benchmarks.md §5k)."""
+    count (the marginal draft at batch 1, where speculation pays most), a draft model's
+    catch-up (no other shape excites that term), and plain decodes of PLAIN_CORE_FROM or more
+    requests over the shortest contexts (the rows past one request's chains: on the Qwen pair
+    a profile of one request's chains priced 128 rows at a quarter of their seconds,
+    docs/benchmarks.md §5zs; smaller batches in the core made the fit of one request's
+    model-free drafts worse, median error 0.06 -> 0.12 over 24 seeds of the synthetic test).
+    On the Qwen pair a 3 s budget measured 4 random shapes of 72, none of these (§5k)."""
     single_decode = features.num_requests == 1 and (
         features.num_batched_tokens == 1 + features.num_draft_tokens
     )
-    return single_decode or features.num_catchup_tokens > 0
+    requests = features.num_requests
+    plain_batch = requests >= PLAIN_CORE_FROM and features.num_batched_tokens == requests
+    short = features.num_kv_tokens <= SHORT_CONTEXT * requests
+    return single_decode or (plain_batch and short) or features.num_catchup_tokens > 0
 
 
 @dataclass(frozen=True)
@@ -179,8 +190,9 @@ STALE_SPEEDUP = 1.25
 STALE_CHECKS = 3  # the cached single decodes timed again (after one untimed)
 
 # Bumped when the profile's shapes, their order or how they are fitted change: an older cached
-# fit is not reused (5: samples weighted by relative error, cost_model._relative_weights).
-GRID_VERSION = 5
+# fit is not reused (5: samples weighted by relative error, cost_model._relative_weights; 6: plain
+# decode batches in the core, unseen row segments continuing their neighbours' slope).
+GRID_VERSION = 6
 
 
 def seed_cost_model(

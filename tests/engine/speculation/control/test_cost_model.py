@@ -249,6 +249,41 @@ def test_profile_seeds_the_fit_with_its_jumps():
         assert model.predict(f) == pytest.approx(true_seconds(f), rel=0.05), rows
 
 
+def test_rows_past_those_measured_continue_the_last_slope():
+    """A profile that timed one request's chains only (1 to 6 rows; a 3 s profile of the Qwen
+    1.5B times little more) prices a plain decode of 12 to 128 requests on the slope it measured last,
+    not at the seconds of its widest step: flat, 128 rows cost less than a quarter of their
+    ~1.1 s, and `auto` verified twelve requests' chains under load as if rows were free."""
+    slope = 9e-3  # the Qwen 1.5B's seconds per row on the 2-core VM, compute-bound
+    truth = {name: 0.0 for name in TRUE} | {"intercept": 0.04, "batched_tokens": slope}
+    samples = []
+    for k in range(6):
+        for context in (16, 64, 512):
+            f = StepFeatures.from_shapes([(context, 1, k)])
+            samples.append((f, true_seconds(f, truth)))
+    model = OnlineLinearCostModel()
+    model.fit(samples)
+    for requests in (12, 48, 128):
+        f = StepFeatures.from_shapes([(64, 1, 0)] * requests)
+        assert model.predict(f) == pytest.approx(true_seconds(f, truth), rel=0.1), requests
+
+
+def test_a_kink_the_steps_show_stands_beside_the_slope_pull():
+    """The smoothing of neighbouring slopes gives way to samples: a 5 ms jump from 5 to 6
+    rows, timed at every row count from 1 to 24, is priced within 15%."""
+    truth = {name: 0.0 for name in TRUE} | {"intercept": 0.01, "batched_tokens": 1e-3}
+    truth |= {"jump": 5e-3}
+    samples = []
+    for rows in range(1, 25):
+        f = StepFeatures.from_shapes([(64, 1, 0)] * rows)
+        samples += [(f, true_seconds(f, truth))] * 2
+    model = OnlineLinearCostModel()
+    model.fit(samples)
+    five, six = (StepFeatures.from_shapes([(64, 1, 0)] * rows) for rows in (5, 6))
+    jump = model.predict(six) - model.predict(five)
+    assert jump == pytest.approx(true_seconds(six, truth) - true_seconds(five, truth), rel=0.15)
+
+
 def test_profile_respects_its_time_budget():
     def slow_step(f: StepFeatures) -> float:
         time.sleep(0.01)

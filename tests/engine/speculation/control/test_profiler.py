@@ -142,8 +142,9 @@ def test_startup_grid_fits_the_pool_and_warms_up_on_the_cheapest_decode(bare_eng
 
 
 def test_startup_grid_puts_the_core_first(bare_engine):
-    """One request decoding with every draft count, and the draft model's catch-up, come
-    before every other shape (the profile measures them whatever its budget)."""
+    """One request decoding with every draft count, the draft model's catch-up, and plain
+    decodes of 8 and 16 requests over the shortest context come before every other shape
+    (the profile measures them whatever its budget)."""
     config = bare_engine.scheduler.config
     grid = startup_grid(config, 4, NUM_BLOCKS, 16, 1024, draft_model=True)
     num_core = sum(map(profiler.in_core, grid))
@@ -152,7 +153,10 @@ def test_startup_grid_puts_the_core_first(bare_engine):
     core = grid[:num_core]
     assert {f.num_draft_tokens for f in core if f.num_requests == 1} == set(range(5))
     assert any(f.num_catchup_tokens for f in core)
-    assert all(f.num_requests == 1 for f in core)
+    batches = [f for f in core if f.num_requests > 1]
+    assert sorted(f.num_requests for f in batches) == [8, 16]
+    assert all(f.num_batched_tokens == f.num_requests for f in batches)  # no drafts
+    assert all(f.num_kv_tokens == 17 * f.num_requests for f in batches)  # contexts of 16
 
 
 def test_a_tiny_budget_still_profiles_the_core(tiny_model_dir, tmp_path):

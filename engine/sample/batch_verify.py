@@ -30,6 +30,7 @@ from engine.sample.rng import race_keys
 from engine.sample.sampler import Sampler, SamplingRow
 from engine.sample.tree import path_to
 from engine.sample.verify import VerifyResult, verify_chain, verify_tree
+from kernels.sampling import topk_rows
 
 logger = logging.getLogger(__name__)
 
@@ -138,7 +139,7 @@ class BatchVerifier:
             targets, valid_rows = self.sampler.targets(step_logits, rows_params, bitmask, keys)
         parts = [targets, valid_rows.long()]
         if target_topk > 0:
-            parts.append(step_logits.topk(target_topk, dim=-1).indices.flatten())
+            parts.append(topk_rows(step_logits, target_topk).flatten())
         host = torch.cat(parts).tolist()  # the step's one host sync
         num_rows = len(targets)
         valid, topk_ids = host[num_rows : 2 * num_rows], host[2 * num_rows :]

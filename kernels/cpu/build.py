@@ -44,6 +44,7 @@ SOURCES = (
     "stack.cpp",
     "race.cpp",
     "ngram_index.cpp",
+    "topk.cpp",
 )  # translation units; the headers are included
 # No FMA contraction outside explicit intrinsics: the scalar path's arithmetic stays as written.
 # -fopenmp: at::parallel_for is a header template that only fans out when the extension itself

@@ -187,6 +187,7 @@ void register_decode_ops(pybind11::module& m);  // decode_ops.cpp
 void register_stack(pybind11::module& m);       // stack.cpp
 void register_race(pybind11::module& m);        // race.cpp
 void register_ngram_index(pybind11::module& m);  // ngram_index.cpp
+void register_topk(pybind11::module& m);         // topk.cpp
 
 }  // namespace goodspeed
 
@@ -226,5 +227,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   goodspeed::register_decode_ops(m);
   goodspeed::register_race(m);
   goodspeed::register_ngram_index(m);
+  goodspeed::register_topk(m);
   goodspeed::register_stack(m);
 }

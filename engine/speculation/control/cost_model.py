@@ -59,9 +59,9 @@ _KNOTS_WIDTH = np.diff(np.array(ROW_KNOTS, dtype=float))
 
 # How strongly neighbouring row segments are held to one slope (seconds per row): without it a
 # segment no step reached rested at its prior, and the profile's prior is flat past the rows it
-# timed. On the Qwen pair a 3 s profile times one request's chains only (up to 17 rows) and
-# priced 128 rows at 0.27 s where they take ~1.1; under load `auto` then verified 12 requests'
-# chains (48-60 rows) as if rows were nearly free and ran 1.3-1.6x off's latency
+# timed. On the Qwen pair a 3 s profile timed one request's chains only (1-5 rows) and priced
+# 128 rows at 0.27 s where they take ~1.1; under load `auto` then verified 12 requests' chains
+# (48-60 rows) as if rows were nearly free and ran 1.28x off's latency at x2, one repeat 1.57x
 # (docs/benchmarks.md §5zs). Held to the last slope seen, an unseen segment continues it; a
 # measured kink (the 5 -> 6 rows jump) still stands, as a sample outweighs this pull.
 SLOPE_SMOOTHING = 0.1
@@ -493,16 +493,15 @@ def _nonnegative_ridge(
     weights: np.ndarray,
     ridge: float,
     prior: np.ndarray,
-    smooth: tuple[np.ndarray, np.ndarray] | None = None,
+    smooth: tuple[np.ndarray, np.ndarray],
 ) -> np.ndarray:
     """argmin sum w (x.theta - y)^2 + ridge sum s (theta - prior)^2 + theta' S theta with
-    theta >= 0, where `smooth` = (s, S) (_slope_penalty; None: s = 1, S = 0), by a small
-    active-set pass: drop negative coefficients and re-solve (exact NNLS is not needed here)."""
+    theta >= 0, where `smooth` = (s, S) (_slope_penalty), by a small active-set pass: drop
+    negative coefficients and re-solve (exact NNLS is not needed here)."""
     hessian = x.T @ (weights[:, None] * x)
-    scale = np.ones(x.shape[1]) if smooth is None else smooth[0]
+    scale, penalty = smooth
     hessian.flat[:: x.shape[1] + 1] += ridge * scale  # + ridge * diag(s)
-    if smooth is not None:
-        hessian += smooth[1]
+    hessian += penalty
     target = x.T @ (weights * y) + ridge * scale * prior
     theta = np.linalg.solve(hessian, target)  # every coefficient free: no index copies
     free = np.ones(x.shape[1], dtype=bool)

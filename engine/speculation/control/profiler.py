@@ -158,8 +158,9 @@ def in_core(features: StepFeatures) -> bool:
     catch-up (no other shape excites that term), and plain decodes of PLAIN_CORE_FROM or more
     requests over the shortest contexts (the rows past one request's chains: on the Qwen pair
     a profile of one request's chains priced 128 rows at a quarter of their seconds,
-    docs/benchmarks.md §5zs; smaller batches in the core made the fit of one request's
-    model-free drafts worse, median error 0.06 -> 0.12 over 24 seeds of the synthetic test).
+    docs/benchmarks.md §5zs; with 2- and 4-request batches in the core too, the fit of one
+    request's model-free drafts got worse: median error over 24 seeds of the synthetic test
+    0.064 -> 0.127, with 8 and 16 only 0.088).
     On the Qwen pair a 3 s budget measured 4 random shapes of 72, none of these (§5k)."""
     single_decode = features.num_requests == 1 and (
         features.num_batched_tokens == 1 + features.num_draft_tokens

@@ -6,7 +6,8 @@
 // AVX2, 16 otherwise) is first compared with the list's smallest at once, and only a block
 // holding a larger entry is walked. Ties keep the lower index first (a later equal entry never displaces
 // an earlier one), so a row's answer is the same whatever the threads. NaN compares false: it
-// enters only among a row's first k entries and is then ranked where it lands.
+// enters only among a row's first k entries, where it stays and may hide larger entries after
+// it (the verifier fails a row with a NaN logit whatever its top ids).
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -25,11 +26,9 @@ constexpr int64_t kMaxK = 256;
 // new count. An equal value goes after the entries already there.
 inline int64_t insert(float* vals, int64_t* idx, int64_t count, int64_t k, float v, int64_t j) {
   int64_t pos = count < k ? count : k - 1;
-  while (pos > 0 && vals[pos - 1] < v) {
-    if (pos < k) {
-      vals[pos] = vals[pos - 1];
-      idx[pos] = idx[pos - 1];
-    }
+  while (pos > 0 && vals[pos - 1] < v) {  // when full, slot k - 1 (the smallest) is dropped
+    vals[pos] = vals[pos - 1];
+    idx[pos] = idx[pos - 1];
     --pos;
   }
   vals[pos] = v;

@@ -7,9 +7,13 @@ ramp per segment between the knots of step_features.ROW_KNOTS, so a measured jum
 row counts, or the change from memory-bound to compute-bound matmuls, is representable), fixed
 costs per speculating request, per draft-model pass, per eager (non-graph) step and per step
 that verifies any drafts, a term per token a draft model feeds to catch up (apart from its
-passes), refitted on the last `window` steps by weighted ridge least squares:
+passes), refitted on the last `window` steps by weighted ridge least squares (ridge.py):
 
-    theta = argmin  sum_t w_t (x_t . theta - seconds_t)^2 + ridge |theta - prior|^2,  theta >= 0
+    theta = argmin  sum_t w_t (x_t . theta - seconds_t)^2 + ridge |theta - prior|^2_s
+                    + SLOPE_SMOOTHING sum_j (slope_j+1 - slope_j)^2,      theta >= 0
+
+where slope_j is row segment j's seconds per row and |.|_s takes the ramps' ridge on their
+slopes: a segment no step reached continues the last slope measured (docs/benchmarks.md §5zs).
 
 w_t = forgetting^age x a Huber-style weight from a few reweighting passes, so a step stalled by
 something else (a busy core, GC) cannot drag the fit, x (median seconds / seconds_t)^2, so each
@@ -39,6 +43,12 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from engine.speculation.control.ridge import (
+    median,
+    nonnegative_ridge,
+    relative_weights,
+    slope_penalty,
+)
 from engine.speculation.control.step_features import (
     FEATURE_NAMES,
     ROW_KNOTS,
@@ -56,19 +66,9 @@ _INVERSE_SCALES = 1.0 / np.array(_SCALES)
 
 _KNOTS_LO = np.array(ROW_KNOTS[:-1], dtype=float)
 _KNOTS_WIDTH = np.diff(np.array(ROW_KNOTS, dtype=float))
-
-# How strongly neighbouring row segments are held to one slope (seconds per row): without it a
-# segment no step reached rested at its prior, and the profile's prior is flat past the rows it
-# timed. On the Qwen pair a 3 s profile timed one request's chains only (1-5 rows) and priced
-# 128 rows at 0.27 s where they take ~1.1; under load `auto` then verified 12 requests' chains
-# (48-60 rows) as if rows were nearly free and ran 1.28x off's latency at x2, one repeat 1.57x
-# (docs/benchmarks.md §5zs). Held to the last slope seen, an unseen segment continues it; a
-# measured kink (the 5 -> 6 rows jump) still stands, as a sample outweighs this pull.
-SLOPE_SMOOTHING = 0.1
-# The ridge on a segment's slope, a share of the others' ridge: each unseen segment keeps
-# 1 - sqrt(RAMP_RIDGE x ridge / SLOPE_SMOOTHING) of its neighbour's slope (0.997 here; with the
-# full ridge, 0.90, and 128 rows were priced at 0.76 of a slope that held).
-RAMP_RIDGE = 1e-3
+# The row ramps' slopes held together in every fit (ridge.py: an unseen segment continues the
+# last slope measured; docs/benchmarks.md §5zs).
+_SMOOTH = slope_penalty(len(FEATURE_NAMES), 2, _KNOTS_WIDTH)
 
 
 def feature_vectors(features: Sequence[StepFeatures]) -> np.ndarray:
@@ -344,16 +344,16 @@ class OnlineLinearCostModel:
         y = np.concatenate([self._y[:n], self._anchor_y])
         ages = (self._count - 1 - np.arange(n)) % len(self._y)
         base = np.concatenate([self.forgetting**ages, np.full(len(self._anchor_y), ANCHOR_WEIGHT)])
-        base *= _relative_weights(y, self.min_seconds)
+        base *= relative_weights(y, self.min_seconds)
         robust = np.ones(len(y))
         theta = np.asarray(self._theta)
         for i in range(passes):
             if self.fitted and not (fresh and i == 0):
                 log_errors = np.log(y / np.maximum(x @ theta, self.min_seconds))
-                deviations = np.abs(log_errors - _median(log_errors))
-                bound = OUTLIER_FACTOR * max(_median(deviations), 0.01)
+                deviations = np.abs(log_errors - median(log_errors))
+                bound = OUTLIER_FACTOR * max(median(deviations), 0.01)
                 robust = np.minimum(1.0, bound / np.maximum(deviations, 1e-12))
-            theta = _nonnegative_ridge(x, y, base * robust, self.ridge, self._prior, _SMOOTH)
+            theta = nonnegative_ridge(x, y, base * robust, self.ridge, self._prior, _SMOOTH)
         self._set_theta(theta)
 
     def _set_samples(self, samples: Iterable[tuple[StepFeatures, float]]) -> None:
@@ -446,69 +446,3 @@ def _row_reader(names: Sequence[str] | None) -> Callable[[Sequence[float]], Step
     return lambda values: StepFeatures(
         **{name: int(v) for name, v in zip(names, values, strict=True) if name in known}
     )
-
-
-def _relative_weights(seconds: np.ndarray, min_seconds: float) -> np.ndarray:
-    """Least-squares weights that make each sample's error count relative to its seconds
-    (scaled to 1 at the median, which keeps the ridge's weight): the policy compares plans
-    by ratios, and steps span 40 ms to seconds. Absolute errors let a few long steps set
-    the fit; on the Qwen pair a 1.3 s catch-up sample priced a first draft (pass and row) at
-    0 and a second at 36 ms, measured 16 and 21 (docs/benchmarks.md §5l)."""
-    seconds = np.maximum(seconds, min_seconds)
-    return (_median(seconds) / seconds) ** 2
-
-
-def _median(values: np.ndarray) -> float:
-    """np.median of a 1-d array by a partial sort: a quarter of np.median's time on a
-    window's few hundred values (its checks and copies dominate there)."""
-    n = len(values)
-    half = n // 2
-    if n % 2:
-        return float(np.partition(values, half)[half])
-    lower, upper = np.partition(values, (half - 1, half))[half - 1 : half + 1]
-    return 0.5 * float(lower + upper)
-
-
-def _slope_penalty() -> tuple[np.ndarray, np.ndarray]:
-    """(the ridge's scale per coefficient, SLOPE_SMOOTHING x D'D): a ramp's coefficient is the
-    seconds across its segment, so its ridge is taken on its slope (divided by the width
-    squared, times RAMP_RIDGE; a wide unseen segment is otherwise held near its prior's seconds
-    by the ridge alone), and D differences neighbouring segments' slopes."""
-    n, first = len(FEATURE_NAMES), 2
-    scale = np.ones(n)
-    scale[first : first + _NUM_RAMPS] = RAMP_RIDGE / _KNOTS_WIDTH**2
-    d = np.zeros((_NUM_RAMPS - 1, n))
-    for j in range(_NUM_RAMPS - 1):
-        d[j, first + j] = -1.0 / _KNOTS_WIDTH[j]
-        d[j, first + j + 1] = 1.0 / _KNOTS_WIDTH[j + 1]
-    return scale, SLOPE_SMOOTHING * d.T @ d
-
-
-_SMOOTH = _slope_penalty()
-
-
-def _nonnegative_ridge(
-    x: np.ndarray,
-    y: np.ndarray,
-    weights: np.ndarray,
-    ridge: float,
-    prior: np.ndarray,
-    smooth: tuple[np.ndarray, np.ndarray],
-) -> np.ndarray:
-    """argmin sum w (x.theta - y)^2 + ridge sum s (theta - prior)^2 + theta' S theta with
-    theta >= 0, where `smooth` = (s, S) (_slope_penalty), by a small active-set pass: drop
-    negative coefficients and re-solve (exact NNLS is not needed here)."""
-    hessian = x.T @ (weights[:, None] * x)
-    scale, penalty = smooth
-    hessian.flat[:: x.shape[1] + 1] += ridge * scale  # + ridge * diag(s)
-    hessian += penalty
-    target = x.T @ (weights * y) + ridge * scale * prior
-    theta = np.linalg.solve(hessian, target)  # every coefficient free: no index copies
-    free = np.ones(x.shape[1], dtype=bool)
-    for _ in range(x.shape[1] - 1):
-        if (theta >= 0.0).all():
-            break
-        free &= theta > 0.0
-        theta = np.zeros(x.shape[1])
-        theta[free] = np.linalg.solve(hessian[np.ix_(free, free)], target[free])
-    return np.maximum(theta, 0.0)

@@ -191,7 +191,7 @@ STALE_SPEEDUP = 1.25
 STALE_CHECKS = 3  # the cached single decodes timed again (after one untimed)
 
 # Bumped when the profile's shapes, their order or how they are fitted change: an older cached
-# fit is not reused (5: samples weighted by relative error, cost_model._relative_weights; 6: plain
+# fit is not reused (5: samples weighted by relative error, ridge.relative_weights; 6: plain
 # decode batches in the core, unseen row segments continuing their neighbours' slope).
 GRID_VERSION = 6
 

@@ -251,9 +251,10 @@ def test_profile_seeds_the_fit_with_its_jumps():
 
 def test_rows_past_those_measured_continue_the_last_slope():
     """A profile that timed one request's chains only (1 to 6 rows; a 3 s profile of the Qwen
-    1.5B times little more) prices a plain decode of 12 to 128 requests on the slope it measured last,
-    not at the seconds of its widest step: flat, 128 rows cost less than a quarter of their
-    ~1.1 s, and `auto` verified twelve requests' chains under load as if rows were free."""
+    1.5B times little more) prices a plain decode of 12 to 128 requests on the slope it
+    measured last, not at the seconds of its widest step: flat, 128 rows cost less than a
+    quarter of their ~1.1 s, and `auto` verified twelve requests' chains under load as if rows
+    were free."""
     slope = 9e-3  # the Qwen 1.5B's seconds per row on the 2-core VM, compute-bound
     truth = {name: 0.0 for name in TRUE} | {"intercept": 0.04, "batched_tokens": slope}
     samples = []

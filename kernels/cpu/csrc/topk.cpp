@@ -5,9 +5,9 @@
 // One pass per row, keeping the k best seen so far in a sorted list: a block of entries (64 with
 // AVX2, 16 otherwise) is first compared with the list's smallest at once, and only a block
 // holding a larger entry is walked. Ties keep the lower index first (a later equal entry never
-// displaces an earlier one), so a row's answer is the same whatever the threads. NaN compares false: it
-// enters only among a row's first k entries, where it stays and may hide larger entries after
-// it (the verifier fails a row with a NaN logit whatever its top ids).
+// displaces an earlier one), so a row's answer is the same whatever the threads. NaN compares
+// false: it enters only among a row's first k entries, where it stays and may hide larger
+// entries after it (the verifier fails a row with a NaN logit whatever its top ids).
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>

@@ -61,6 +61,8 @@ from kernels.graph_shapes import NO_GRAPHS, GraphShapes
 _SCALES = (1.0, 256.0, *(1.0,) * (len(ROW_KNOTS) - 1), 16.0, 16384.0, 64.0, 4.0, 16.0, 1.0)
 _SCALES += (256.0, 256.0, 1.0)  # eager rows, catch-up tokens, verify steps
 _NUM_RAMPS = len(ROW_KNOTS) - 1
+_FIRST_RAMP = FEATURE_NAMES.index("rows_1_2")  # after the intercept and the rows' slope
+_TAIL = _FIRST_RAMP + _NUM_RAMPS  # the terms after the ramps: requests, kv tokens, ...
 _INVERSE_SCALES = 1.0 / np.array(_SCALES)
 
 
@@ -68,7 +70,7 @@ _KNOTS_LO = np.array(ROW_KNOTS[:-1], dtype=float)
 _KNOTS_WIDTH = np.diff(np.array(ROW_KNOTS, dtype=float))
 # The row ramps' slopes held together in every fit (ridge.py: an unseen segment continues the
 # last slope measured; docs/benchmarks.md §5zs).
-_SMOOTH = slope_penalty(len(FEATURE_NAMES), 2, _KNOTS_WIDTH)
+_SMOOTH = slope_penalty(len(FEATURE_NAMES), _FIRST_RAMP, _KNOTS_WIDTH)
 
 
 def feature_vectors(features: Sequence[StepFeatures]) -> np.ndarray:
@@ -98,14 +100,13 @@ def feature_vectors(features: Sequence[StepFeatures]) -> np.ndarray:
     x = np.empty((len(raw), len(FEATURE_NAMES)))
     x[:, 0] = 1.0
     x[:, 1] = rows
-    ramps = x[:, 2 : 2 + _NUM_RAMPS]
+    ramps = x[:, _FIRST_RAMP:_TAIL]
     np.clip((rows[:, None] - _KNOTS_LO) / _KNOTS_WIDTH, 0.0, 1.0, out=ramps)
-    tail = 2 + _NUM_RAMPS
-    x[:, tail : tail + 5] = raw[:, 3:8]  # requests, kv, drafts, draft steps, spec requests
-    x[:, tail + 5] = eager
-    x[:, tail + 6] = np.where(eager, batched, 0.0)  # eager rows
-    x[:, tail + 7] = raw[:, 8]  # catch-up tokens
-    x[:, tail + 8] = raw[:, 7] > 0  # verify steps: any speculating request
+    x[:, _TAIL : _TAIL + 5] = raw[:, 3:8]  # requests, kv, drafts, draft steps, spec requests
+    x[:, _TAIL + 5] = eager
+    x[:, _TAIL + 6] = np.where(eager, batched, 0.0)  # eager rows
+    x[:, _TAIL + 7] = raw[:, 8]  # catch-up tokens
+    x[:, _TAIL + 8] = raw[:, 7] > 0  # verify steps: any speculating request
     x *= _INVERSE_SCALES
     return x
 
@@ -209,7 +210,7 @@ class OnlineLinearCostModel:
         c, f = self._coefficients, features
         eager_rows, rows = _split_rows(f)
         seconds = self._row_seconds(rows)
-        tail = c[2 + _NUM_RAMPS :]
+        tail = c[_TAIL:]
         seconds += tail[0] * f.num_requests + tail[1] * f.num_kv_tokens
         seconds += tail[2] * f.num_draft_tokens + tail[3] * f.num_draft_steps
         seconds += tail[4] * f.num_spec_requests + tail[5] * f.num_eager_steps
@@ -247,7 +248,7 @@ class OnlineLinearCostModel:
         row_seconds = c[0] + c[1] * rows_priced + ramps
         if eager_terms:
             row_seconds = np.where(eager, c[0], row_seconds)
-        tail = c[2 + _NUM_RAMPS :]
+        tail = c[_TAIL:]
         steps = np.maximum(f.num_draft_steps, num_draft_steps)
         seconds = row_seconds + tail[0] * f.num_requests + tail[1] * (f.num_kv_tokens + drafts)
         seconds += tail[2] * (f.num_draft_tokens + drafts) + tail[3] * steps
@@ -369,7 +370,7 @@ class OnlineLinearCostModel:
         self._theta = tuple(theta.tolist())  # in scaled feature units
         coefficients = theta * _INVERSE_SCALES  # exact: the scales are powers of two
         self._coefficients = tuple(coefficients.tolist())
-        self._ramp_sums = [0.0, *np.cumsum(coefficients[2 : 2 + _NUM_RAMPS]).tolist()]
+        self._ramp_sums = [0.0, *np.cumsum(coefficients[_FIRST_RAMP:_TAIL]).tolist()]
         self._dirty = False
         self._pending, self._pending_seconds = 0, 0.0
         self._ever_solved = True
